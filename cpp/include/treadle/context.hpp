@@ -1,0 +1,39 @@
+#pragma once
+// Everything one step needs that is not a parameter: the activation arena, the executor the host
+// lends, and the dropout RNG. Caller-owned; one per concurrent caller. A context is not shared
+// between threads at the same time, but many contexts may run one plan concurrently.
+#include <cstdint>
+#include <memory>
+
+#include "treadle/executor.hpp"
+
+namespace treadle {
+
+class TREADLE_API Context {
+ public:
+  explicit Context(Executor* executor = nullptr, uint64_t seed = 0);
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  Executor& executor() const { return executor_ ? *executor_ : serial_executor(); }
+  void set_executor(Executor* e) { executor_ = e; }
+
+  uint64_t seed() const { return seed_; }
+  uint64_t rng_counter() const { return counter_; }
+  void set_rng_state(uint64_t seed, uint64_t counter) { seed_ = seed; counter_ = counter; }
+  uint64_t next_rng_counter() { return counter_++; }
+
+  // Arena memory, grown (never shrunk) to the largest plan run on this context: allocation
+  // happens only the first time a larger plan runs.
+  void* arena(std::size_t bytes);
+  std::size_t arena_bytes() const { return arena_bytes_; }
+
+ private:
+  Executor* executor_;
+  uint64_t seed_, counter_ = 0;
+  void* arena_ = nullptr;
+  std::size_t arena_bytes_ = 0;
+};
+
+}  // namespace treadle

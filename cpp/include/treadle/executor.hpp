@@ -1,0 +1,33 @@
+#pragma once
+// The execution hook: how a host lends its workers to treadle. treadle never starts a thread.
+// A kernel splits its work into `n` independent items and calls parallel_for; the executor decides
+// how the range is chunked and which of the host's workers run the chunks. parallel_for returns
+// only when every chunk is done. Kernels are written so that results do not depend on chunking.
+#include <cstdint>
+#include <functional>
+
+#include "treadle/export.hpp"
+
+namespace treadle {
+
+class TREADLE_API Executor {
+ public:
+  virtual ~Executor() = default;
+  virtual int num_workers() const = 0;
+  // Run body(begin, end) over disjoint chunks covering [0, n). Must not return before all are done.
+  // An exception thrown by a chunk must be rethrown on the calling thread.
+  virtual void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& body) = 0;
+};
+
+// The default: everything on the calling thread.
+class TREADLE_API SerialExecutor final : public Executor {
+ public:
+  int num_workers() const override { return 1; }
+  void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& body) override {
+    if (n > 0) body(0, n);
+  }
+};
+
+TREADLE_API Executor& serial_executor();
+
+}  // namespace treadle

@@ -1,0 +1,90 @@
+#pragma once
+// A model: a traced forward (a module, or a function over symbolic values) plus its parameters
+// packed into one flat buffer, and a cache of plans compiled per input signature.
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "treadle/context.hpp"
+#include "treadle/loss.hpp"
+#include "treadle/module.hpp"
+#include "treadle/optim.hpp"
+
+namespace treadle {
+
+class Plan;
+
+enum class PlanMode : uint8_t { infer, train_seeded, train_loss };
+
+// What a plan is compiled for: input signatures, mode, and for loss plans the loss and target.
+struct PlanKey {
+  std::vector<Shape> input_shapes;
+  std::vector<DType> input_dtypes;
+  PlanMode mode = PlanMode::infer;
+  bool input_grad = false;
+  std::string loss_key;
+  Shape target_shape;
+  DType target_dtype = DType::f32;
+  std::string backend;  // "" = automatic dispatch
+  auto operator<=>(const PlanKey&) const = default;
+};
+
+class TREADLE_API Model {
+ public:
+  using ForwardFn = std::function<std::vector<Value>(Graph& g, const std::vector<Value>& inputs)>;
+
+  explicit Model(std::shared_ptr<Module> root);
+  Model(ForwardFn forward, std::vector<NamedParameter> params);
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  DType dtype() const { return dtype_; }
+  int64_t num_parameters() const { return total_; }
+  const std::vector<ParamSlot>& layout() const { return layout_; }
+  const std::vector<NamedParameter>& named_parameters() const { return params_; }
+  const Tensor& flat_parameters() const { return flat_params_; }
+  const Tensor& flat_gradients() const { return flat_grads_; }
+  // Converts parameters to `dtype` (f32 or f64); drops compiled plans.
+  void to(DType dtype);
+  void zero_grad();
+
+  // Pin every plan to one backend ("eigen", "onednn", ...) or "" for automatic dispatch.
+  void set_backend(const std::string& name);
+  const std::string& backend() const { return backend_; }
+
+  // Inference on shared weights; thread-safe (each call takes its own context unless given one).
+  std::vector<Tensor> predict(const std::vector<Tensor>& inputs, Context* ctx = nullptr);
+  Tensor predict(const Tensor& x, Context* ctx = nullptr) { return predict(std::vector<Tensor>{x}, ctx).at(0); }
+
+  // Copies of the parameters by name (PyTorch state_dict keys), and loading them back.
+  std::map<std::string, Tensor> state_dict() const;
+  void load_state_dict(const std::map<std::string, Tensor>& state, bool strict = true);
+
+  // The plan for `key`, compiled on first request. Thread-safe.
+  std::shared_ptr<const Plan> plan(const PlanKey& key, const Loss* loss = nullptr);
+  std::size_t num_plans() const;
+  // Checks inputs against the model's dtype and layout rules; builds the inference key.
+  PlanKey infer_key(const std::vector<Tensor>& inputs) const;
+
+ private:
+  void pack_parameters();
+  std::vector<Value> trace(Graph& g, const std::vector<Value>& inputs) const;
+
+  std::shared_ptr<Module> root_;
+  ForwardFn forward_;
+  std::vector<NamedParameter> params_;
+  std::vector<ParamSlot> layout_;
+  int64_t total_ = 0;
+  DType dtype_ = DType::f32;
+  Tensor flat_params_, flat_grads_;
+  std::string backend_;
+  mutable std::mutex mutex_;  // guards plans_ and contexts_
+  std::map<PlanKey, std::shared_ptr<const Plan>> plans_;
+  std::vector<std::unique_ptr<Context>> free_contexts_;
+};
+
+}  // namespace treadle

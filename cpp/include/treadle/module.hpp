@@ -1,0 +1,113 @@
+#pragma once
+// Modules: named parameters plus a forward that records graph ops. Names follow PyTorch's
+// state_dict keys ("0.weight"), layouts follow PyTorch (Linear weight is (out, in)), and default
+// initialisation matches PyTorch's for each layer.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "treadle/graph.hpp"
+#include "treadle/ops.hpp"
+#include "treadle/tensor.hpp"
+
+namespace treadle {
+
+class TREADLE_API Parameter {
+ public:
+  explicit Parameter(Tensor value, bool requires_grad = true) : value_(std::move(value)), requires_grad_(requires_grad) {}
+  const Tensor& value() const { return value_; }
+  // Rebinds the parameter to other memory (the model's flat buffer); shape must match.
+  void rebind(Tensor value);
+  bool requires_grad() const { return requires_grad_; }
+  void set_requires_grad(bool r) { requires_grad_ = r; }
+
+ private:
+  Tensor value_;
+  bool requires_grad_;
+};
+
+using NamedParameter = std::pair<std::string, std::shared_ptr<Parameter>>;
+
+// The process-wide generator used for parameter initialisation (like torch.manual_seed).
+TREADLE_API void manual_seed(uint64_t seed);
+TREADLE_API double init_uniform(double low, double high);  // one draw, thread-safe
+
+class TREADLE_API Module {
+ public:
+  virtual ~Module() = default;
+  virtual Value forward(Value x) = 0;
+  virtual std::string type_name() const = 0;
+
+  Value operator()(Value x) { return forward(x); }
+  std::vector<NamedParameter> named_parameters(const std::string& prefix = "") const;
+  const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& children() const { return children_; }
+  void register_parameter(const std::string& name, std::shared_ptr<Parameter> p);
+  void register_module(const std::string& name, std::shared_ptr<Module> m);
+
+ protected:
+  std::vector<NamedParameter> params_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+};
+
+namespace nn {
+
+class TREADLE_API Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias = true, DType dtype = DType::f32);
+  Value forward(Value x) override;
+  std::string type_name() const override { return "Linear"; }
+  int64_t in_features() const { return in_; }
+  int64_t out_features() const { return out_; }
+
+ private:
+  int64_t in_, out_;
+  std::shared_ptr<Parameter> weight_, bias_;
+};
+
+// A parameter-free module applying one activation op (ReLU, Tanh, GELU, ...).
+class TREADLE_API Activation : public Module {
+ public:
+  // kind: relu, leaky_relu, elu, gelu, gelu_tanh, silu, tanh, sigmoid, softplus, softmax, log_softmax
+  explicit Activation(std::string kind, double param = 0.0, double param2 = 0.0);
+  Value forward(Value x) override;
+  std::string type_name() const override { return kind_; }
+
+ private:
+  std::string kind_;
+  double param_, param2_;
+};
+
+class TREADLE_API Dropout : public Module {
+ public:
+  explicit Dropout(double p = 0.5);
+  Value forward(Value x) override { return ops::dropout(x, p_); }
+  std::string type_name() const override { return "Dropout"; }
+
+ private:
+  double p_;
+};
+
+class TREADLE_API Flatten : public Module {
+ public:
+  Flatten(int start_dim = 1, int end_dim = -1) : start_(start_dim), end_(end_dim) {}
+  Value forward(Value x) override { return ops::flatten(x, start_, end_); }
+  std::string type_name() const override { return "Flatten"; }
+
+ private:
+  int start_, end_;
+};
+
+class TREADLE_API Sequential : public Module {
+ public:
+  Sequential() = default;
+  explicit Sequential(std::vector<std::shared_ptr<Module>> layers);
+  Sequential& add(std::shared_ptr<Module> m);
+  Value forward(Value x) override;
+  std::string type_name() const override { return "Sequential"; }
+  std::size_t size() const { return children_.size(); }
+};
+
+}  // namespace nn
+}  // namespace treadle

@@ -1,0 +1,50 @@
+#pragma once
+// The symbolic op API: what a module's forward (or a functional model) calls while tracing.
+// Each function records one node; the op's checks and gradient rule live in cpp/src/ops.
+#include <string>
+#include <vector>
+
+#include "treadle/graph.hpp"
+
+namespace treadle::ops {
+
+// Linear algebra
+TREADLE_API Value linear(Value x, Value weight, Value bias);  // x @ weight^T + bias; bias may be undefined
+TREADLE_API Value matmul(Value a, Value b, bool trans_a = false, bool trans_b = false);  // 2-D
+
+// Elementwise with numpy broadcasting
+TREADLE_API Value add(Value a, Value b);
+TREADLE_API Value sub(Value a, Value b);
+TREADLE_API Value mul(Value a, Value b);
+TREADLE_API Value scale(Value a, double alpha);  // alpha * a
+TREADLE_API Value sum_to(Value a, const Shape& shape);  // reduce broadcast dimensions back to `shape`
+
+// Shape
+TREADLE_API Value reshape(Value a, const Shape& shape);  // one entry may be -1
+TREADLE_API Value flatten(Value a, int start_dim = 1, int end_dim = -1);
+TREADLE_API Value concat(const std::vector<Value>& parts, int axis);
+TREADLE_API Value slice(Value a, int axis, int64_t start, int64_t stop);
+
+// Activations
+TREADLE_API Value relu(Value x);
+TREADLE_API Value leaky_relu(Value x, double negative_slope = 0.01);
+TREADLE_API Value elu(Value x, double alpha = 1.0);
+TREADLE_API Value gelu(Value x, bool tanh_approximation = false);
+TREADLE_API Value silu(Value x);
+TREADLE_API Value tanh(Value x);
+TREADLE_API Value sigmoid(Value x);
+TREADLE_API Value softplus(Value x, double beta = 1.0, double threshold = 20.0);
+TREADLE_API Value softmax(Value x, int axis = -1);
+TREADLE_API Value log_softmax(Value x, int axis = -1);
+
+// Regularisation: identity when the graph is not training.
+TREADLE_API Value dropout(Value x, double p);
+
+// Losses (reduction: "mean" or "sum"); each returns a scalar value.
+TREADLE_API Value mse_loss(Value pred, Value target, const std::string& reduction = "mean");
+TREADLE_API Value l1_loss(Value pred, Value target, const std::string& reduction = "mean");
+TREADLE_API Value huber_loss(Value pred, Value target, double delta = 1.0, const std::string& reduction = "mean");
+TREADLE_API Value cross_entropy(Value logits, Value labels, const std::string& reduction = "mean");
+TREADLE_API Value bce_with_logits(Value logits, Value target, const std::string& reduction = "mean");
+
+}  // namespace treadle::ops

@@ -1,0 +1,113 @@
+#pragma once
+// Optimizers update the model's one flat parameter buffer from its one flat gradient buffer in a
+// single fused pass; their state (momentum, moments, accumulators) lives in flat buffers of the
+// same layout. Formulas follow torch.optim exactly, so the same hyper-parameters give the same steps.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "treadle/executor.hpp"
+#include "treadle/tensor.hpp"
+
+namespace treadle {
+
+// Where one named parameter lives in the flat buffers (offset in elements).
+struct ParamSlot {
+  std::string name;
+  Shape shape;
+  int64_t offset = 0;
+  int64_t numel = 0;
+};
+
+class TREADLE_API Optimizer {
+ public:
+  explicit Optimizer(double lr) : lr_(lr) {}
+  virtual ~Optimizer() = default;
+  virtual std::string name() const = 0;
+
+  // Allocates zeroed state for a flat buffer of `total` elements with this layout. Called by the
+  // trainer once (again after the model changes dtype).
+  void bind(const std::vector<ParamSlot>& layout, int64_t total, DType dtype);
+  bool bound() const { return bound_; }
+  // One update: params -= f(grads, state). `lr` is the learning rate for this step (after any
+  // schedule). Increments step_count().
+  void step(const Tensor& params, const Tensor& grads, double lr, Executor& exec);
+
+  double lr() const { return lr_; }
+  void set_lr(double lr) { lr_ = lr; }
+  int64_t step_count() const { return t_; }
+  void set_step_count(int64_t t) { t_ = t; }
+  // Named state buffers (each shaped like the flat parameter buffer), for checkpoints and tests.
+  std::vector<std::pair<std::string, Tensor>>& state() { return state_; }
+  const std::vector<ParamSlot>& layout() const { return layout_; }
+
+ protected:
+  virtual std::vector<std::string> state_names() const = 0;
+  virtual void initialize_state() {}  // after zero-allocation (e.g. AdaGrad's initial accumulator)
+  virtual void update(const Tensor& params, const Tensor& grads, double lr, Executor& exec) = 0;
+  Tensor& state_buffer(int i) { return state_.at(i).second; }
+
+  double lr_;
+  int64_t t_ = 0;
+  bool bound_ = false;
+  DType dtype_ = DType::f32;
+  std::vector<ParamSlot> layout_;
+  std::vector<std::pair<std::string, Tensor>> state_;
+};
+
+namespace optim {
+
+struct SGDOptions {
+  double lr = 1e-2, momentum = 0.0, dampening = 0.0, weight_decay = 0.0;
+  bool nesterov = false;
+};
+struct AdamOptions {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  bool amsgrad = false;
+};
+struct RMSpropOptions {
+  double lr = 1e-2, alpha = 0.99, eps = 1e-8, weight_decay = 0.0, momentum = 0.0;
+  bool centered = false;
+};
+struct AdagradOptions {
+  double lr = 1e-2, lr_decay = 0.0, weight_decay = 0.0, initial_accumulator_value = 0.0, eps = 1e-10;
+};
+
+TREADLE_API std::shared_ptr<Optimizer> sgd(const SGDOptions& o);
+TREADLE_API std::shared_ptr<Optimizer> adam(const AdamOptions& o);
+// AdamW: decoupled weight decay (default 1e-2 as in torch.optim.AdamW).
+TREADLE_API std::shared_ptr<Optimizer> adamw(const AdamOptions& o);
+TREADLE_API std::shared_ptr<Optimizer> rmsprop(const RMSpropOptions& o);
+TREADLE_API std::shared_ptr<Optimizer> adagrad(const AdagradOptions& o);
+// Matrix-aware AdaGrad: one accumulator per row (or column) of each 2-D weight, fed by the mean of
+// the squared gradients in that row (column); other tensors fall back to element-wise AdaGrad.
+TREADLE_API std::shared_ptr<Optimizer> rowwise_adagrad(const AdagradOptions& o);
+TREADLE_API std::shared_ptr<Optimizer> columnwise_adagrad(const AdagradOptions& o);
+
+}  // namespace optim
+
+// Learning-rate schedules, evaluated per optimizer step (closed forms of torch.optim.lr_scheduler).
+class TREADLE_API Schedule {
+ public:
+  virtual ~Schedule() = default;
+  virtual double lr_at(int64_t step, double base_lr) const = 0;
+  virtual std::string name() const = 0;
+};
+
+namespace schedule {
+TREADLE_API std::shared_ptr<Schedule> constant();
+TREADLE_API std::shared_ptr<Schedule> step(int64_t step_size, double gamma = 0.1);
+TREADLE_API std::shared_ptr<Schedule> exponential(double gamma);
+TREADLE_API std::shared_ptr<Schedule> cosine(int64_t t_max, double eta_min = 0.0);
+// Linear warm-up from start_factor*lr to lr over `warmup` steps, then cosine to eta_min at `total`.
+TREADLE_API std::shared_ptr<Schedule> warmup_cosine(int64_t warmup, int64_t total, double eta_min = 0.0,
+                                                    double start_factor = 0.0);
+}  // namespace schedule
+
+// Scales `grads` in place so that its global L2 norm is at most max_norm (torch's
+// clip_grad_norm_: coefficient max_norm / (norm + 1e-6), capped at 1). Returns the norm before clipping.
+TREADLE_API double clip_grad_norm(const Tensor& grads, double max_norm);
+
+}  // namespace treadle

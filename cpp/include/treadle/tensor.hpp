@@ -1,0 +1,78 @@
+#pragma once
+// A dense tensor: shape, strides (in elements), dtype, device and shared storage.
+// Storage may own its memory or wrap memory owned elsewhere (a numpy array) with a keep-alive handle.
+#include <cstdint>
+#include <memory>
+
+#include "treadle/dtype.hpp"
+
+namespace treadle {
+
+class TREADLE_API Storage {
+ public:
+  // Owned, 64-byte aligned, zero-initialised.
+  explicit Storage(std::size_t bytes);
+  // Borrowed: `owner` keeps the memory alive (may be null when the caller guarantees lifetime).
+  Storage(void* data, std::size_t bytes, std::shared_ptr<void> owner);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return data_; }
+  std::size_t bytes() const { return bytes_; }
+  bool owned() const { return owned_; }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+  bool owned_ = false;
+  std::shared_ptr<void> owner_;
+};
+
+class TREADLE_API Tensor {
+ public:
+  Tensor() = default;
+  // Fresh zero-filled contiguous tensor.
+  Tensor(Shape shape, DType dtype);
+  // View into `storage` at `offset_bytes`, contiguous.
+  Tensor(std::shared_ptr<Storage> storage, std::size_t offset_bytes, Shape shape, DType dtype);
+  // View with explicit strides (elements).
+  Tensor(std::shared_ptr<Storage> storage, std::size_t offset_bytes, Shape shape, Shape strides, DType dtype);
+
+  static Tensor wrap(void* data, Shape shape, DType dtype, std::shared_ptr<void> owner = nullptr);
+
+  bool defined() const { return storage_ != nullptr; }
+  const Shape& shape() const { return shape_; }
+  const Shape& strides() const { return strides_; }
+  int64_t dim(int i) const { return shape_.at(i < 0 ? i + ndim() : i); }
+  int ndim() const { return static_cast<int>(shape_.size()); }
+  int64_t numel() const { return shape_numel(shape_); }
+  DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
+  std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype_); }
+  bool is_contiguous() const;
+
+  void* data() const { return static_cast<char*>(storage_->data()) + offset_; }
+  template <typename T>
+  T* data_as() const { return static_cast<T*>(data()); }
+  const std::shared_ptr<Storage>& storage() const { return storage_; }
+
+  // Deep copy (contiguous result).
+  Tensor clone() const;
+  // Copy `src` (same shape and dtype, any strides) into this tensor.
+  void copy_from(const Tensor& src);
+  // Same data, converted to `dtype` (always a copy).
+  Tensor to(DType dtype) const;
+  Tensor reshape(Shape shape) const;  // contiguous tensors only; a view
+
+ private:
+  std::shared_ptr<Storage> storage_;
+  std::size_t offset_ = 0;
+  Shape shape_, strides_;
+  DType dtype_ = DType::f32;
+  Device device_{};
+};
+
+TREADLE_API Shape contiguous_strides(const Shape& shape);
+
+}  // namespace treadle

@@ -1,0 +1,63 @@
+#pragma once
+// Training: a model, a loss and an optimizer driven step by step by the host.
+// step() does everything in one call; forward/backward/zero_grad/update let an external scheduler
+// interleave its own work (an allreduce, a policy-gradient objective) between the phases.
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "treadle/context.hpp"
+#include "treadle/loss.hpp"
+#include "treadle/model.hpp"
+#include "treadle/optim.hpp"
+
+namespace treadle {
+
+struct TrainerOptions {
+  double clip_grad_norm = 0.0;  // 0: off
+  bool check_finite = false;    // reject NaN/Inf in inputs and targets
+};
+
+class TREADLE_API Trainer {
+ public:
+  Trainer(std::shared_ptr<Model> model, Loss loss, std::shared_ptr<Optimizer> optimizer,
+          TrainerOptions options = {}, Executor* executor = nullptr, uint64_t seed = 0);
+  ~Trainer();
+
+  // zero_grad + forward + loss + backward + (clip) + update. Returns the loss.
+  double step(const Tensor& x, const Tensor& y);
+  // forward + loss + backward, accumulating into the gradients; no update. Returns the loss.
+  double compute_gradients(const Tensor& x, const Tensor& y);
+  // Host-driven phases. forward keeps activations in the trainer's context for backward.
+  Tensor forward(const Tensor& x);
+  // Accumulates parameter gradients from dL/d(output). When input_grad is non-null it receives
+  // dL/d(input) (allocated here, shaped like the input).
+  void backward(const Tensor& grad_output, Tensor* input_grad = nullptr);
+  void zero_grad() { model_->zero_grad(); }
+  // (clip) + optimizer step with the scheduled learning rate.
+  void update();
+
+  Model& model() { return *model_; }
+  Optimizer& optimizer() { return *optimizer_; }
+  Context& context() { return ctx_; }
+  const Loss& loss() const { return loss_; }
+  void set_schedule(std::shared_ptr<Schedule> s) { schedule_ = std::move(s); }
+  double current_lr() const;
+  TrainerOptions& options() { return options_; }
+  int64_t steps() const { return optimizer_->step_count(); }
+
+ private:
+  double run_loss_plan(const Tensor& x, const Tensor& y);
+  void check_input(const Tensor& x, const char* what) const;
+
+  std::shared_ptr<Model> model_;
+  Loss loss_;
+  std::shared_ptr<Optimizer> optimizer_;
+  std::shared_ptr<Schedule> schedule_;
+  TrainerOptions options_;
+  Context ctx_;
+  std::shared_ptr<const Plan> pending_;  // plan whose forward ran last (for backward)
+  Tensor pending_input_;
+};
+
+}  // namespace treadle

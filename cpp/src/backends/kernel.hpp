@@ -1,0 +1,63 @@
+#pragma once
+// What a kernel receives: resolved tensors (data pointer + static shape), the node (attributes),
+// the host's executor and the step's RNG stream. Kernels never allocate; scratch comes in `workspace`.
+#include <array>
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "treadle/executor.hpp"
+#include "treadle/graph.hpp"
+
+namespace treadle {
+
+struct TensorRef {
+  void* data = nullptr;
+  const Shape* shape = nullptr;
+  DType dtype = DType::f32;
+  int64_t numel = 0;
+  template <typename T>
+  T* ptr() const { return static_cast<T*>(data); }
+  int ndim() const { return static_cast<int>(shape->size()); }
+  int64_t dim(int i) const { return (*shape)[i < 0 ? i + ndim() : i]; }
+};
+
+struct KernelArgs {
+  const Node& node;
+  const TensorRef* in;
+  int num_in;
+  const TensorRef* out;
+  int num_out;
+  Executor& exec;
+  void* workspace;
+  uint64_t rng_seed;     // the context's seed
+  uint64_t rng_counter;  // advances every step; with the node index it names a unique stream
+  const Attrs& attrs() const { return node.attrs; }
+};
+
+using KernelFn = void (*)(const KernelArgs&);
+
+// One backend's map op -> kernel, keyed by the dtype of the node's first input.
+class KernelTable {
+ public:
+  void add(const std::string& op, DType dtype, KernelFn fn);
+  KernelFn find(int op_id, DType dtype) const;
+
+ private:
+  std::unordered_map<int, std::array<KernelFn, 6>> table_;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+  // The kernel for this node, or nullptr when this backend does not support it.
+  virtual KernelFn find(const Graph& g, const Node& node) const = 0;
+};
+
+// Backends in priority order (fastest first; the Eigen reference last).
+const std::vector<const Backend*>& available_backends();
+const Backend* backend_by_name(const std::string& name);  // throws ValueError listing the known names
+
+}  // namespace treadle
