@@ -1,0 +1,25 @@
+#pragma once
+// Verification entry point: run one op on one backend, forward and backward, outside any model.
+// The op test suite drives every op on every backend through this and compares with the float64
+// reference, finite differences and PyTorch.
+#include <string>
+#include <vector>
+
+#include "treadle/graph.hpp"
+#include "treadle/tensor.hpp"
+
+namespace treadle {
+
+struct OpRunResult {
+  std::vector<Tensor> outputs;
+  std::vector<Tensor> input_grads;  // undefined for inputs with no gradient (e.g. class indices)
+};
+
+// Applies `op` to `inputs` with `attrs` on `backend` ("" = automatic). When grad_outputs is
+// non-empty (one per output; an undefined tensor means no gradient), also runs the backward pass
+// and returns the gradient of sum(grad_output * output) with respect to each floating input.
+TREADLE_API OpRunResult run_op(const std::string& op, const std::vector<Tensor>& inputs, const Attrs& attrs,
+                               const std::vector<Tensor>& grad_outputs = {}, const std::string& backend = "",
+                               bool training = true, uint64_t seed = 0);
+
+}  // namespace treadle

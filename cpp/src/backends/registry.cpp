@@ -1,0 +1,31 @@
+#include "backends/kernel.hpp"
+#include "core/op_registry.hpp"
+#include "backends/eigen/eigen_backend.hpp"
+#include "treadle/error.hpp"
+
+namespace treadle {
+
+void KernelTable::add(const std::string& op, DType dtype, KernelFn fn) {
+  table_[OpRegistry::instance().id(op)][static_cast<int>(dtype)] = fn;
+}
+
+KernelFn KernelTable::find(int op_id, DType dtype) const {
+  auto it = table_.find(op_id);
+  return it == table_.end() ? nullptr : it->second[static_cast<int>(dtype)];
+}
+
+const std::vector<const Backend*>& available_backends() {
+  static const std::vector<const Backend*> backends = {&eigen_backend()};
+  return backends;
+}
+
+const Backend* backend_by_name(const std::string& name) {
+  std::string known;
+  for (const Backend* b : available_backends()) {
+    if (name == b->name()) return b;
+    known += known.empty() ? b->name() : std::string(", ") + b->name();
+  }
+  throw_value_error("unknown backend '", name, "' (available: ", known, ")");
+}
+
+}  // namespace treadle

@@ -1,0 +1,32 @@
+#pragma once
+// Shared by the binding files: numpy <-> Tensor conversion with the checks every entry point needs.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <string>
+
+#include "treadle/tensor.hpp"
+
+namespace py = pybind11;
+
+namespace treadle::py_bind {
+
+// Wraps a numpy array without copying. The array must be C-contiguous, aligned and of a supported
+// dtype; otherwise TypeError/ValueError naming `what` and the problem. `writable` additionally
+// rejects read-only arrays.
+Tensor tensor_from_numpy(const py::handle& obj, const char* what, bool writable = false);
+// A numpy array that owns a copy of `t`.
+py::array numpy_copy(const Tensor& t);
+// A numpy array viewing `t`'s memory (kept alive by `owner`); writes go to the tensor.
+py::array numpy_view(const Tensor& t, py::handle owner);
+DType dtype_from_numpy(const py::dtype& dt, const char* what);
+py::dtype numpy_dtype(DType t);
+DType dtype_from_py(const py::handle& obj);  // "float32", np.float32, np.dtype
+
+void bind_core(py::module_& m);
+void bind_nn(py::module_& m);
+void bind_optim(py::module_& m);
+void bind_train(py::module_& m);
+
+}  // namespace treadle::py_bind
