@@ -1,0 +1,83 @@
+"""Shared checks for the op suite: run one op on a backend, finite differences, PyTorch comparison.
+
+Every op test goes through `run`, which calls the compiled core's `run_op` (one op, one backend,
+forward and backward outside any model), so the same test runs on every backend that is built.
+"""
+import numpy as np
+
+import treadle as tl
+
+BACKENDS = tl.backends()  # e.g. ["eigen"]; later backends join automatically
+
+
+def run(op, inputs, attrs=None, grad_outputs=None, backend="", training=True, seed=0):
+    """Returns (outputs, input_grads) as lists of numpy arrays (None where no gradient)."""
+    return tl._core.run_op(op, list(inputs), dict(attrs or {}), grad_outputs, backend, training, seed)
+
+
+def seeded_grads(outputs, rng):
+    """Random upstream gradients shaped like the outputs (so every output element matters)."""
+    return [rng.standard_normal(o.shape).astype(o.dtype) for o in outputs]
+
+
+def numeric_grads(op, inputs, attrs, grad_outputs, wrt, eps=1e-6, backend="eigen", training=True, seed=0):
+    """Central differences of sum_k <grad_outputs[k], outputs[k]> with respect to inputs[i] for i in wrt.
+
+    Inputs must be float64. The same seed is used at every evaluation, so dropout masks are fixed.
+    """
+    grads = {}
+    for i in wrt:
+        x = inputs[i]
+        g = np.zeros_like(x)
+        flat = x.reshape(-1)
+        for j in range(flat.size):
+            orig = flat[j]
+            vals = []
+            for h in (eps, -eps):
+                flat[j] = orig + h
+                outs, _ = run(op, inputs, attrs, None, backend, training, seed)
+                vals.append(sum(float(np.sum(go * o)) for go, o in zip(grad_outputs, outs) if go is not None))
+            flat[j] = orig
+            g.reshape(-1)[j] = (vals[0] - vals[1]) / (2 * eps)
+        grads[i] = g
+    return grads
+
+
+def gradcheck(op, inputs, attrs=None, wrt=None, rtol=1e-7, atol=1e-9, seed_rng=0, training=True, backend="eigen"):
+    """Asserts analytic gradients match central differences in float64 (relative error ~1e-8).
+
+    `wrt` lists the indices of differentiable inputs (default: every floating input).
+    """
+    rng = np.random.default_rng(seed_rng)
+    inputs = [np.array(x, copy=True) for x in inputs]
+    if wrt is None:
+        wrt = [i for i, x in enumerate(inputs) if x.dtype.kind == "f"]
+    outs, _ = run(op, inputs, attrs, None, backend, training)
+    gos = seeded_grads(outs, rng)
+    _, analytic = run(op, inputs, attrs, gos, backend, training)
+    numeric = numeric_grads(op, inputs, attrs, gos, wrt, backend=backend, training=training)
+    for i in wrt:
+        assert analytic[i] is not None, f"{op}: no gradient for input {i}"
+        np.testing.assert_allclose(analytic[i], numeric[i], rtol=rtol, atol=atol,
+                                   err_msg=f"{op}: gradient of input {i} disagrees with finite differences")
+    return analytic
+
+
+def torch_grads(fn, inputs, grad_outputs, wrt):
+    """Runs a PyTorch function on copies of `inputs` and returns (outputs, grads of inputs in wrt)."""
+    import torch
+
+    ts = [torch.tensor(x, requires_grad=(i in wrt)) for i, x in enumerate(inputs)]
+    outs = fn(*ts)
+    if not isinstance(outs, (tuple, list)):
+        outs = [outs]
+    pairs = [(o, torch.tensor(g)) for o, g in zip(outs, grad_outputs) if g is not None]
+    if wrt and pairs:
+        torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+    grads = {i: ts[i].grad.numpy() if ts[i].grad is not None else None for i in wrt}
+    return [o.detach().numpy() for o in outs], grads
+
+
+def tol(dtype):
+    """Tolerances against PyTorch: float32 ~1e-5, float64 ~1e-12."""
+    return dict(rtol=1e-5, atol=1e-6) if np.dtype(dtype) == np.float32 else dict(rtol=1e-11, atol=1e-12)
