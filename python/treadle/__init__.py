@@ -1,0 +1,21 @@
+"""treadle: deep learning that an HPC code drives.
+
+A compiled core (layers, reverse-mode autodiff, planned memory, backend dispatch) that never starts
+a thread or a process: the host lends it workers and drives every step.
+"""
+import os as _os
+
+# Development builds: `TREADLE_BUILD_DIR=<cmake build dir>` makes the extension built there importable
+# as treadle._core without installing (the wheel puts it beside this file).
+_dev_build = _os.environ.get("TREADLE_BUILD_DIR")
+if _dev_build:
+    __path__.append(_os.path.join(_dev_build, "python"))  # noqa: F821 (package __path__)
+
+from . import _core  # noqa: E402
+
+__version__ = "0.1.0"
+
+
+def backends():
+    """Names of the compiled backends, fastest first (the Eigen reference is always last)."""
+    return list(_core.backends())
