@@ -28,8 +28,9 @@ class TREADLE_API Trainer {
   double step(const Tensor& x, const Tensor& y);
   // forward + loss + backward, accumulating into the gradients; no update. Returns the loss.
   double compute_gradients(const Tensor& x, const Tensor& y);
-  // Host-driven phases. forward keeps activations in the trainer's context for backward.
-  Tensor forward(const Tensor& x);
+  // Host-driven phases. forward keeps activations in the trainer's context for backward;
+  // input_grad=true compiles the backward pass to also produce dL/d(input).
+  Tensor forward(const Tensor& x, bool input_grad = false);
   // Accumulates parameter gradients from dL/d(output). When input_grad is non-null it receives
   // dL/d(input) (allocated here, shaped like the input).
   void backward(const Tensor& grad_output, Tensor* input_grad = nullptr);
