@@ -112,6 +112,10 @@ void bind_core(py::module_& m) {
       .def_property_readonly("rng_counter", &Context::rng_counter)
       .def("set_rng_state", &Context::set_rng_state)
       .def_property_readonly("arena_bytes", &Context::arena_bytes);
+  py::class_<Graph>(m, "Graph", "The graph being traced (passed to forward functions).")
+      .def_property_readonly("training", &Graph::training)
+      .def("push_scope", &Graph::push_scope)
+      .def("pop_scope", &Graph::pop_scope);
   bind_symbol(m);
   bind_functional(m);
 }

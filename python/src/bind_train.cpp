@@ -28,6 +28,11 @@ void bind_train(py::module_& m) {
         py::gil_scoped_release release;
         return t.compute_gradients(tx, ty);
       })
+      .def("evaluate", [](Trainer& t, const py::handle& x, const py::handle& y) {
+        Tensor tx = tensor_from_numpy(x, "evaluate(x)"), ty = tensor_from_numpy(y, "evaluate(y)");
+        py::gil_scoped_release release;
+        return t.evaluate(tx, ty);
+      })
       .def("forward", [](Trainer& t, const py::handle& x, bool input_grad) {
         Tensor tx = tensor_from_numpy(x, "forward(x)");
         Tensor y;

@@ -7,7 +7,8 @@ namespace treadle {
 
 std::shared_ptr<Plan> compile_plan(const PlanKey& key, const TraceFn& trace, const Loss* loss,
                                    const ParamOffsetFn& param_offset) {
-  auto plan = std::make_shared<Plan>(key.mode != PlanMode::infer);
+  const bool training = key.mode == PlanMode::train_seeded || key.mode == PlanMode::train_loss;
+  auto plan = std::make_shared<Plan>(training);
   Graph& g = plan->graph;
   std::vector<Value> inputs;
   for (std::size_t i = 0; i < key.input_shapes.size(); ++i) {
@@ -21,12 +22,15 @@ std::shared_ptr<Plan> compile_plan(const PlanKey& key, const TraceFn& trace, con
   plan->forward_end = static_cast<int>(g.nodes().size());
 
   std::vector<std::pair<int, int>> seeds;
-  if (key.mode == PlanMode::train_loss) {
+  if (key.mode == PlanMode::train_loss || key.mode == PlanMode::eval_loss) {
     if (!loss) throw_runtime_error("compile_plan: a loss plan needs a loss");
     Value target = g.add_input(key.target_shape, key.target_dtype, ValueKind::target);
     plan->targets.push_back(target.id());
     Value l = loss->apply(outputs.at(0), target);
     plan->loss = l.id();
+  }
+  if (key.mode == PlanMode::train_loss) {
+    Value l(&g, plan->loss);
     Value one = g.apply1("constant", {}, {{"shape", Shape{}}, {"value", 1.0}, {"dtype", std::string(dtype_name(l.dtype()))}});
     seeds.emplace_back(l.id(), one.id());
   } else if (key.mode == PlanMode::train_seeded) {
@@ -39,7 +43,7 @@ std::shared_ptr<Plan> compile_plan(const PlanKey& key, const TraceFn& trace, con
 
   std::vector<int64_t> offsets;
   for (const auto& p : g.parameters()) offsets.push_back(param_offset(p));
-  if (key.mode != PlanMode::infer) {
+  if (training) {
     std::vector<int> wrt, param_slots;
     for (std::size_t v = 0; v < g.values().size(); ++v)
       if (g.values()[v].kind == ValueKind::parameter && g.values()[v].requires_grad) {

@@ -24,7 +24,10 @@ Model::Model(ForwardFn forward, std::vector<NamedParameter> params)
   pack_parameters();
 }
 
-Model::~Model() = default;
+Model::~Model() {
+  for (auto& np : params_)
+    if (np.second->owner() == this) np.second->set_owner(nullptr);
+}
 
 // Moves every parameter into one flat buffer (and sizes the gradient buffer to match), so the
 // optimizer, the allreduce and checkpoints each touch one contiguous block.
@@ -36,6 +39,10 @@ void Model::pack_parameters() {
     if (seen.insert(np.second.get()).second) unique.push_back(np);  // shared weights: first name wins
   }
   params_ = std::move(unique);
+  for (auto& [name, p] : params_)
+    if (p->owner() && p->owner() != this)
+      throw_value_error("Model: parameter '", name, "' already belongs to another model (a parameter lives in one ",
+                        "model's flat buffer; build the model from the outermost module only)");
   if (!params_.empty()) dtype_ = params_[0].second->value().dtype();
   layout_.clear();
   total_ = 0;
@@ -47,6 +54,7 @@ void Model::pack_parameters() {
     layout_.push_back(s);
     total_ += (s.numel + kSlotAlignElements - 1) / kSlotAlignElements * kSlotAlignElements;
   }
+  for (auto& np : params_) np.second->set_owner(this);  // only once every check has passed
   flat_params_ = Tensor({total_}, dtype_);
   flat_grads_ = Tensor({total_}, dtype_);
   const std::size_t es = dtype_size(dtype_);

@@ -48,11 +48,11 @@ double Trainer::current_lr() const {
   return schedule_ ? schedule_->lr_at(optimizer_->step_count(), optimizer_->lr()) : optimizer_->lr();
 }
 
-double Trainer::run_loss_plan(const Tensor& x, const Tensor& y) {
+double Trainer::run_loss_plan(const Tensor& x, const Tensor& y, PlanMode mode) {
   check_input(x, "input");
   check_input(y, "target");
   PlanKey key = model_->infer_key({x});
-  key.mode = PlanMode::train_loss;
+  key.mode = mode;
   key.loss_key = loss_.key();
   key.target_shape = y.shape();
   key.target_dtype = y.dtype();
@@ -68,21 +68,27 @@ double Trainer::run_loss_plan(const Tensor& x, const Tensor& y) {
   void* tgt_ptr[1] = {yc.data()};
   Bindings b{model_->flat_parameters().data(), in_ptr, tgt_ptr, {}};
   p->run(ctx_, b, 0, p->num_steps());
-  p->accumulate_param_grads(ctx_, b, model_->flat_gradients().data());
-  pending_.reset();
+  if (mode == PlanMode::train_loss) {
+    p->accumulate_param_grads(ctx_, b, model_->flat_gradients().data());
+    pending_.reset();
+  }
   return read_scalar(p->address(ctx_, b, p->loss), p->graph.info(p->loss).dtype);
 }
 
 double Trainer::step(const Tensor& x, const Tensor& y) {
   zero_grad();
-  double loss = run_loss_plan(x, y);
+  double loss = run_loss_plan(x, y, PlanMode::train_loss);
   if (options_.check_finite && !std::isfinite(loss))
     throw_value_error("Trainer.step: loss is ", loss, "; parameters left unchanged");
   update();
   return loss;
 }
 
-double Trainer::compute_gradients(const Tensor& x, const Tensor& y) { return run_loss_plan(x, y); }
+double Trainer::compute_gradients(const Tensor& x, const Tensor& y) {
+  return run_loss_plan(x, y, PlanMode::train_loss);
+}
+
+double Trainer::evaluate(const Tensor& x, const Tensor& y) { return run_loss_plan(x, y, PlanMode::eval_loss); }
 
 Tensor Trainer::forward(const Tensor& x, bool input_grad) {
   check_input(x, "input");

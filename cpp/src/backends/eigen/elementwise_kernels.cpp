@@ -70,7 +70,7 @@ void binary_kernel(const KernelArgs& a) {
     return;
   }
   const int64_t cols = Y.dim(-1);
-  if (A.numel == n && B.numel == cols && B.dim(-1) == cols) {  // (..., C) op (C): bias-like
+  if (A.numel == n && B.ndim() > 0 && B.numel == cols && B.dim(-1) == cols) {  // (..., C) op (C): bias-like
     parallel_chunks(a.exec, n / cols, std::max<int64_t>(1, kElementGrain / cols), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r)
         VecMap<T>(Y.ptr<T>() + r * cols, cols) =
@@ -102,7 +102,7 @@ void sum_to_kernel(const KernelArgs& a) {
   const TensorRef &X = a.in[0], &Y = a.out[0];
   const Shape& xs = *X.shape;
   const int64_t cols = X.dim(-1);
-  if (Y.numel == cols && Y.dim(-1) == cols && !xs.empty()) {  // (..., C) -> (C): column sums
+  if (Y.ndim() > 0 && !xs.empty() && Y.numel == cols && Y.dim(-1) == cols) {  // (..., C) -> (C): column sums
     ConstMapR<T> Xm(X.ptr<T>(), X.numel / cols, cols);
     parallel_chunks(a.exec, cols, 64, [&](int64_t c0, int64_t c1) {
       Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>(Y.ptr<T>() + c0, c1 - c0) =
