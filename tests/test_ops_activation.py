@@ -4,7 +4,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import treadle as tl
 from opcheck import BACKENDS, gradcheck, run, tol, torch_grads
+
+tf = tl.functional
 
 # (id, op, attrs, torch function, kinks: x where the derivative jumps, kept out of finite differences)
 CASES = [
@@ -151,3 +154,33 @@ def test_integer_input_is_type_error(op, backend):
 def test_bad_attributes(op, attrs, match, backend):
     with pytest.raises((ValueError, TypeError), match=match):
         run(op, [np.ones((2, 2))], attrs, None, backend)
+
+
+def traced(fn):
+    """A parameter-free treadle module whose traced forward applies `fn` (a public op)."""
+
+    class Fn(tl.nn.Module):
+        def forward(self, x):
+            return fn(x)
+
+    return Fn()
+
+
+PUBLIC = [
+    ("relu", tf.relu, F.relu),
+    ("leaky_relu", lambda v: tf.leaky_relu(v, 0.2), lambda t: F.leaky_relu(t, 0.2)),
+    ("elu", lambda v: tf.elu(v, 0.5), lambda t: F.elu(t, 0.5)),
+    ("gelu", tf.gelu, F.gelu),
+    ("gelu_tanh", lambda v: tf.gelu(v, "tanh"), lambda t: F.gelu(t, approximate="tanh")),
+    ("silu", tf.silu, F.silu),
+    ("tanh", tf.tanh, torch.tanh),
+    ("sigmoid", tf.sigmoid, torch.sigmoid),
+    ("softplus", lambda v: tf.softplus(v, 2.0, 5.0), lambda t: F.softplus(t, 2.0, 5.0)),
+]
+
+
+@pytest.mark.parametrize("name, fn, torch_fn", PUBLIC, ids=[c[0] for c in PUBLIC])
+def test_public_functions(name, fn, torch_fn):
+    """The ops:: functions record the op with the right attributes (traced and run by predict)."""
+    x = np.array(EDGE_VALUES, dtype=np.float32).reshape(3, 7)
+    np.testing.assert_allclose(traced(fn).predict(x), torch_fn(torch.tensor(x)).numpy(), **tol(np.float32))

@@ -130,30 +130,29 @@ def test_integer_input_is_type_error(backend):
         dropout(np.zeros((2, 2), dtype=np.int64), 0.5, backend)
 
 
-def _traced_model(forward):
-    """A parameter-free model around a Python forward; skips while the bindings cannot trace one."""
+def traced(fn):
+    """A parameter-free treadle module whose traced forward applies `fn` (a public op)."""
     import treadle as tl
 
-    try:
-        tl._core.Model(lambda g, xs: [xs[0]], []).predict(np.zeros((1, 1), dtype=np.float32))
-    except (RuntimeError, TypeError) as e:  # depends on the state of the core's bindings
-        pytest.skip(f"Python-traced models are not available yet: {e}")
-    return tl._core.Model(forward, [])
+    class Fn(tl.nn.Module):
+        def forward(self, x):
+            return fn(x)
+
+    return Fn()
 
 
 @pytest.mark.parametrize("p", [0.0, 0.5, 1.0])
 def test_eval_is_identity(p):
-    """Outside training, functional.dropout records nothing and returns its input exactly."""
+    """predict runs in eval mode: functional.dropout records nothing and returns its input exactly."""
     import treadle as tl
 
-    model = _traced_model(lambda g, xs: [tl._core.functional.dropout(xs[0], p)])
     x = sample((16, 9), np.float32)
-    np.testing.assert_array_equal(model.predict(x), x)
+    np.testing.assert_array_equal(traced(lambda v: tl.functional.dropout(v, p)).predict(x), x)
+    np.testing.assert_array_equal(tl.nn.Sequential(tl.nn.Dropout(0.5)).predict(x), x)
 
 
 def test_functional_dropout_checks_p_in_eval():
     import treadle as tl
 
-    model = _traced_model(lambda g, xs: [tl._core.functional.dropout(xs[0], 1.5)])
     with pytest.raises(ValueError, match=r"dropout: p must be in \[0, 1\]"):
-        model.predict(np.ones((2, 2), dtype=np.float32))
+        traced(lambda v: tl.functional.dropout(v, 1.5)).predict(np.ones((2, 2), dtype=np.float32))

@@ -3,7 +3,10 @@ import numpy as np
 import pytest
 import torch
 
+import treadle as tl
 from opcheck import BACKENDS, gradcheck, run, tol, torch_grads
+
+tf = tl.functional
 
 
 def sample(shape, dtype=np.float64, seed=0):
@@ -216,3 +219,42 @@ def test_slice_backward_gradcheck(backend):
 def test_slice_backward_checks_fit(backend):
     with pytest.raises(ValueError, match="slice_backward: gradient of shape"):
         run("slice_backward", [np.zeros((2, 3))], {"axis": 1, "start": 0, "stop": 2, "size": 4}, None, backend)
+
+
+# --- the public functions (ops::reshape, ...) traced into a model and run by predict ---------------
+def traced(fn):
+    """A parameter-free treadle module whose traced forward applies `fn` (a public op)."""
+
+    class Fn(tl.nn.Module):
+        def forward(self, x):
+            return fn(x)
+
+    return Fn()
+
+
+PUBLIC = [
+    ("reshape", lambda v: tf.reshape(v, [4, -1]), lambda a: a.reshape(4, -1)),
+    ("flatten_default", tf.flatten, lambda a: a.reshape(2, -1)),
+    ("flatten_0_1", lambda v: tf.flatten(v, 0, 1), lambda a: a.reshape(6, 4)),
+    ("concat", lambda v: tf.concat([v, tf.slice(v, 2, 0, 1)], 2), lambda a: np.concatenate([a, a[:, :, :1]], 2)),
+    ("cat_default_axis", lambda v: tl.functional.cat([v, v]), lambda a: np.concatenate([a, a], -1)),
+    ("slice", lambda v: tf.slice(v, 1, -2, 3), lambda a: a[:, -2:3]),
+    ("slice_then_reshape", lambda v: tf.reshape(tf.slice(v, 0, 1, 2), [12]), lambda a: a[1:2].reshape(12)),
+]
+
+
+@pytest.mark.parametrize("name, fn, np_fn", PUBLIC, ids=[c[0] for c in PUBLIC])
+def test_public_functions(name, fn, np_fn):
+    x = sample((2, 3, 4), np.float32)
+    np.testing.assert_array_equal(traced(fn).predict(x), np_fn(x))
+
+
+@pytest.mark.parametrize("fn, err, match", [
+    (lambda v: tf.reshape(v, [5, 5]), ValueError, r"reshape: cannot reshape \(2, 3, 4\)"),
+    (lambda v: tf.concat([], 0), ValueError, "concat: expected at least one input"),
+    (lambda v: tf.slice(v, 3, 0, 1), ValueError, "slice: axis 3 out of range"),
+    (lambda v: tf.flatten(v, 2, 0), ValueError, "flatten: start_dim 2 comes after end_dim 0"),
+])
+def test_public_function_errors(fn, err, match):
+    with pytest.raises(err, match=match):
+        traced(fn).predict(sample((2, 3, 4), np.float32))

@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import treadle as tl
 from opcheck import BACKENDS, gradcheck, run, tol, torch_grads
 
 OPS = {"softmax": F.softmax, "log_softmax": F.log_softmax}
@@ -124,3 +125,29 @@ def test_integer_input_is_type_error(op, backend):
 def test_backward_op_checks_shapes(op, backend):
     with pytest.raises(ValueError, match=f"{op}_backward: gradient shape"):
         run(f"{op}_backward", [np.zeros((2, 3)), np.zeros((2, 4))], {"axis": 1}, None, backend)
+
+
+def traced(fn):
+    """A parameter-free treadle module whose traced forward applies `fn` (a public op)."""
+
+    class Fn(tl.nn.Module):
+        def forward(self, x):
+            return fn(x)
+
+    return Fn()
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("dim", [0, 1, -1, None])
+def test_public_functions(op, dim):
+    """ops::softmax / ops::log_softmax record the axis (default: the last)."""
+    x = sample((3, 4, 5), np.float32, seed=9)
+    fn = getattr(tl.functional, op)
+    got = traced(lambda v: fn(v) if dim is None else fn(v, dim)).predict(x)
+    expected = OPS[op](torch.tensor(x), dim=-1 if dim is None else dim).numpy()
+    np.testing.assert_allclose(got, expected, **tol(np.float32))
+
+
+def test_public_function_bad_axis():
+    with pytest.raises(ValueError, match="softmax: axis 3 out of range for 3-d input"):
+        traced(lambda v: tl.functional.softmax(v, 3)).predict(np.zeros((2, 3, 4), dtype=np.float32))
