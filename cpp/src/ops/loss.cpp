@@ -2,6 +2,7 @@
 // scalar ("mean" or "sum", as torch.nn.functional), and their "<loss>_backward" ops that take
 // (pred, target, grad_scalar) and produce d/dpred. Kernels: backends/eigen/loss_kernels.cpp.
 #include <cmath>
+#include <functional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -89,13 +90,16 @@ void check_class_target(const std::string& op, const std::vector<TensorMeta>& in
 }
 
 using CheckFn = void (*)(const std::string& op, const std::vector<TensorMeta>& in, Attrs& attrs);
-// d/dtarget from (grad context, d/dpred thunk); null where the target gets no gradient.
-using TargetGradFn = Value (*)(const GradContext& ctx, Value dpred);
+// d/dtarget, given the node and a thunk that records (once) the d/dpred op; null where the
+// target gets no gradient.
+using DpredFn = std::function<Value()>;
+using TargetGradFn = Value (*)(const GradContext& ctx, const DpredFn& dpred);
 
-Value negated(const GradContext&, Value dpred) { return ops::scale(dpred, -1.0); }
+// Losses of (pred - target) only: d/dtarget = -d/dpred.
+Value negated(const GradContext&, const DpredFn& dpred) { return ops::scale(dpred(), -1.0); }
 
 // bce_with_logits: d/dtarget of (max(x,0) - x*t + log1p(exp(-|x|))) is -x, times the upstream scalar.
-Value bce_target_grad(const GradContext& ctx, Value) {
+Value bce_target_grad(const GradContext& ctx, const DpredFn&) {
   const Value& x = ctx.inputs[0];
   double norm = 1.0;
   if (ctx.node.attrs.s("reduction") == "mean") {
@@ -111,10 +115,13 @@ std::vector<Value> loss_grad(const GradContext& ctx, const std::string& backward
   const bool want_pred = ctx.needs_grad.at(0);
   const bool want_target = target_grad != nullptr && ctx.needs_grad.at(1);
   if (!go.defined() || (!want_pred && !want_target)) return grads;
-  Value dpred;
-  if (want_pred || target_grad == &negated)
-    dpred = ctx.graph.apply1(backward_op, {ctx.inputs[0], ctx.inputs[1], go}, ctx.node.attrs);
-  if (want_pred) grads[0] = dpred;
+  Value recorded;
+  const DpredFn dpred = [&] {
+    if (!recorded.defined())
+      recorded = ctx.graph.apply1(backward_op, {ctx.inputs[0], ctx.inputs[1], go}, ctx.node.attrs);
+    return recorded;
+  };
+  if (want_pred) grads[0] = dpred();
   if (want_target) grads[1] = target_grad(ctx, dpred);
   return grads;
 }
