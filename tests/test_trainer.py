@@ -199,3 +199,66 @@ def test_a_second_trainer_on_the_same_model_shares_parameters(mlp_pair, rng):
     t2.step(x, y)
     assert not np.array_equal(p0, p1) and not np.array_equal(p1, net.flat_parameters())
     assert t1.steps == 1 and t2.steps == 1
+
+
+def _dropout_trainer(seed):
+    tl.manual_seed(0)
+    net = tl.nn.Sequential(tl.nn.Linear(4, 64), tl.nn.Dropout(0.5), tl.nn.Linear(64, 1))
+    return net, tl.Trainer(net, tl.loss.MSE(), tl.optim.SGD(lr=0.01), seed=seed)
+
+
+def test_dropout_training_is_deterministic_by_trainer_seed(rng):
+    x, y = _data(rng, 16)
+    runs = {}
+    for key, seed in (("a", 1), ("a_again", 1), ("b", 2)):
+        net, trainer = _dropout_trainer(seed)
+        runs[key] = ([trainer.step(x, y) for _ in range(5)], net.flat_parameters().copy())
+    assert runs["a"][0] == runs["a_again"][0]
+    np.testing.assert_array_equal(runs["a"][1], runs["a_again"][1])
+    assert runs["a"][0] != runs["b"][0]
+    # Each step draws a fresh mask: the same batch gives different losses step to step at lr=0.
+    net, trainer = _dropout_trainer(3)
+    trainer.optimizer.lr = 0.0
+    losses = [trainer.step(x, y) for _ in range(4)]
+    assert len(set(losses)) == 4
+
+
+def test_step_equals_phases_with_dropout(rng):
+    """The phases draw the same dropout masks as step (one RNG stream per trainer context)."""
+    x, y = _data(rng, 16)
+    a, ta = _dropout_trainer(5)
+    b, tb = _dropout_trainer(5)
+    for _ in range(3):
+        la = ta.step(x, y)
+        tb.zero_grad()
+        lb = tb.compute_gradients(x, y)
+        tb.update()
+        assert la == lb
+    np.testing.assert_array_equal(a.flat_parameters(), b.flat_parameters())
+
+
+def test_parameter_free_model_trains_as_a_no_op(rng):
+    net = tl.nn.Sequential(tl.nn.Tanh())
+    trainer = tl.Trainer(net, tl.loss.MSE(), tl.optim.Adam(lr=1e-2))
+    x = rng.standard_normal((6, 4)).astype(np.float32)
+    y = rng.standard_normal((6, 4)).astype(np.float32)
+    assert net.flat_parameters().size == 0
+    expect = np.mean((np.tanh(x).astype(np.float64) - y) ** 2)
+    np.testing.assert_allclose(trainer.step(x, y), expect, rtol=1e-5)
+    assert trainer.steps == 1
+
+
+def test_changing_dtype_under_a_trainer_is_a_clear_error(mlp_pair, rng):
+    """The optimizer state is bound to the dtype it was created for; after .double() the old trainer
+    refuses to update (TypeError naming both dtypes) and leaves the weights alone."""
+    net, _, trainer = _trainer(mlp_pair)
+    x, y = _data(rng, 8)
+    trainer.step(x, y)
+    net.double()
+    params = net.flat_parameters().copy()
+    with pytest.raises(TypeError, match="float64.*float32|float32.*float64"):
+        trainer.step(x.astype(np.float64), y.astype(np.float64))
+    np.testing.assert_array_equal(net.flat_parameters(), params)
+    assert trainer.steps == 1
+    fresh = tl.Trainer(net, tl.loss.MSE(), tl.optim.Adam(lr=1e-2))  # a new optimizer binds to float64
+    assert np.isfinite(fresh.step(x.astype(np.float64), y.astype(np.float64)))
