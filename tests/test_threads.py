@@ -283,6 +283,7 @@ def big_model():
     return net, trainer, x, y
 
 
+@pytest.mark.skipif(not getattr(sys, "_is_gil_enabled", lambda: True)(), reason="free-threaded Python has no GIL")
 def test_progress_measure_reads_zero_while_the_gil_is_held():
     """The control for the tests below: pure-Python work holds the GIL, and the spinner gets nowhere."""
     assert _progress_during(lambda: sum(range(300000)), attempts=3) == 0
