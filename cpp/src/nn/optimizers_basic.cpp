@@ -1,0 +1,144 @@
+// SGD (momentum, dampening, Nesterov, weight decay), Adam (AMSGrad) and AdamW: one fused pass over
+// the flat parameter, gradient and state buffers, with torch.optim's single-tensor formulas written
+// element by element. Scalar coefficients are computed in double (as torch computes them in Python)
+// and cast to the buffer's dtype; everything per element runs in that dtype.
+#include <algorithm>
+#include <cmath>
+
+#include "backends/eigen/eigen_common.hpp"
+#include "treadle/error.hpp"
+#include "treadle/optim.hpp"
+
+namespace treadle::optim {
+namespace {
+
+using eigen::kElementGrain;
+using eigen::parallel_chunks;
+
+void require(bool ok, const char* who, const char* what, double value) {
+  if (!ok) throw_value_error(who, ": invalid ", what, " value: ", value);
+}
+
+// torch.lerp's formula (exact at both ends): start + w * (end - start), or from the end when w >= 0.5.
+template <typename T>
+inline T lerp(T start, T end, T w) {
+  return std::abs(w) < T(0.5) ? start + w * (end - start) : end - (end - start) * (T(1) - w);
+}
+
+class SGD final : public Optimizer {
+ public:
+  explicit SGD(const SGDOptions& o) : Optimizer(o.lr), o_(o) {
+    require(o.lr >= 0, "SGD", "lr (learning rate)", o.lr);
+    require(o.momentum >= 0, "SGD", "momentum", o.momentum);
+    require(o.weight_decay >= 0, "SGD", "weight_decay", o.weight_decay);
+    require(std::isfinite(o.dampening), "SGD", "dampening", o.dampening);
+    if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
+      throw_value_error("SGD: nesterov momentum requires a momentum > 0 and zero dampening (momentum=", o.momentum,
+                        ", dampening=", o.dampening, ")");
+  }
+  std::string name() const override { return "SGD"; }
+
+ protected:
+  std::vector<std::string> state_names() const override {
+    if (o_.momentum == 0) return {};
+    return {"momentum_buffer"};
+  }
+  void update(const Tensor& params, const Tensor& grads, double lr, Executor& exec) override {
+    if (dtype_ == DType::f32)
+      run<float>(params, grads, lr, exec);
+    else
+      run<double>(params, grads, lr, exec);
+  }
+
+ private:
+  template <typename T>
+  void run(const Tensor& params, const Tensor& grads, double lr_d, Executor& exec) {
+    T* p = params.data_as<T>();
+    const T* g = grads.data_as<T>();
+    const T lr = T(lr_d), wd = T(o_.weight_decay), mom = T(o_.momentum), keep = T(1 - o_.dampening);
+    const bool decay = o_.weight_decay != 0, use_mom = o_.momentum != 0, nesterov = o_.nesterov;
+    // torch creates the momentum buffer as a copy of the first (decayed) gradient.
+    const bool first = t_ == 1;
+    T* buf = use_mom ? state_buffer(0).data_as<T>() : nullptr;
+    parallel_chunks(exec, total_, kElementGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        T d = g[i];
+        if (decay) d = d + wd * p[i];
+        if (use_mom) {
+          buf[i] = first ? d : buf[i] * mom + keep * d;
+          d = nesterov ? d + mom * buf[i] : buf[i];
+        }
+        p[i] = p[i] - lr * d;
+      }
+    });
+  }
+
+  SGDOptions o_;
+};
+
+class Adam final : public Optimizer {
+ public:
+  Adam(const AdamOptions& o, bool decoupled) : Optimizer(o.lr), o_(o), decoupled_(decoupled) {
+    const char* who = decoupled ? "AdamW" : "Adam";
+    require(o.lr >= 0, who, "lr (learning rate)", o.lr);
+    require(o.eps > 0, who, "eps (epsilon, must be > 0)", o.eps);
+    require(o.beta1 >= 0 && o.beta1 < 1, who, "betas[0] (beta1, must be in [0, 1))", o.beta1);
+    require(o.beta2 >= 0 && o.beta2 < 1, who, "betas[1] (beta2, must be in [0, 1))", o.beta2);
+    require(o.weight_decay >= 0, who, "weight_decay", o.weight_decay);
+  }
+  std::string name() const override { return decoupled_ ? "AdamW" : "Adam"; }
+
+ protected:
+  std::vector<std::string> state_names() const override {
+    if (o_.amsgrad) return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+    return {"exp_avg", "exp_avg_sq"};
+  }
+  void update(const Tensor& params, const Tensor& grads, double lr, Executor& exec) override {
+    if (dtype_ == DType::f32)
+      run<float>(params, grads, lr, exec);
+    else
+      run<double>(params, grads, lr, exec);
+  }
+
+ private:
+  template <typename T>
+  void run(const Tensor& params, const Tensor& grads, double lr, Executor& exec) {
+    T* p = params.data_as<T>();
+    const T* g = grads.data_as<T>();
+    T* m = state_buffer(0).data_as<T>();
+    T* v = state_buffer(1).data_as<T>();
+    T* vmax = o_.amsgrad ? state_buffer(2).data_as<T>() : nullptr;
+    const double t = static_cast<double>(t_);
+    const double bc1 = 1 - std::pow(o_.beta1, t), bc2 = 1 - std::pow(o_.beta2, t);
+    const T neg_step = T(-(lr / bc1)), bc2_sqrt = T(std::sqrt(bc2)), eps = T(o_.eps);
+    const T w1 = T(1 - o_.beta1), b2 = T(o_.beta2), w2 = T(1 - o_.beta2);
+    const bool coupled = !decoupled_ && o_.weight_decay != 0, amsgrad = o_.amsgrad;
+    const T wd = T(o_.weight_decay);
+    // AdamW shrinks the parameters before the Adam step; a factor of exactly 1 changes nothing.
+    const T shrink = decoupled_ ? T(1 - lr * o_.weight_decay) : T(1);
+    parallel_chunks(exec, total_, kElementGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        T pi = p[i] * shrink;
+        T gi = g[i];
+        if (coupled) gi = gi + wd * pi;
+        m[i] = lerp(m[i], gi, w1);
+        v[i] = v[i] * b2 + w2 * gi * gi;
+        T second = v[i];
+        if (amsgrad) second = vmax[i] = std::max(vmax[i], v[i]);
+        const T denom = std::sqrt(second) / bc2_sqrt + eps;
+        p[i] = pi + neg_step * m[i] / denom;
+      }
+    });
+  }
+
+  AdamOptions o_;
+  bool decoupled_;
+};
+
+}  // namespace
+
+std::shared_ptr<Optimizer> sgd(const SGDOptions& o) { return std::make_shared<SGD>(o); }
+std::shared_ptr<Optimizer> adam(const AdamOptions& o) { return std::make_shared<Adam>(o, false); }
+std::shared_ptr<Optimizer> adamw(const AdamOptions& o) { return std::make_shared<Adam>(o, true); }
+
+}  // namespace treadle::optim
