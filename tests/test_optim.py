@@ -427,7 +427,8 @@ def test_step_before_bind_raises():
 @pytest.mark.parametrize("params,grads,exc,msg", [
     (np.zeros(9), np.zeros(9, np.float32), TypeError, "params has dtype float64 but the optimizer is bound to float32"),
     (np.zeros(9, np.float32), np.zeros(9, np.int32), TypeError, "grads must be a native float32 or float64"),
-    (np.zeros(8, np.float32), np.zeros(8, np.float32), ValueError, "params has 8 elements but the optimizer is bound to 9"),
+    (np.zeros(8, np.float32), np.zeros(8, np.float32), ValueError,
+     "params has 8 elements but the optimizer is bound to 9"),
     (np.zeros(9, np.float32), np.zeros(10, np.float32), ValueError, "grads has 10 elements"),
     (np.zeros(18, np.float32)[::2], np.zeros(9, np.float32), ValueError, "params must be contiguous"),
     (np.zeros((3, 3), np.float32), np.zeros(9, np.float32), ValueError, "params must be a flat 1-D array"),

@@ -41,7 +41,8 @@ DType float_dtype(const py::handle& obj, const std::string& who) {
 // native-order float32/float64 array (writable when it is written to).
 Tensor wrap_flat(const py::handle& obj, const std::string& who, const char* what, bool writable) {
   if (!py::isinstance<py::array>(obj))
-    throw_type_error(who, ": ", what, " must be a numpy array, got ", std::string(py::str(py::type::handle_of(obj).attr("__name__"))));
+    throw_type_error(who, ": ", what, " must be a numpy array, got ",
+                     std::string(py::str(py::type::handle_of(obj).attr("__name__"))));
   py::array a = py::reinterpret_borrow<py::array>(obj);
   DType dt;
   if (py::isinstance<py::array_t<float>>(a) && a.dtype().kind() == 'f' && a.itemsize() == 4)
@@ -109,7 +110,8 @@ void bind_slots(Optimizer& o, const py::iterable& slots, const py::handle& dtype
   int64_t offset = 0;
   for (const py::handle item : slots) {
     auto pair = py::cast<py::tuple>(item);
-    if (pair.size() != 2) throw_value_error(who, ": each slot must be (name, shape), got ", std::string(py::repr(item)));
+    if (pair.size() != 2)
+      throw_value_error(who, ": each slot must be (name, shape), got ", std::string(py::repr(item)));
     ParamSlot s;
     s.name = py::cast<std::string>(pair[0]);
     for (const py::handle d : py::cast<py::iterable>(pair[1])) s.shape.push_back(py::cast<int64_t>(d));

@@ -3,6 +3,7 @@
 // torch.optim's single-tensor formulas; the matrix-aware ones walk the layout slot by slot.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "backends/eigen/eigen_common.hpp"
 #include "treadle/error.hpp"
@@ -21,6 +22,48 @@ void require(bool ok, const char* who, const char* what, double value) {
 template <typename T>
 inline T lerp(T start, T end, T w) {
   return std::abs(w) < T(0.5) ? start + w * (end - start) : end - (end - start) * (T(1) - w);
+}
+
+// Calls f(std::bool_constant<b>{}): options become compile-time constants, so the element loops
+// are branch-free and vectorise.
+template <typename F>
+void dispatch(bool b, F&& f) {
+  if (b)
+    f(std::true_type{});
+  else
+    f(std::false_type{});
+}
+
+template <typename T>
+struct RMSpropCoef {
+  T lr, alpha, w, eps, wd, mom;
+};
+
+template <typename T, bool kDecay, bool kCentered, bool kMomentum>
+void rmsprop_elements(int64_t b, int64_t e, T* __restrict p, const T* __restrict g, T* __restrict sq,
+                      T* __restrict buf, T* __restrict gavg, const RMSpropCoef<T>& k) {
+  for (int64_t i = b; i < e; ++i) {
+    T gi = g[i];
+    if constexpr (kDecay) gi = gi + k.wd * p[i];
+    const T si = sq[i] * k.alpha + k.w * gi * gi;
+    sq[i] = si;
+    T avg;
+    if constexpr (kCentered) {
+      const T ai = lerp(gavg[i], gi, k.w);
+      gavg[i] = ai;
+      avg = std::sqrt(si - ai * ai);
+    } else {
+      avg = std::sqrt(si);
+    }
+    avg = avg + k.eps;
+    if constexpr (kMomentum) {
+      const T bi = buf[i] * k.mom + gi / avg;
+      buf[i] = bi;
+      p[i] = p[i] - k.lr * bi;
+    } else {
+      p[i] = p[i] - k.lr * gi / avg;
+    }
+  }
 }
 
 class RMSprop final : public Optimizer {
@@ -50,35 +93,23 @@ class RMSprop final : public Optimizer {
 
  private:
   template <typename T>
-  void run(const Tensor& params, const Tensor& grads, double lr_d, Executor& exec) {
+  void run(const Tensor& params, const Tensor& grads, double lr, Executor& exec) {
     T* p = params.data_as<T>();
     const T* g = grads.data_as<T>();
     T* sq = state_buffer(0).data_as<T>();
-    const bool use_mom = o_.momentum > 0, centered = o_.centered, decay = o_.weight_decay != 0;
+    const bool use_mom = o_.momentum > 0;
     T* buf = use_mom ? state_buffer(1).data_as<T>() : nullptr;
-    T* gavg = centered ? state_buffer(use_mom ? 2 : 1).data_as<T>() : nullptr;
-    const T lr = T(lr_d), alpha = T(o_.alpha), w = T(1 - o_.alpha), eps = T(o_.eps);
-    const T wd = T(o_.weight_decay), mom = T(o_.momentum);
-    parallel_chunks(exec, total_, kElementGrain, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) {
-        T gi = g[i];
-        if (decay) gi = gi + wd * p[i];
-        sq[i] = sq[i] * alpha + w * gi * gi;
-        T avg;
-        if (centered) {
-          gavg[i] = lerp(gavg[i], gi, w);
-          avg = std::sqrt(sq[i] - gavg[i] * gavg[i]);
-        } else {
-          avg = std::sqrt(sq[i]);
-        }
-        avg = avg + eps;
-        if (use_mom) {
-          buf[i] = buf[i] * mom + gi / avg;
-          p[i] = p[i] - lr * buf[i];
-        } else {
-          p[i] = p[i] - lr * gi / avg;
-        }
-      }
+    T* gavg = o_.centered ? state_buffer(use_mom ? 2 : 1).data_as<T>() : nullptr;
+    const RMSpropCoef<T> k{T(lr), T(o_.alpha), T(1 - o_.alpha), T(o_.eps), T(o_.weight_decay), T(o_.momentum)};
+    dispatch(o_.weight_decay != 0, [&](auto decay) {
+      dispatch(o_.centered, [&](auto centered) {
+        dispatch(use_mom, [&](auto mom) {
+          parallel_chunks(exec, total_, kElementGrain, [&](int64_t b, int64_t e) {
+            rmsprop_elements<T, decltype(decay)::value, decltype(centered)::value, decltype(mom)::value>(
+                b, e, p, g, sq, buf, gavg, k);
+          });
+        });
+      });
     });
   }
 
@@ -96,7 +127,8 @@ void check_adagrad(const char* who, const AdagradOptions& o) {
 // Element-wise AdaGrad over [b, e) of p/g with accumulators `acc` aligned to p. Shared by Adagrad and
 // by the matrix-aware variants' fallback, so that fallback is the same arithmetic bit for bit.
 template <typename T>
-inline void adagrad_elements(T* p, const T* g, T* acc, int64_t b, int64_t e, T neg_clr, T wd, bool decay, T eps) {
+inline void adagrad_elements(T* __restrict p, const T* __restrict g, T* __restrict acc, int64_t b, int64_t e,
+                             T neg_clr, T wd, bool decay, T eps) {
   for (int64_t i = b; i < e; ++i) {
     T gi = g[i];
     if (decay) gi = gi + wd * p[i];

@@ -4,6 +4,7 @@
 // and cast to the buffer's dtype; everything per element runs in that dtype.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "backends/eigen/eigen_common.hpp"
 #include "treadle/error.hpp"
@@ -76,6 +77,40 @@ class SGD final : public Optimizer {
   SGDOptions o_;
 };
 
+// Calls f(std::bool_constant<b>{}): options become compile-time constants, so the element loops
+// are branch-free and vectorise.
+template <typename F>
+void dispatch(bool b, F&& f) {
+  if (b)
+    f(std::true_type{});
+  else
+    f(std::false_type{});
+}
+
+// Per-step scalars of one Adam update, in the buffer's dtype.
+template <typename T>
+struct AdamCoef {
+  T shrink, wd, w1, b2, w2, bc2_sqrt, eps, neg_step;
+};
+
+template <typename T, bool kCoupled, bool kAmsgrad>
+void adam_elements(int64_t b, int64_t e, T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict v,
+                   T* __restrict vmax, const AdamCoef<T>& k) {
+  for (int64_t i = b; i < e; ++i) {
+    const T pi = p[i] * k.shrink;
+    T gi = g[i];
+    if constexpr (kCoupled) gi = gi + k.wd * pi;
+    const T mi = lerp(m[i], gi, k.w1);
+    const T vi = v[i] * k.b2 + k.w2 * gi * gi;
+    T second = vi;
+    if constexpr (kAmsgrad) second = vmax[i] = std::max(vmax[i], vi);
+    const T denom = std::sqrt(second) / k.bc2_sqrt + k.eps;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = pi + k.neg_step * mi / denom;
+  }
+}
+
 class Adam final : public Optimizer {
  public:
   Adam(const AdamOptions& o, bool decoupled) : Optimizer(o.lr), o_(o), decoupled_(decoupled) {
@@ -110,24 +145,22 @@ class Adam final : public Optimizer {
     T* vmax = o_.amsgrad ? state_buffer(2).data_as<T>() : nullptr;
     const double t = static_cast<double>(t_);
     const double bc1 = 1 - std::pow(o_.beta1, t), bc2 = 1 - std::pow(o_.beta2, t);
-    const T neg_step = T(-(lr / bc1)), bc2_sqrt = T(std::sqrt(bc2)), eps = T(o_.eps);
-    const T w1 = T(1 - o_.beta1), b2 = T(o_.beta2), w2 = T(1 - o_.beta2);
-    const bool coupled = !decoupled_ && o_.weight_decay != 0, amsgrad = o_.amsgrad;
-    const T wd = T(o_.weight_decay);
+    AdamCoef<T> k;
     // AdamW shrinks the parameters before the Adam step; a factor of exactly 1 changes nothing.
-    const T shrink = decoupled_ ? T(1 - lr * o_.weight_decay) : T(1);
-    parallel_chunks(exec, total_, kElementGrain, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) {
-        T pi = p[i] * shrink;
-        T gi = g[i];
-        if (coupled) gi = gi + wd * pi;
-        m[i] = lerp(m[i], gi, w1);
-        v[i] = v[i] * b2 + w2 * gi * gi;
-        T second = v[i];
-        if (amsgrad) second = vmax[i] = std::max(vmax[i], v[i]);
-        const T denom = std::sqrt(second) / bc2_sqrt + eps;
-        p[i] = pi + neg_step * m[i] / denom;
-      }
+    k.shrink = decoupled_ ? T(1 - lr * o_.weight_decay) : T(1);
+    k.wd = T(o_.weight_decay);
+    k.w1 = T(1 - o_.beta1);
+    k.b2 = T(o_.beta2);
+    k.w2 = T(1 - o_.beta2);
+    k.bc2_sqrt = T(std::sqrt(bc2));
+    k.eps = T(o_.eps);
+    k.neg_step = T(-(lr / bc1));
+    dispatch(!decoupled_ && o_.weight_decay != 0, [&](auto coupled) {
+      dispatch(o_.amsgrad, [&](auto amsgrad) {
+        parallel_chunks(exec, total_, kElementGrain, [&](int64_t b, int64_t e) {
+          adam_elements<T, decltype(coupled)::value, decltype(amsgrad)::value>(b, e, p, g, m, v, vmax, k);
+        });
+      });
     });
   }
 

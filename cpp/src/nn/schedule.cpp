@@ -192,7 +192,9 @@ std::shared_ptr<Schedule> warmup_cosine(int64_t warmup, int64_t total, double et
 }
 }  // namespace schedule
 
-double clip_grad_norm(const Tensor& grads, double max_norm) { return clip_grad_norm(grads, max_norm, serial_executor()); }
+double clip_grad_norm(const Tensor& grads, double max_norm) {
+  return clip_grad_norm(grads, max_norm, serial_executor());
+}
 
 double clip_grad_norm(const Tensor& grads, double max_norm, Executor& exec) {
   if (!(max_norm >= 0)) throw_value_error("clip_grad_norm: max_norm must be >= 0, got ", max_norm);
