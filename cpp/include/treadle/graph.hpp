@@ -72,9 +72,10 @@ class TREADLE_API Value {
   bool defined() const { return graph_ != nullptr; }
   Graph& graph() const { return *graph_; }
   int id() const { return id_; }
-  const Shape& shape() const;
+  // By value: recording more ops may move the graph's value table.
+  Shape shape() const;
   DType dtype() const;
-  int ndim() const { return static_cast<int>(shape().size()); }
+  int ndim() const;
   int64_t dim(int i) const;
 
  private:

@@ -17,7 +17,9 @@ namespace treadle {
 
 class Plan;
 
-enum class PlanMode : uint8_t { infer, train_seeded, train_loss };
+// infer: forward only, eval mode. eval_loss: forward + loss, eval mode, no backward.
+// train_seeded: forward + backward from a host-given output gradient. train_loss: forward + loss + backward.
+enum class PlanMode : uint8_t { infer, eval_loss, train_seeded, train_loss };
 
 // What a plan is compiled for: input signatures, mode, and for loss plans the loss and target.
 struct PlanKey {

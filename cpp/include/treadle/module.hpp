@@ -22,10 +22,14 @@ class TREADLE_API Parameter {
   void rebind(Tensor value);
   bool requires_grad() const { return requires_grad_; }
   void set_requires_grad(bool r) { requires_grad_ = r; }
+  // The model whose flat buffer holds this parameter (a parameter belongs to one model at a time).
+  const void* owner() const { return owner_; }
+  void set_owner(const void* owner) { owner_ = owner; }
 
  private:
   Tensor value_;
   bool requires_grad_;
+  const void* owner_ = nullptr;
 };
 
 using NamedParameter = std::pair<std::string, std::shared_ptr<Parameter>>;

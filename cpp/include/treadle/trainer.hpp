@@ -26,10 +26,13 @@ class TREADLE_API Trainer {
 
   // zero_grad + forward + loss + backward + (clip) + update. Returns the loss.
   double step(const Tensor& x, const Tensor& y);
+  // forward (eval mode: no dropout) + loss; touches no gradient or parameter. Returns the loss.
+  double evaluate(const Tensor& x, const Tensor& y);
   // forward + loss + backward, accumulating into the gradients; no update. Returns the loss.
   double compute_gradients(const Tensor& x, const Tensor& y);
-  // Host-driven phases. forward keeps activations in the trainer's context for backward.
-  Tensor forward(const Tensor& x);
+  // Host-driven phases. forward keeps activations in the trainer's context for backward;
+  // input_grad=true compiles the backward pass to also produce dL/d(input).
+  Tensor forward(const Tensor& x, bool input_grad = false);
   // Accumulates parameter gradients from dL/d(output). When input_grad is non-null it receives
   // dL/d(input) (allocated here, shaped like the input).
   void backward(const Tensor& grad_output, Tensor* input_grad = nullptr);
@@ -47,7 +50,7 @@ class TREADLE_API Trainer {
   int64_t steps() const { return optimizer_->step_count(); }
 
  private:
-  double run_loss_plan(const Tensor& x, const Tensor& y);
+  double run_loss_plan(const Tensor& x, const Tensor& y, PlanMode mode);
   void check_input(const Tensor& x, const char* what) const;
 
   std::shared_ptr<Model> model_;

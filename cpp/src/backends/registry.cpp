@@ -29,3 +29,11 @@ const Backend* backend_by_name(const std::string& name) {
 }
 
 }  // namespace treadle
+
+#include "treadle/backend.hpp"
+
+std::vector<std::string> treadle::backend_names() {
+  std::vector<std::string> names;
+  for (const Backend* b : available_backends()) names.emplace_back(b->name());
+  return names;
+}

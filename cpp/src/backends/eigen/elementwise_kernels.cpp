@@ -1,0 +1,140 @@
+// Reference elementwise kernels with numpy broadcasting, the broadcast-undoing reduction and fill.
+#include <vector>
+
+#include "backends/eigen/eigen_backend.hpp"
+#include "backends/eigen/eigen_common.hpp"
+
+namespace treadle {
+namespace {
+using namespace eigen;
+
+// Strides (in elements) of `in` viewed with the output's rank; broadcast dimensions get stride 0.
+std::vector<int64_t> broadcast_strides(const Shape& in, const Shape& out) {
+  std::vector<int64_t> s(out.size(), 0);
+  int64_t stride = 1;
+  for (int i = static_cast<int>(in.size()) - 1, o = static_cast<int>(out.size()) - 1; i >= 0; --i, --o) {
+    s[o] = in[i] == 1 ? 0 : stride;
+    stride *= in[i];
+  }
+  return s;
+}
+
+// Calls f(out_index, a_index, b_index) for every output element, in row-major order within rows
+// [r0, r1) of the outermost dimension.
+template <typename F>
+void for_each_broadcast(const Shape& out, const std::vector<int64_t>& sa, const std::vector<int64_t>& sb,
+                        int64_t begin, int64_t end, F&& f) {
+  const int nd = static_cast<int>(out.size());
+  std::vector<int64_t> idx(nd, 0);
+  int64_t rem = begin;
+  for (int d = nd - 1; d >= 0; --d) {
+    idx[d] = rem % out[d];
+    rem /= out[d];
+  }
+  for (int64_t o = begin; o < end; ++o) {
+    int64_t ia = 0, ib = 0;
+    for (int d = 0; d < nd; ++d) {
+      ia += idx[d] * sa[d];
+      ib += idx[d] * sb[d];
+    }
+    f(o, ia, ib);
+    for (int d = nd - 1; d >= 0; --d) {
+      if (++idx[d] < out[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+struct AddOp {
+  template <typename X>
+  static auto apply(const X& a, const X& b) { return a + b; }
+};
+struct SubOp {
+  template <typename X>
+  static auto apply(const X& a, const X& b) { return a - b; }
+};
+struct MulOp {
+  template <typename X>
+  static auto apply(const X& a, const X& b) { return a * b; }
+};
+
+template <typename Op, typename T>
+void binary_kernel(const KernelArgs& a) {
+  const TensorRef &A = a.in[0], &B = a.in[1], &Y = a.out[0];
+  const int64_t n = Y.numel;
+  if (A.numel == n && B.numel == n) {  // same shape: one vectorised pass
+    parallel_chunks(a.exec, n, kElementGrain, [&](int64_t i0, int64_t i1) {
+      VecMap<T>(Y.ptr<T>() + i0, i1 - i0) =
+          Op::apply(ConstVecMap<T>(A.ptr<T>() + i0, i1 - i0), ConstVecMap<T>(B.ptr<T>() + i0, i1 - i0));
+    });
+    return;
+  }
+  const int64_t cols = Y.dim(-1);
+  if (A.numel == n && B.ndim() > 0 && B.numel == cols && B.dim(-1) == cols) {  // (..., C) op (C): bias-like
+    parallel_chunks(a.exec, n / cols, std::max<int64_t>(1, kElementGrain / cols), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r)
+        VecMap<T>(Y.ptr<T>() + r * cols, cols) =
+            Op::apply(ConstVecMap<T>(A.ptr<T>() + r * cols, cols), ConstVecMap<T>(B.ptr<T>(), cols));
+    });
+    return;
+  }
+  auto sa = broadcast_strides(*A.shape, *Y.shape), sb = broadcast_strides(*B.shape, *Y.shape);
+  parallel_chunks(a.exec, n, kElementGrain, [&](int64_t i0, int64_t i1) {
+    const T *pa = A.ptr<T>(), *pb = B.ptr<T>();
+    T* py = Y.ptr<T>();
+    for_each_broadcast(*Y.shape, sa, sb, i0, i1,
+                       [&](int64_t o, int64_t ia, int64_t ib) { py[o] = Op::apply(pa[ia], pb[ib]); });
+  });
+}
+
+template <typename T>
+void scale_kernel(const KernelArgs& a) {
+  const T alpha = static_cast<T>(a.attrs().f("alpha"));
+  parallel_chunks(a.exec, a.out[0].numel, kElementGrain, [&](int64_t i0, int64_t i1) {
+    VecMap<T>(a.out[0].ptr<T>() + i0, i1 - i0) = alpha * ConstVecMap<T>(a.in[0].ptr<T>() + i0, i1 - i0);
+  });
+}
+
+// Sums the input over its broadcast dimensions. Parallel over output elements only, each summed
+// in a fixed order, so it is deterministic under any chunking.
+template <typename T>
+void sum_to_kernel(const KernelArgs& a) {
+  const TensorRef &X = a.in[0], &Y = a.out[0];
+  const Shape& xs = *X.shape;
+  const int64_t cols = X.dim(-1);
+  if (Y.ndim() > 0 && !xs.empty() && Y.numel == cols && Y.dim(-1) == cols) {  // (..., C) -> (C): column sums
+    ConstMapR<T> Xm(X.ptr<T>(), X.numel / cols, cols);
+    parallel_chunks(a.exec, cols, 64, [&](int64_t c0, int64_t c1) {
+      Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>(Y.ptr<T>() + c0, c1 - c0) =
+          Xm.middleCols(c0, c1 - c0).colwise().sum();
+    });
+    return;
+  }
+  auto sy = broadcast_strides(*Y.shape, xs);
+  std::vector<int64_t> unused(xs.size(), 0);
+  T* py = Y.ptr<T>();
+  const T* px = X.ptr<T>();
+  for (int64_t i = 0; i < Y.numel; ++i) py[i] = T(0);
+  for_each_broadcast(xs, sy, unused, 0, X.numel, [&](int64_t o, int64_t iy, int64_t) { py[iy] += px[o]; });
+}
+
+template <typename T>
+void constant_kernel(const KernelArgs& a) {
+  VecMap<T>(a.out[0].ptr<T>(), a.out[0].numel).setConstant(static_cast<T>(a.attrs().f("value")));
+}
+
+}  // namespace
+
+void register_eigen_elementwise(KernelTable& t) {
+  t.add("add", DType::f32, &binary_kernel<AddOp, float>);
+  t.add("add", DType::f64, &binary_kernel<AddOp, double>);
+  t.add("sub", DType::f32, &binary_kernel<SubOp, float>);
+  t.add("sub", DType::f64, &binary_kernel<SubOp, double>);
+  t.add("mul", DType::f32, &binary_kernel<MulOp, float>);
+  t.add("mul", DType::f64, &binary_kernel<MulOp, double>);
+  TREADLE_EIGEN_REGISTER_FLOATS(t, "scale", scale_kernel);
+  TREADLE_EIGEN_REGISTER_FLOATS(t, "sum_to", sum_to_kernel);
+  TREADLE_EIGEN_REGISTER_FLOATS(t, "constant", constant_kernel);
+}
+
+}  // namespace treadle

@@ -1,0 +1,66 @@
+#include "core/compile.hpp"
+
+#include "treadle/error.hpp"
+#include "treadle/ops.hpp"
+
+namespace treadle {
+
+std::shared_ptr<Plan> compile_plan(const PlanKey& key, const TraceFn& trace, const Loss* loss,
+                                   const ParamOffsetFn& param_offset) {
+  const bool training = key.mode == PlanMode::train_seeded || key.mode == PlanMode::train_loss;
+  auto plan = std::make_shared<Plan>(training);
+  Graph& g = plan->graph;
+  std::vector<Value> inputs;
+  for (std::size_t i = 0; i < key.input_shapes.size(); ++i) {
+    inputs.push_back(g.add_input(key.input_shapes[i], key.input_dtypes[i]));
+    if (key.input_grad) g.values()[inputs.back().id()].requires_grad = true;
+    plan->inputs.push_back(inputs.back().id());
+  }
+  std::vector<Value> outputs = trace(g, inputs);
+  if (outputs.empty()) throw_value_error("model: forward returned no outputs");
+  for (const Value& v : outputs) plan->outputs.push_back(v.id());
+  plan->forward_end = static_cast<int>(g.nodes().size());
+
+  std::vector<std::pair<int, int>> seeds;
+  if (key.mode == PlanMode::train_loss || key.mode == PlanMode::eval_loss) {
+    if (!loss) throw_runtime_error("compile_plan: a loss plan needs a loss");
+    Value target = g.add_input(key.target_shape, key.target_dtype, ValueKind::target);
+    plan->targets.push_back(target.id());
+    Value l = loss->apply(outputs.at(0), target);
+    plan->loss = l.id();
+  }
+  if (key.mode == PlanMode::train_loss) {
+    Value l(&g, plan->loss);
+    Value one = g.apply1("constant", {}, {{"shape", Shape{}}, {"value", 1.0}, {"dtype", std::string(dtype_name(l.dtype()))}});
+    seeds.emplace_back(l.id(), one.id());
+  } else if (key.mode == PlanMode::train_seeded) {
+    for (const Value& out : outputs) {
+      Value seed = g.add_input(out.shape(), out.dtype(), ValueKind::seed);
+      plan->seeds.push_back(seed.id());
+      seeds.emplace_back(out.id(), seed.id());
+    }
+  }
+
+  std::vector<int64_t> offsets;
+  for (const auto& p : g.parameters()) offsets.push_back(param_offset(p));
+  if (training) {
+    std::vector<int> wrt, param_slots;
+    for (std::size_t v = 0; v < g.values().size(); ++v)
+      if (g.values()[v].kind == ValueKind::parameter && g.values()[v].requires_grad) {
+        wrt.push_back(static_cast<int>(v));
+        param_slots.push_back(g.values()[v].slot);
+      }
+    const std::size_t num_params = wrt.size();
+    if (key.input_grad)
+      for (int in : plan->inputs) wrt.push_back(in);
+    std::vector<int> grads = build_backward(g, static_cast<int>(g.nodes().size()), seeds, wrt);
+    for (std::size_t k = 0; k < num_params; ++k)
+      if (grads[k] >= 0) plan->param_grads.emplace_back(offsets[param_slots[k]], grads[k]);
+    if (key.input_grad)
+      plan->input_grads.assign(grads.begin() + static_cast<std::ptrdiff_t>(num_params), grads.end());
+  }
+  plan->finalize(offsets, key.backend);
+  return plan;
+}
+
+}  // namespace treadle

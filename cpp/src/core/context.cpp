@@ -1,0 +1,31 @@
+#include "treadle/context.hpp"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace treadle {
+
+Executor& serial_executor() {
+  static SerialExecutor serial;
+  return serial;
+}
+
+Context::Context(Executor* executor, uint64_t seed) : executor_(executor), seed_(seed) {}
+
+Context::~Context() { std::free(arena_); }
+
+void* Context::arena(std::size_t bytes) {
+  if (bytes > arena_bytes_) {
+    std::size_t rounded = (bytes + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded);
+    if (!p) throw std::bad_alloc();
+    std::memset(p, 0, rounded);
+    std::free(arena_);
+    arena_ = p;
+    arena_bytes_ = rounded;
+  }
+  return arena_;
+}
+
+}  // namespace treadle

@@ -1,0 +1,213 @@
+#include "core/plan.hpp"
+
+#include <algorithm>
+#include <sstream>
+
+#include "core/op_registry.hpp"
+#include "treadle/error.hpp"
+
+namespace treadle {
+namespace {
+
+constexpr int64_t kAlign = 64;
+int64_t align_up(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+struct Interval {
+  int value;
+  int first, last;  // steps during which the value must stay intact
+  int64_t bytes;
+};
+
+// Greedy by size: biggest values first, each at the lowest offset that does not overlap a placed
+// value alive at the same time. Good packing for the chain-like graphs of typical models.
+int64_t place(std::vector<Interval>& items, std::vector<int64_t>& offset_of) {
+  std::sort(items.begin(), items.end(), [](const Interval& a, const Interval& b) {
+    return a.bytes != b.bytes ? a.bytes > b.bytes : a.value < b.value;
+  });
+  std::vector<const Interval*> placed;
+  std::vector<int64_t> placed_off;
+  int64_t total = 0;
+  for (const Interval& it : items) {
+    std::vector<std::pair<int64_t, int64_t>> busy;
+    for (std::size_t k = 0; k < placed.size(); ++k)
+      if (placed[k]->first <= it.last && it.first <= placed[k]->last)
+        busy.emplace_back(placed_off[k], placed_off[k] + placed[k]->bytes);
+    std::sort(busy.begin(), busy.end());
+    int64_t off = 0;
+    for (const auto& [b0, b1] : busy) {
+      if (off + it.bytes <= b0) break;
+      off = std::max(off, align_up(b1));
+    }
+    offset_of[it.value] = off;
+    placed.push_back(&it);
+    placed_off.push_back(off);
+    total = std::max(total, off + it.bytes);
+  }
+  return align_up(total);
+}
+
+}  // namespace
+
+void Plan::finalize(const std::vector<int64_t>& param_offsets, const std::string& backend) {
+  param_offsets_ = param_offsets;
+  steps.clear();
+  for (int n = 0; n < static_cast<int>(graph.nodes().size()); ++n) steps.push_back(PlanStep{n});
+  select_kernels(backend);
+  plan_memory();
+}
+
+void Plan::select_kernels(const std::string& backend) {
+  const OpRegistry& reg = OpRegistry::instance();
+  std::vector<const Backend*> order = available_backends();
+  if (!backend.empty()) order = {backend_by_name(backend)};
+  for (PlanStep& s : steps) {
+    const Node& node = graph.nodes()[s.node];
+    const OpDef& def = reg.at(node.op);
+    if (def.workspace) {
+      std::vector<TensorMeta> metas;
+      for (int in : node.inputs) metas.push_back({graph.info(in).shape, graph.info(in).dtype});
+      s.workspace = def.workspace(metas, node.attrs);
+    }
+    if (def.view_of >= 0) continue;
+    for (const Backend* b : order) {
+      if (KernelFn fn = b->find(graph, node)) {
+        s.kernel = fn;
+        s.backend = b;
+        break;
+      }
+    }
+    if (!s.kernel) {
+      DType dt = node.inputs.empty() ? graph.info(node.outputs[0]).dtype : graph.info(node.inputs[0]).dtype;
+      throw_value_error("no backend", backend.empty() ? "" : " '" + backend + "'", " implements op '", def.name,
+                        "' for ", dtype_name(dt));
+    }
+  }
+}
+
+void Plan::plan_memory() {
+  const OpRegistry& reg = OpRegistry::instance();
+  const int nv = static_cast<int>(graph.values().size());
+  const int last_step = std::max(0, num_steps() - 1);
+  loc_.assign(nv, Location{});
+  std::vector<int> alias(nv, -1), first(nv, -1), last(nv, -1);
+
+  for (int v = 0; v < nv; ++v) {
+    const ValueInfo& info = graph.values()[v];
+    switch (info.kind) {
+      case ValueKind::input: loc_[v] = {Buffer::input, info.slot, 0}; break;
+      case ValueKind::target: loc_[v] = {Buffer::target, info.slot, 0}; break;
+      case ValueKind::seed: loc_[v] = {Buffer::seed, info.slot, 0}; break;
+      case ValueKind::parameter: loc_[v] = {Buffer::params, 0, param_offsets_.at(info.slot)}; break;
+      case ValueKind::intermediate: break;
+    }
+  }
+  // Lifetimes: from the producing step to the last consuming step; views extend their source.
+  auto root = [&](int v) {
+    while (alias[v] >= 0) v = alias[v];
+    return v;
+  };
+  for (int s = 0; s < num_steps(); ++s) {
+    const Node& node = graph.nodes()[steps[s].node];
+    int view_of = reg.at(node.op).view_of;
+    for (int out : node.outputs) first[out] = s;
+    if (view_of >= 0) alias[node.outputs[0]] = node.inputs[view_of];
+    for (int in : node.inputs) last[root(in)] = std::max(last[root(in)], s);
+    for (int out : node.outputs) last[root(out)] = std::max(last[root(out)], s);
+  }
+  // Values the host reads after a run stay alive to the end.
+  std::vector<int> pinned = outputs;
+  if (loss >= 0) pinned.push_back(loss);
+  for (const auto& pg : param_grads) pinned.push_back(pg.second);
+  for (int g : input_grads)
+    if (g >= 0) pinned.push_back(g);
+  for (int v : pinned) last[root(v)] = last_step;
+
+  std::vector<Interval> items;
+  for (int v = 0; v < nv; ++v)
+    if (graph.values()[v].kind == ValueKind::intermediate && alias[v] < 0 && first[v] >= 0) {
+      const ValueInfo& info = graph.values()[v];
+      int64_t bytes = shape_numel(info.shape) * static_cast<int64_t>(dtype_size(info.dtype));
+      items.push_back({v, first[v], std::max(first[v], last[v]), std::max<int64_t>(bytes, 1)});
+    }
+  std::vector<int64_t> offset_of(nv, 0);
+  int64_t values_bytes = place(items, offset_of);
+  for (const Interval& it : items) loc_[it.value] = {Buffer::arena, 0, offset_of[it.value]};
+  for (int v = 0; v < nv; ++v)
+    if (alias[v] >= 0) loc_[v] = loc_[root(v)];
+  std::size_t ws = 0;
+  for (const PlanStep& s : steps) ws = std::max(ws, s.workspace);
+  workspace_offset_ = static_cast<std::size_t>(values_bytes);
+  arena_bytes_ = workspace_offset_ + static_cast<std::size_t>(align_up(static_cast<int64_t>(ws)));
+}
+
+void* Plan::address(Context& ctx, const Bindings& b, int id) const {
+  const Location& l = loc_[id];
+  char* base = nullptr;
+  switch (l.buffer) {
+    case Buffer::arena: base = static_cast<char*>(ctx.arena(arena_bytes_)); break;
+    case Buffer::params: base = static_cast<char*>(b.params); break;
+    case Buffer::input: base = static_cast<char*>(b.inputs[l.slot]); break;
+    case Buffer::target: base = static_cast<char*>(b.targets[l.slot]); break;
+    case Buffer::seed: base = static_cast<char*>(b.seeds[l.slot]); break;
+    case Buffer::none: throw_runtime_error("plan: value ", id, " has no memory (never produced)");
+  }
+  return base + l.offset;
+}
+
+void Plan::run(Context& ctx, const Bindings& b, int begin, int end) const {
+  constexpr int kMaxOperands = 16;
+  char* arena = static_cast<char*>(ctx.arena(arena_bytes_));
+  const uint64_t counter = ctx.next_rng_counter();
+  std::array<TensorRef, kMaxOperands> refs;
+  for (int s = begin; s < end; ++s) {
+    const PlanStep& step = steps[s];
+    if (!step.kernel) continue;
+    const Node& node = graph.nodes()[step.node];
+    const int nin = static_cast<int>(node.inputs.size()), nout = static_cast<int>(node.outputs.size());
+    if (nin + nout > kMaxOperands) throw_runtime_error("plan: node with more than 16 operands");
+    for (int k = 0; k < nin + nout; ++k) {
+      int v = k < nin ? node.inputs[k] : node.outputs[k - nin];
+      const ValueInfo& info = graph.values()[v];
+      refs[k] = TensorRef{address(ctx, b, v), &info.shape, info.dtype, shape_numel(info.shape)};
+    }
+    KernelArgs args{node, refs.data(), nin, refs.data() + nin, nout, ctx.executor(), arena + workspace_offset_,
+                    ctx.seed(), counter};
+    step.kernel(args);
+  }
+}
+
+namespace {
+template <typename T>
+void add_into(void* dst, const void* src, int64_t n) {
+  T* d = static_cast<T*>(dst);
+  const T* s = static_cast<const T*>(src);
+  for (int64_t i = 0; i < n; ++i) d[i] += s[i];
+}
+}  // namespace
+
+void Plan::accumulate_param_grads(Context& ctx, const Bindings& b, void* grads) const {
+  for (const auto& [offset, value] : param_grads) {
+    const ValueInfo& info = graph.values()[value];
+    void* dst = static_cast<char*>(grads) + offset;
+    const void* src = address(ctx, b, value);
+    if (info.dtype == DType::f32)
+      add_into<float>(dst, src, shape_numel(info.shape));
+    else
+      add_into<double>(dst, src, shape_numel(info.shape));
+  }
+}
+
+std::string Plan::describe() const {
+  const OpRegistry& reg = OpRegistry::instance();
+  std::ostringstream os;
+  for (const PlanStep& s : steps) {
+    const Node& n = graph.nodes()[s.node];
+    os << s.node << " " << reg.at(n.op).name << " [" << (s.backend ? s.backend->name() : "view") << "]";
+    if (!n.scope.empty()) os << " scope=" << n.scope;
+    for (int out : n.outputs) os << " -> " << shape_str(graph.info(out).shape);
+    os << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace treadle

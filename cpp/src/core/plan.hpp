@@ -1,0 +1,84 @@
+#pragma once
+// A plan: a graph compiled for one input signature and mode. It holds the forward and backward
+// nodes in execution order, the kernel chosen for each, and a static memory plan that places every
+// intermediate value in the context's arena. Running a plan allocates nothing (after the context's
+// arena has grown once to this plan's size). Plans are immutable after compile and shared by threads.
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backends/kernel.hpp"
+#include "treadle/context.hpp"
+#include "treadle/graph.hpp"
+
+namespace treadle {
+
+// Where a value lives at run time.
+enum class Buffer : uint8_t { arena, params, input, target, seed, none };
+
+struct Location {
+  Buffer buffer = Buffer::none;
+  int slot = 0;          // which input/target/seed
+  int64_t offset = 0;    // bytes from the buffer's base
+};
+
+struct PlanStep {
+  int node = -1;
+  KernelFn kernel = nullptr;  // null for views (aliases need no work)
+  const Backend* backend = nullptr;
+  std::size_t workspace = 0;
+};
+
+// Memory handed to a run: parameters and the host's data, by slot.
+struct Bindings {
+  void* params = nullptr;
+  std::span<void* const> inputs;
+  std::span<void* const> targets;
+  std::span<void* const> seeds;
+};
+
+class Plan {
+ public:
+  explicit Plan(bool training) : graph(training) {}
+
+  // Places values and picks kernels. `param_offsets[k]` is the byte offset of graph parameter k in
+  // the flat parameter buffer. `backend` pins one backend ("" = priority order with fallback).
+  void finalize(const std::vector<int64_t>& param_offsets, const std::string& backend);
+
+  // Runs steps [begin, end) on `ctx`. Throws what a kernel throws.
+  void run(Context& ctx, const Bindings& b, int begin, int end) const;
+  // Address of value `id` for a run on `ctx` with bindings `b`.
+  void* address(Context& ctx, const Bindings& b, int id) const;
+  // Adds every parameter gradient of the last backward run into `grads` (flat buffer, same layout
+  // as the parameters).
+  void accumulate_param_grads(Context& ctx, const Bindings& b, void* grads) const;
+
+  int num_steps() const { return static_cast<int>(steps.size()); }
+  std::size_t arena_bytes() const { return arena_bytes_; }
+  std::string describe() const;  // one line per step: node, op, backend, shapes
+
+  Graph graph;
+  std::vector<int> inputs, outputs, targets, seeds;  // value ids
+  int loss = -1;                                     // value id of the loss (loss plans)
+  int forward_end = 0;                               // steps [0, forward_end) are the forward pass
+  std::vector<std::pair<int64_t, int>> param_grads;  // (byte offset in flat buffer, gradient value id)
+  std::vector<int> input_grads;                      // per input: gradient value id or -1
+  std::vector<PlanStep> steps;
+
+ private:
+  void plan_memory();
+  void select_kernels(const std::string& backend);
+  std::vector<Location> loc_;
+  std::vector<int64_t> param_offsets_;
+  std::size_t arena_bytes_ = 0, workspace_offset_ = 0;
+};
+
+// Appends the backward pass to `g`: gradients of `seeds` (value id -> its gradient value) through
+// nodes [0, num_nodes) with respect to the values in `wrt`. Returns the gradient value per entry of
+// `wrt` (-1 where no gradient flows).
+std::vector<int> build_backward(Graph& g, int num_nodes, const std::vector<std::pair<int, int>>& seeds,
+                                const std::vector<int>& wrt);
+
+}  // namespace treadle

@@ -1,0 +1,134 @@
+#include "treadle/tensor.hpp"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "treadle/error.hpp"
+
+namespace treadle {
+
+namespace {
+constexpr std::size_t kAlignment = 64;
+
+template <typename To, typename From>
+void convert(To* dst, const From* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<To>(src[i]);
+}
+
+template <typename To>
+void convert_from(To* dst, const void* src, DType from, int64_t n) {
+  switch (from) {
+    case DType::f32: convert(dst, static_cast<const float*>(src), n); break;
+    case DType::f64: convert(dst, static_cast<const double*>(src), n); break;
+    case DType::i32: convert(dst, static_cast<const int32_t*>(src), n); break;
+    case DType::i64: convert(dst, static_cast<const int64_t*>(src), n); break;
+    default: throw_type_error("Tensor.to: conversion from ", dtype_name(from), " is not supported");
+  }
+}
+}  // namespace
+
+Storage::Storage(std::size_t bytes) : bytes_(bytes), owned_(true) {
+  std::size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  data_ = std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded);
+  if (!data_) throw std::bad_alloc();
+  std::memset(data_, 0, rounded == 0 ? kAlignment : rounded);
+}
+
+Storage::Storage(void* data, std::size_t bytes, std::shared_ptr<void> owner)
+    : data_(data), bytes_(bytes), owned_(false), owner_(std::move(owner)) {}
+
+Storage::~Storage() {
+  if (owned_) std::free(data_);
+}
+
+Shape contiguous_strides(const Shape& shape) {
+  Shape strides(shape.size());
+  int64_t s = 1;
+  for (int i = static_cast<int>(shape.size()) - 1; i >= 0; --i) {
+    strides[i] = s;
+    s *= shape[i];
+  }
+  return strides;
+}
+
+Tensor::Tensor(Shape shape, DType dtype)
+    : storage_(std::make_shared<Storage>(static_cast<std::size_t>(shape_numel(shape)) * dtype_size(dtype))),
+      shape_(std::move(shape)),
+      dtype_(dtype) {
+  strides_ = contiguous_strides(shape_);
+}
+
+Tensor::Tensor(std::shared_ptr<Storage> storage, std::size_t offset_bytes, Shape shape, DType dtype)
+    : storage_(std::move(storage)), offset_(offset_bytes), shape_(std::move(shape)), dtype_(dtype) {
+  strides_ = contiguous_strides(shape_);
+  if (offset_ + nbytes() > storage_->bytes())
+    throw_value_error("Tensor: view of ", nbytes(), " bytes at offset ", offset_, " exceeds storage of ",
+                      storage_->bytes(), " bytes");
+}
+
+Tensor::Tensor(std::shared_ptr<Storage> storage, std::size_t offset_bytes, Shape shape, Shape strides, DType dtype)
+    : storage_(std::move(storage)), offset_(offset_bytes), shape_(std::move(shape)), strides_(std::move(strides)),
+      dtype_(dtype) {}
+
+Tensor Tensor::wrap(void* data, Shape shape, DType dtype, std::shared_ptr<void> owner) {
+  std::size_t bytes = static_cast<std::size_t>(shape_numel(shape)) * dtype_size(dtype);
+  return Tensor(std::make_shared<Storage>(data, bytes, std::move(owner)), 0, std::move(shape), dtype);
+}
+
+bool Tensor::is_contiguous() const { return strides_ == contiguous_strides(shape_) || numel() <= 1; }
+
+Tensor Tensor::clone() const {
+  Tensor out(shape_, dtype_);
+  out.copy_from(*this);
+  return out;
+}
+
+void Tensor::copy_from(const Tensor& src) {
+  if (src.shape() != shape_ || src.dtype() != dtype_)
+    throw_value_error("Tensor.copy_from: expected ", dtype_name(dtype_), shape_str(shape_), ", got ",
+                      dtype_name(src.dtype()), shape_str(src.shape()));
+  if (is_contiguous() && src.is_contiguous()) {
+    std::memmove(data(), src.data(), nbytes());
+    return;
+  }
+  // General strided copy, element by element in row-major order.
+  const std::size_t es = dtype_size(dtype_);
+  const int nd = ndim();
+  std::vector<int64_t> idx(nd, 0);
+  for (int64_t n = 0, total = numel(); n < total; ++n) {
+    int64_t so = 0, doff = 0;
+    for (int d = 0; d < nd; ++d) {
+      so += idx[d] * src.strides()[d];
+      doff += idx[d] * strides_[d];
+    }
+    std::memcpy(static_cast<char*>(data()) + doff * es, static_cast<const char*>(src.data()) + so * es, es);
+    for (int d = nd - 1; d >= 0; --d) {
+      if (++idx[d] < shape_[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+Tensor Tensor::to(DType dtype) const {
+  Tensor src = is_contiguous() ? *this : clone();
+  Tensor out(shape_, dtype);
+  const int64_t n = numel();
+  switch (dtype) {
+    case DType::f32: convert_from(out.data_as<float>(), src.data(), dtype_, n); break;
+    case DType::f64: convert_from(out.data_as<double>(), src.data(), dtype_, n); break;
+    case DType::i32: convert_from(out.data_as<int32_t>(), src.data(), dtype_, n); break;
+    case DType::i64: convert_from(out.data_as<int64_t>(), src.data(), dtype_, n); break;
+    default: throw_type_error("Tensor.to: conversion to ", dtype_name(dtype), " is not supported");
+  }
+  return out;
+}
+
+Tensor Tensor::reshape(Shape shape) const {
+  if (!is_contiguous()) throw_value_error("Tensor.reshape: tensor is not contiguous");
+  if (shape_numel(shape) != numel())
+    throw_value_error("Tensor.reshape: cannot reshape ", shape_str(shape_), " to ", shape_str(shape));
+  return Tensor(storage_, offset_, std::move(shape), dtype_);
+}
+
+}  // namespace treadle

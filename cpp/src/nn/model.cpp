@@ -1,0 +1,199 @@
+#include "treadle/model.hpp"
+
+#include <cstring>
+#include <set>
+
+#include "core/compile.hpp"
+#include "treadle/error.hpp"
+
+namespace treadle {
+
+namespace {
+constexpr int64_t kSlotAlignElements = 16;  // 64-byte alignment for float32 tensor starts
+}
+
+Model::Model(std::shared_ptr<Module> root) : root_(std::move(root)) {
+  if (!root_) throw_value_error("Model: module is null");
+  params_ = root_->named_parameters();
+  pack_parameters();
+}
+
+Model::Model(ForwardFn forward, std::vector<NamedParameter> params)
+    : forward_(std::move(forward)), params_(std::move(params)) {
+  if (!forward_) throw_value_error("Model: forward function is empty");
+  pack_parameters();
+}
+
+Model::~Model() {
+  for (auto& np : params_)
+    if (np.second->owner() == this) np.second->set_owner(nullptr);
+}
+
+// Moves every parameter into one flat buffer (and sizes the gradient buffer to match), so the
+// optimizer, the allreduce and checkpoints each touch one contiguous block.
+void Model::pack_parameters() {
+  std::set<Parameter*> seen;
+  std::vector<NamedParameter> unique;
+  for (auto& np : params_) {
+    if (!np.second) throw_value_error("Model: parameter '", np.first, "' is null");
+    if (seen.insert(np.second.get()).second) unique.push_back(np);  // shared weights: first name wins
+  }
+  params_ = std::move(unique);
+  for (auto& [name, p] : params_)
+    if (p->owner() && p->owner() != this)
+      throw_value_error("Model: parameter '", name, "' already belongs to another model (a parameter lives in one ",
+                        "model's flat buffer; build the model from the outermost module only)");
+  if (!params_.empty()) dtype_ = params_[0].second->value().dtype();
+  layout_.clear();
+  total_ = 0;
+  for (auto& [name, p] : params_) {
+    if (p->value().dtype() != dtype_)
+      throw_type_error("Model: all parameters must share one dtype; '", name, "' is ", dtype_name(p->value().dtype()),
+                       ", '", params_[0].first, "' is ", dtype_name(dtype_));
+    ParamSlot s{name, p->value().shape(), total_, p->value().numel()};
+    layout_.push_back(s);
+    total_ += (s.numel + kSlotAlignElements - 1) / kSlotAlignElements * kSlotAlignElements;
+  }
+  for (auto& np : params_) np.second->set_owner(this);  // only once every check has passed
+  flat_params_ = Tensor({total_}, dtype_);
+  flat_grads_ = Tensor({total_}, dtype_);
+  const std::size_t es = dtype_size(dtype_);
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    Tensor view(flat_params_.storage(), layout_[i].offset * es, layout_[i].shape, dtype_);
+    view.copy_from(params_[i].second->value());
+    params_[i].second->rebind(view);
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  plans_.clear();
+}
+
+void Model::to(DType dtype) {
+  if (dtype != DType::f32 && dtype != DType::f64)
+    throw_type_error("Model.to: dtype must be float32 or float64, got ", dtype_name(dtype));
+  for (auto& [name, p] : params_) p->rebind(p->value().to(dtype));
+  dtype_ = dtype;
+  pack_parameters();
+}
+
+void Model::zero_grad() { std::memset(flat_grads_.data(), 0, flat_grads_.nbytes()); }
+
+void Model::set_backend(const std::string& name) {
+  if (!name.empty()) backend_by_name(name);  // validates
+  std::lock_guard<std::mutex> lock(mutex_);
+  backend_ = name;
+  plans_.clear();
+}
+
+std::vector<Value> Model::trace(Graph& g, const std::vector<Value>& inputs) const {
+  if (forward_) return forward_(g, inputs);
+  if (inputs.size() != 1) throw_value_error("model: expected 1 input, got ", inputs.size());
+  return {root_->forward(inputs[0])};
+}
+
+PlanKey Model::infer_key(const std::vector<Tensor>& inputs) const {
+  PlanKey key;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& t = inputs[i];
+    if (!t.defined()) throw_value_error("model: input ", i, " is undefined");
+    if (t.dtype() != dtype_)
+      throw_type_error("model: expected input of dtype ", dtype_name(dtype_), ", got ", dtype_name(t.dtype()));
+    if (t.ndim() == 0) throw_value_error("model: input ", i, " is a scalar; expected a batch");
+    if (t.dim(0) == 0) throw_value_error("model: empty batch (input of shape ", shape_str(t.shape()), ")");
+    key.input_shapes.push_back(t.shape());
+    key.input_dtypes.push_back(t.dtype());
+  }
+  key.backend = backend_;
+  return key;
+}
+
+std::shared_ptr<const Plan> Model::plan(const PlanKey& key, const Loss* loss) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return it->second;
+  const std::size_t es = dtype_size(dtype_);
+  auto offset_of = [&](const std::shared_ptr<Parameter>& p) -> int64_t {
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      if (params_[i].second == p) return layout_[i].offset * static_cast<int64_t>(es);
+    throw_value_error("model: the forward uses a parameter that is not registered with the model");
+  };
+  auto plan = compile_plan(key, [this](Graph& g, const std::vector<Value>& in) { return trace(g, in); }, loss,
+                           offset_of);
+  plans_.emplace(key, plan);
+  return plan;
+}
+
+std::size_t Model::num_plans() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return plans_.size();
+}
+
+std::vector<Tensor> Model::predict(const std::vector<Tensor>& inputs, Context* ctx) {
+  PlanKey key = infer_key(inputs);
+  std::shared_ptr<const Plan> p = plan(key);
+  std::unique_ptr<Context> pooled;
+  if (!ctx) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!free_contexts_.empty()) {
+        pooled = std::move(free_contexts_.back());
+        free_contexts_.pop_back();
+      }
+    }
+    if (!pooled) pooled = std::make_unique<Context>();
+    ctx = pooled.get();
+  }
+  std::vector<Tensor> held;
+  std::vector<void*> ptrs;
+  for (const Tensor& t : inputs) held.push_back(t.is_contiguous() ? t : t.clone());
+  for (Tensor& t : held) ptrs.push_back(t.data());
+  Bindings b{flat_params_.data(), ptrs, {}, {}};
+  std::vector<Tensor> outs;
+  p->run(*ctx, b, 0, p->forward_end);
+  for (int id : p->outputs) {
+    Tensor t(p->graph.info(id).shape, p->graph.info(id).dtype);
+    std::memcpy(t.data(), p->address(*ctx, b, id), t.nbytes());
+    outs.push_back(std::move(t));
+  }
+  if (pooled) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    free_contexts_.push_back(std::move(pooled));
+  }
+  return outs;
+}
+
+std::map<std::string, Tensor> Model::state_dict() const {
+  std::map<std::string, Tensor> out;
+  for (const auto& [name, p] : params_) out.emplace(name, p->value().clone());
+  return out;
+}
+
+void Model::load_state_dict(const std::map<std::string, Tensor>& state, bool strict) {
+  // Validate everything first so a bad entry changes nothing.
+  for (const auto& [name, p] : params_) {
+    auto it = state.find(name);
+    if (it == state.end()) {
+      if (strict) throw_value_error("load_state_dict: missing key '", name, "'");
+      continue;
+    }
+    if (it->second.shape() != p->value().shape())
+      throw_value_error("load_state_dict: '", name, "' has shape ", shape_str(it->second.shape()), ", expected ",
+                        shape_str(p->value().shape()));
+    if (!is_floating(it->second.dtype()))
+      throw_type_error("load_state_dict: '", name, "' has dtype ", dtype_name(it->second.dtype()));
+  }
+  if (strict)
+    for (const auto& [name, t] : state) {
+      bool known = false;
+      for (const auto& np : params_) known = known || np.first == name;
+      if (!known) throw_value_error("load_state_dict: unexpected key '", name, "'");
+    }
+  for (const auto& [name, p] : params_) {
+    auto it = state.find(name);
+    if (it == state.end()) continue;
+    Tensor src = it->second.dtype() == dtype_ ? it->second : it->second.to(dtype_);
+    Tensor dst = p->value();
+    dst.copy_from(src);
+  }
+}
+
+}  // namespace treadle

@@ -1,0 +1,144 @@
+#include "treadle/module.hpp"
+
+#include <cmath>
+#include <mutex>
+#include <random>
+
+#include "treadle/error.hpp"
+
+namespace treadle {
+
+namespace {
+std::mutex g_init_mutex;
+std::mt19937_64& init_generator() {
+  static std::mt19937_64 gen(0x7472656164ULL);
+  return gen;
+}
+
+// PyTorch's default for Linear (kaiming_uniform with a=sqrt(5), and the bias rule): U(-1/sqrt(fan_in), +).
+Tensor uniform_tensor(Shape shape, DType dtype, double bound) {
+  Tensor t(std::move(shape), DType::f64);
+  double* p = t.data_as<double>();
+  {
+    std::lock_guard<std::mutex> lock(g_init_mutex);
+    std::uniform_real_distribution<double> dist(-bound, bound);
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] = dist(init_generator());
+  }
+  return dtype == DType::f64 ? t : t.to(dtype);
+}
+}  // namespace
+
+void manual_seed(uint64_t seed) {
+  std::lock_guard<std::mutex> lock(g_init_mutex);
+  init_generator().seed(seed);
+}
+
+double init_uniform(double low, double high) {
+  std::lock_guard<std::mutex> lock(g_init_mutex);
+  return std::uniform_real_distribution<double>(low, high)(init_generator());
+}
+
+void Parameter::rebind(Tensor value) {
+  if (value.shape() != value_.shape())
+    throw_value_error("Parameter.rebind: expected shape ", shape_str(value_.shape()), ", got ", shape_str(value.shape()));
+  value_ = std::move(value);
+}
+
+std::vector<NamedParameter> Module::named_parameters(const std::string& prefix) const {
+  std::vector<NamedParameter> out;
+  for (const auto& [name, p] : params_) out.emplace_back(prefix + name, p);
+  for (const auto& [name, child] : children_) {
+    auto sub = child->named_parameters(prefix + name + ".");
+    out.insert(out.end(), sub.begin(), sub.end());
+  }
+  return out;
+}
+
+void Module::register_parameter(const std::string& name, std::shared_ptr<Parameter> p) {
+  for (auto& [n, old] : params_)
+    if (n == name) {
+      old = std::move(p);
+      return;
+    }
+  params_.emplace_back(name, std::move(p));
+}
+
+void Module::register_module(const std::string& name, std::shared_ptr<Module> m) {
+  if (!m) throw_value_error("register_module: module '", name, "' is null");
+  for (auto& [n, old] : children_)
+    if (n == name) {
+      old = std::move(m);
+      return;
+    }
+  children_.emplace_back(name, std::move(m));
+}
+
+namespace nn {
+
+Linear::Linear(int64_t in_features, int64_t out_features, bool bias, DType dtype) : in_(in_features), out_(out_features) {
+  if (in_features <= 0 || out_features <= 0)
+    throw_value_error("Linear: in_features and out_features must be positive, got (", in_features, ", ",
+                      out_features, ")");
+  if (dtype != DType::f32 && dtype != DType::f64)
+    throw_type_error("Linear: dtype must be float32 or float64, got ", dtype_name(dtype));
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
+  weight_ = std::make_shared<Parameter>(uniform_tensor({out_features, in_features}, dtype, bound));
+  register_parameter("weight", weight_);
+  if (bias) {
+    bias_ = std::make_shared<Parameter>(uniform_tensor({out_features}, dtype, bound));
+    register_parameter("bias", bias_);
+  }
+}
+
+Value Linear::forward(Value x) {
+  Graph& g = x.graph();
+  Value b = bias_ ? g.add_parameter(bias_) : Value();
+  return ops::linear(x, g.add_parameter(weight_), b);
+}
+
+Activation::Activation(std::string kind, double param, double param2)
+    : kind_(std::move(kind)), param_(param), param2_(param2) {
+  static const char* known[] = {"relu", "leaky_relu", "elu", "gelu", "gelu_tanh", "silu", "tanh",
+                                "sigmoid", "softplus", "softmax", "log_softmax"};
+  for (const char* k : known)
+    if (kind_ == k) return;
+  throw_value_error("Activation: unknown kind '", kind_, "'");
+}
+
+Value Activation::forward(Value x) {
+  if (kind_ == "relu") return ops::relu(x);
+  if (kind_ == "leaky_relu") return ops::leaky_relu(x, param_);
+  if (kind_ == "elu") return ops::elu(x, param_);
+  if (kind_ == "gelu") return ops::gelu(x, false);
+  if (kind_ == "gelu_tanh") return ops::gelu(x, true);
+  if (kind_ == "silu") return ops::silu(x);
+  if (kind_ == "tanh") return ops::tanh(x);
+  if (kind_ == "sigmoid") return ops::sigmoid(x);
+  if (kind_ == "softplus") return ops::softplus(x, param_, param2_);
+  if (kind_ == "softmax") return ops::softmax(x, static_cast<int>(param_));
+  return ops::log_softmax(x, static_cast<int>(param_));
+}
+
+Dropout::Dropout(double p) : p_(p) {
+  if (!(p >= 0.0 && p < 1.0)) throw_value_error("Dropout: p must be in [0, 1), got ", p);
+}
+
+Sequential::Sequential(std::vector<std::shared_ptr<Module>> layers) {
+  for (auto& m : layers) add(std::move(m));
+}
+
+Sequential& Sequential::add(std::shared_ptr<Module> m) {
+  register_module(std::to_string(children_.size()), std::move(m));
+  return *this;
+}
+
+Value Sequential::forward(Value x) {
+  for (auto& [name, m] : children_) {
+    ScopeGuard scope(x.graph(), name);
+    x = m->forward(x);
+  }
+  return x;
+}
+
+}  // namespace nn
+}  // namespace treadle

@@ -1,0 +1,106 @@
+// Elementwise arithmetic with numpy broadcasting, the reduction that undoes broadcasting, and a
+// constant fill (used to seed a loss's backward pass).
+#include "core/op_registry.hpp"
+#include "treadle/error.hpp"
+#include "treadle/ops.hpp"
+
+namespace treadle {
+
+Shape broadcast_shapes(const std::string& op, const Shape& a, const Shape& b) {
+  std::size_t nd = std::max(a.size(), b.size());
+  Shape out(nd);
+  for (std::size_t i = 0; i < nd; ++i) {
+    int64_t da = i < nd - a.size() ? 1 : a[i - (nd - a.size())];
+    int64_t db = i < nd - b.size() ? 1 : b[i - (nd - b.size())];
+    if (da != db && da != 1 && db != 1)
+      throw_value_error(op, ": shapes ", shape_str(a), " and ", shape_str(b), " cannot be broadcast together");
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+namespace {
+
+std::vector<TensorMeta> infer_binary(const std::string& op, const std::vector<TensorMeta>& in) {
+  check_num_inputs(op, in, 2);
+  check_floating(op, in[0]);
+  check_same_dtype(op, in);
+  return {{broadcast_shapes(op, in[0].shape, in[1].shape), in[0].dtype}};
+}
+
+Value reduce_to(Value g, const Shape& shape) { return g.shape() == shape ? g : ops::sum_to(g, shape); }
+
+std::vector<Value> grad_add(const GradContext& c) {
+  Value dy = c.grad_outputs[0];
+  return {c.needs_grad[0] ? reduce_to(dy, c.inputs[0].shape()) : Value(),
+          c.needs_grad[1] ? reduce_to(dy, c.inputs[1].shape()) : Value()};
+}
+
+std::vector<Value> grad_sub(const GradContext& c) {
+  Value dy = c.grad_outputs[0];
+  return {c.needs_grad[0] ? reduce_to(dy, c.inputs[0].shape()) : Value(),
+          c.needs_grad[1] ? reduce_to(ops::scale(dy, -1.0), c.inputs[1].shape()) : Value()};
+}
+
+std::vector<Value> grad_mul(const GradContext& c) {
+  Value dy = c.grad_outputs[0], a = c.inputs[0], b = c.inputs[1];
+  return {c.needs_grad[0] ? reduce_to(ops::mul(dy, b), a.shape()) : Value(),
+          c.needs_grad[1] ? reduce_to(ops::mul(dy, a), b.shape()) : Value()};
+}
+
+std::vector<TensorMeta> infer_scale(const std::vector<TensorMeta>& in, Attrs& attrs) {
+  check_num_inputs("scale", in, 1);
+  check_floating("scale", in[0]);
+  attrs.f("alpha");
+  return {in[0]};
+}
+
+std::vector<TensorMeta> infer_sum_to(const std::vector<TensorMeta>& in, Attrs& attrs) {
+  check_num_inputs("sum_to", in, 1);
+  check_floating("sum_to", in[0]);
+  const Shape& target = attrs.ints("shape");
+  if (broadcast_shapes("sum_to", in[0].shape, target) != in[0].shape)
+    throw_value_error("sum_to: ", shape_str(in[0].shape), " does not broadcast from ", shape_str(target));
+  return {{target, in[0].dtype}};
+}
+
+std::vector<TensorMeta> infer_constant(const std::vector<TensorMeta>& in, Attrs& attrs) {
+  check_num_inputs("constant", in, 0);
+  attrs.f("value");
+  return {{attrs.ints("shape"), dtype_from_name(attrs.s("dtype"))}};
+}
+
+}  // namespace
+
+void register_elementwise_ops(OpRegistry& r) {
+  r.add({.name = "add", .infer = [](const auto& in, Attrs&) { return infer_binary("add", in); }, .grad = grad_add});
+  r.add({.name = "sub", .infer = [](const auto& in, Attrs&) { return infer_binary("sub", in); }, .grad = grad_sub});
+  r.add({.name = "mul", .infer = [](const auto& in, Attrs&) { return infer_binary("mul", in); }, .grad = grad_mul});
+  r.add({.name = "scale",
+         .infer = infer_scale,
+         .grad = [](const GradContext& c) {
+           return std::vector<Value>{ops::scale(c.grad_outputs[0], c.node.attrs.f("alpha"))};
+         }});
+  r.add({.name = "sum_to",
+         .infer = infer_sum_to,
+         .grad = [](const GradContext& c) {
+           // d(sum_to)/dx broadcasts the gradient back: dy * ones(x.shape) via a multiply by a constant.
+           Value ones = c.graph.apply1("constant", {}, {{"shape", c.inputs[0].shape()}, {"value", 1.0},
+                                                        {"dtype", std::string(dtype_name(c.inputs[0].dtype()))}});
+           return std::vector<Value>{ops::mul(ones, c.grad_outputs[0])};
+         }});
+  r.add({.name = "constant", .infer = infer_constant});
+}
+
+namespace ops {
+Value add(Value a, Value b) { return a.graph().apply1("add", {a, b}); }
+Value sub(Value a, Value b) { return a.graph().apply1("sub", {a, b}); }
+Value mul(Value a, Value b) { return a.graph().apply1("mul", {a, b}); }
+Value scale(Value a, double alpha) { return a.graph().apply1("scale", {a}, {{"alpha", alpha}}); }
+Value sum_to(Value a, const Shape& shape) {
+  if (a.shape() == shape) return a;
+  return a.graph().apply1("sum_to", {a}, {{"shape", shape}});
+}
+}  // namespace ops
+
+}  // namespace treadle

@@ -1,0 +1,123 @@
+// Core bindings: dtypes, backends, the symbolic Value used while tracing, functional ops,
+// contexts and the op runner used by the verification suite.
+#include "bindings.hpp"
+#include "treadle/backend.hpp"
+#include "treadle/context.hpp"
+#include "treadle/error.hpp"
+#include "treadle/module.hpp"
+#include "treadle/ops.hpp"
+#include "treadle/testing.hpp"
+
+namespace treadle::py_bind {
+namespace {
+
+Attrs attrs_from_dict(const py::dict& d) {
+  Attrs a;
+  for (auto [k, v] : d) {
+    std::string name = py::str(k);
+    if (py::isinstance<py::bool_>(v)) a.set(name, int64_t{v.cast<bool>()});
+    else if (py::isinstance<py::int_>(v)) a.set(name, v.cast<int64_t>());
+    else if (py::isinstance<py::float_>(v)) a.set(name, v.cast<double>());
+    else if (py::isinstance<py::str>(v)) a.set(name, v.cast<std::string>());
+    else a.set(name, v.cast<std::vector<int64_t>>());
+  }
+  return a;
+}
+
+py::tuple run_op_py(const std::string& op, const py::list& inputs, const py::dict& attrs, const py::object& grads,
+                    const std::string& backend, bool training, uint64_t seed) {
+  std::vector<Tensor> in, go;
+  for (std::size_t i = 0; i < inputs.size(); ++i) in.push_back(tensor_from_numpy(inputs[i], "run_op input"));
+  if (!grads.is_none())
+    for (auto g : grads) go.push_back(g.is_none() ? Tensor() : tensor_from_numpy(g, "run_op grad_output"));
+  Attrs a = attrs_from_dict(attrs);
+  OpRunResult r;
+  {
+    py::gil_scoped_release release;
+    r = run_op(op, in, a, go, backend, training, seed);
+  }
+  py::list outs, in_grads;
+  for (const Tensor& t : r.outputs) outs.append(numpy_copy(t));
+  for (const Tensor& t : r.input_grads) in_grads.append(t.defined() ? py::object(numpy_copy(t)) : py::none());
+  return py::make_tuple(outs, in_grads);
+}
+
+Value scalar_like(Value like, double v) {
+  return like.graph().apply1("constant", {}, {{"shape", Shape{}}, {"value", v},
+                                              {"dtype", std::string(dtype_name(like.dtype()))}});
+}
+
+void bind_symbol(py::module_& m) {
+  py::class_<Value>(m, "Symbol", "A symbolic tensor recorded while a model's forward is traced.")
+      .def_property_readonly("shape", [](const Value& v) { return py::tuple(py::cast(v.shape())); })
+      .def_property_readonly("dtype", [](const Value& v) { return std::string(dtype_name(v.dtype())); })
+      .def_property_readonly("ndim", &Value::ndim)
+      .def_property_readonly("training", [](const Value& v) { return v.graph().training(); })
+      .def("__add__", [](Value a, Value b) { return ops::add(a, b); })
+      .def("__add__", [](Value a, double s) { return ops::add(a, scalar_like(a, s)); })
+      .def("__radd__", [](Value a, double s) { return ops::add(a, scalar_like(a, s)); })
+      .def("__sub__", [](Value a, Value b) { return ops::sub(a, b); })
+      .def("__sub__", [](Value a, double s) { return ops::add(a, scalar_like(a, -s)); })
+      .def("__rsub__", [](Value a, double s) { return ops::add(ops::scale(a, -1.0), scalar_like(a, s)); })
+      .def("__mul__", [](Value a, Value b) { return ops::mul(a, b); })
+      .def("__mul__", [](Value a, double s) { return ops::scale(a, s); })
+      .def("__rmul__", [](Value a, double s) { return ops::scale(a, s); })
+      .def("__neg__", [](Value a) { return ops::scale(a, -1.0); })
+      .def("__matmul__", [](Value a, Value b) { return ops::matmul(a, b); })
+      .def("__repr__", [](const Value& v) {
+        return "Symbol(shape=" + shape_str(v.shape()) + ", dtype=" + dtype_name(v.dtype()) + ")";
+      });
+}
+
+void bind_functional(py::module_& m) {
+  py::module_ f = m.def_submodule("functional", "Symbolic ops for forward functions.");
+  f.def("linear", [](Value x, Value w, std::optional<Value> b) { return ops::linear(x, w, b ? *b : Value()); },
+        py::arg("x"), py::arg("weight"), py::arg("bias") = py::none());
+  f.def("matmul", &ops::matmul, py::arg("a"), py::arg("b"), py::arg("trans_a") = false, py::arg("trans_b") = false);
+  f.def("add", &ops::add);
+  f.def("sub", &ops::sub);
+  f.def("mul", &ops::mul);
+  f.def("scale", &ops::scale);
+  f.def("reshape", &ops::reshape);
+  f.def("flatten", &ops::flatten, py::arg("x"), py::arg("start_dim") = 1, py::arg("end_dim") = -1);
+  f.def("concat", &ops::concat, py::arg("parts"), py::arg("axis") = -1);
+  f.def("slice", &ops::slice, py::arg("x"), py::arg("axis"), py::arg("start"), py::arg("stop"));
+  f.def("relu", &ops::relu);
+  f.def("leaky_relu", &ops::leaky_relu, py::arg("x"), py::arg("negative_slope") = 0.01);
+  f.def("elu", &ops::elu, py::arg("x"), py::arg("alpha") = 1.0);
+  f.def("gelu", [](Value x, const std::string& approximate) {
+    if (approximate != "none" && approximate != "tanh")
+      throw_value_error("gelu: approximate must be 'none' or 'tanh', got '", approximate, "'");
+    return ops::gelu(x, approximate == "tanh");
+  }, py::arg("x"), py::arg("approximate") = "none");
+  f.def("silu", &ops::silu);
+  f.def("tanh", &ops::tanh);
+  f.def("sigmoid", &ops::sigmoid);
+  f.def("softplus", &ops::softplus, py::arg("x"), py::arg("beta") = 1.0, py::arg("threshold") = 20.0);
+  f.def("softmax", &ops::softmax, py::arg("x"), py::arg("dim") = -1);
+  f.def("log_softmax", &ops::log_softmax, py::arg("x"), py::arg("dim") = -1);
+  f.def("dropout", &ops::dropout, py::arg("x"), py::arg("p") = 0.5);
+}
+
+}  // namespace
+
+void bind_core(py::module_& m) {
+  m.def("backends", &backend_names);
+  m.def("manual_seed", &manual_seed, py::arg("seed"), "Seeds the generator used to initialise parameters.");
+  m.def("run_op", &run_op_py, py::arg("op"), py::arg("inputs"), py::arg("attrs"), py::arg("grad_outputs") = py::none(),
+        py::arg("backend") = "", py::arg("training") = true, py::arg("seed") = 0);
+  py::class_<Context>(m, "Context", "Per-caller activations, RNG and the host's executor.")
+      .def(py::init([](uint64_t seed) { return new Context(nullptr, seed); }), py::arg("seed") = 0)
+      .def_property_readonly("seed", &Context::seed)
+      .def_property_readonly("rng_counter", &Context::rng_counter)
+      .def("set_rng_state", &Context::set_rng_state)
+      .def_property_readonly("arena_bytes", &Context::arena_bytes);
+  py::class_<Graph>(m, "Graph", "The graph being traced (passed to forward functions).")
+      .def_property_readonly("training", &Graph::training)
+      .def("push_scope", &Graph::push_scope)
+      .def("pop_scope", &Graph::pop_scope);
+  bind_symbol(m);
+  bind_functional(m);
+}
+
+}  // namespace treadle::py_bind

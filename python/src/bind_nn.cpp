@@ -1,0 +1,124 @@
+// Module and model bindings. Python composes modules itself (python/treadle/nn.py); the C++ side
+// holds parameters, records ops while tracing, and owns the compiled plans.
+#include <pybind11/functional.h>
+
+#include "bindings.hpp"
+#include "treadle/error.hpp"
+#include "treadle/model.hpp"
+#include "treadle/module.hpp"
+
+namespace treadle::py_bind {
+namespace {
+
+std::vector<Tensor> tensors_from(const py::handle& xs, const char* what) {
+  std::vector<Tensor> out;
+  if (py::isinstance<py::array>(xs)) {
+    out.push_back(tensor_from_numpy(xs, what));
+  } else if (py::isinstance<py::list>(xs) || py::isinstance<py::tuple>(xs)) {
+    for (auto x : xs) out.push_back(tensor_from_numpy(x, what));
+  } else {
+    out.push_back(tensor_from_numpy(xs, what));  // raises TypeError naming the type
+  }
+  return out;
+}
+
+py::object predict_py(Model& model, const py::handle& xs, Context* ctx, const py::object& out) {
+  std::vector<Tensor> in = tensors_from(xs, "predict");
+  std::vector<Tensor> result;
+  {
+    py::gil_scoped_release release;
+    result = model.predict(in, ctx);
+  }
+  if (!out.is_none()) {
+    Tensor dst = tensor_from_numpy(out, "predict(out=...)", /*writable=*/true);
+    if (result.size() != 1 || dst.shape() != result[0].shape() || dst.dtype() != result[0].dtype())
+      throw_value_error("predict: out must be ", dtype_name(result[0].dtype()), shape_str(result[0].shape()), ", got ",
+                        dtype_name(dst.dtype()), shape_str(dst.shape()));
+    dst.copy_from(result[0]);
+    return out;
+  }
+  if (result.size() == 1) return numpy_copy(result[0]);
+  py::list l;
+  for (const Tensor& t : result) l.append(numpy_copy(t));
+  return py::tuple(l);
+}
+
+std::map<std::string, Tensor> state_from_dict(const py::dict& d) {
+  std::map<std::string, Tensor> state;
+  for (auto [k, v] : d) {
+    std::string name = py::str(k);
+    py::object arr = py::reinterpret_borrow<py::object>(v);
+    if (!py::isinstance<py::array>(v) && py::hasattr(v, "detach"))  // a torch tensor
+      arr = v.attr("detach")().attr("cpu")().attr("numpy")();
+    arr = py::module_::import("numpy").attr("ascontiguousarray")(arr);
+    state.emplace(name, tensor_from_numpy(arr, ("load_state_dict['" + name + "']").c_str()).clone());
+  }
+  return state;
+}
+
+}  // namespace
+
+void bind_nn(py::module_& m) {
+  py::class_<Parameter, std::shared_ptr<Parameter>>(m, "Parameter")
+      .def_property_readonly("data", [](py::object self) {
+        auto& p = self.cast<Parameter&>();
+        return numpy_view(p.value(), self);
+      })
+      .def_property_readonly("shape", [](const Parameter& p) { return py::tuple(py::cast(p.value().shape())); })
+      .def_property("requires_grad", &Parameter::requires_grad, &Parameter::set_requires_grad);
+
+  py::class_<Module, std::shared_ptr<Module>>(m, "Module")
+      .def("forward", &Module::forward)
+      .def("named_parameters", [](const Module& mod) { return mod.named_parameters(); })
+      .def_property_readonly("type_name", &Module::type_name);
+  py::class_<nn::Linear, Module, std::shared_ptr<nn::Linear>>(m, "Linear")
+      .def(py::init([](int64_t in, int64_t out, bool bias, const py::object& dtype) {
+             return std::make_shared<nn::Linear>(in, out, bias, dtype_from_py(dtype));
+           }),
+           py::arg("in_features"), py::arg("out_features"), py::arg("bias") = true, py::arg("dtype") = "float32")
+      .def_property_readonly("in_features", &nn::Linear::in_features)
+      .def_property_readonly("out_features", &nn::Linear::out_features);
+  py::class_<nn::Activation, Module, std::shared_ptr<nn::Activation>>(m, "Activation")
+      .def(py::init<std::string, double, double>(), py::arg("kind"), py::arg("param") = 0.0, py::arg("param2") = 0.0);
+  py::class_<nn::Dropout, Module, std::shared_ptr<nn::Dropout>>(m, "Dropout").def(py::init<double>(), py::arg("p") = 0.5);
+  py::class_<nn::Flatten, Module, std::shared_ptr<nn::Flatten>>(m, "Flatten")
+      .def(py::init<int, int>(), py::arg("start_dim") = 1, py::arg("end_dim") = -1);
+
+  py::class_<Model, std::shared_ptr<Model>>(m, "Model")
+      .def(py::init([](Model::ForwardFn fn, std::vector<NamedParameter> params) {
+             return std::make_shared<Model>(std::move(fn), std::move(params));
+           }),
+           py::arg("forward"), py::arg("parameters"))
+      .def_property_readonly("dtype", [](const Model& mm) { return std::string(dtype_name(mm.dtype())); })
+      .def_property_readonly("num_parameters", &Model::num_parameters)
+      .def_property_readonly("layout", [](const Model& mm) {
+        py::list l;
+        for (const ParamSlot& s : mm.layout()) l.append(py::make_tuple(s.name, py::tuple(py::cast(s.shape)), s.offset));
+        return l;
+      })
+      .def("flat_parameters", [](py::object self) { return numpy_view(self.cast<Model&>().flat_parameters(), self); })
+      .def("flat_gradients", [](py::object self) { return numpy_view(self.cast<Model&>().flat_gradients(), self); })
+      .def("gradient", [](py::object self, const std::string& name) {
+        Model& mm = self.cast<Model&>();
+        for (const ParamSlot& s : mm.layout())
+          if (s.name == name)
+            return numpy_view(Tensor(mm.flat_gradients().storage(), s.offset * dtype_size(mm.dtype()), s.shape, mm.dtype()),
+                              self);
+        throw_value_error("gradient: no parameter named '", name, "'");
+      })
+      .def("to", [](Model& mm, const py::object& dt) { mm.to(dtype_from_py(dt)); })
+      .def("zero_grad", &Model::zero_grad)
+      .def("set_backend", &Model::set_backend, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("backend", &Model::backend)
+      .def("predict", &predict_py, py::arg("x"), py::arg("ctx") = nullptr, py::arg("out") = py::none())
+      .def("state_dict", [](const Model& mm) {
+        py::dict d;
+        for (const auto& [name, t] : mm.state_dict()) d[py::str(name)] = numpy_copy(t);
+        return d;
+      })
+      .def("load_state_dict", [](Model& mm, const py::dict& d, bool strict) { mm.load_state_dict(state_from_dict(d), strict); },
+           py::arg("state"), py::arg("strict") = true)
+      .def_property_readonly("num_plans", &Model::num_plans);
+}
+
+}  // namespace treadle::py_bind

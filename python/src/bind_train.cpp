@@ -1,0 +1,70 @@
+// Trainer bindings: every call validates its arrays, then releases the GIL for the whole step.
+#include "bindings.hpp"
+#include "treadle/error.hpp"
+#include "treadle/trainer.hpp"
+
+namespace treadle::py_bind {
+
+void bind_train(py::module_& m) {
+  py::class_<TrainerOptions>(m, "TrainerOptions")
+      .def(py::init<>())
+      .def_readwrite("clip_grad_norm", &TrainerOptions::clip_grad_norm)
+      .def_readwrite("check_finite", &TrainerOptions::check_finite);
+
+  py::class_<Trainer, std::shared_ptr<Trainer>>(m, "Trainer")
+      .def(py::init([](std::shared_ptr<Model> model, const Loss& loss, std::shared_ptr<Optimizer> opt,
+                       TrainerOptions options, uint64_t seed) {
+             return std::make_shared<Trainer>(std::move(model), loss, std::move(opt), options, nullptr, seed);
+           }),
+           py::arg("model"), py::arg("loss"), py::arg("optimizer"), py::arg("options") = TrainerOptions(),
+           py::arg("seed") = 0, py::keep_alive<1, 2>())
+      .def("step", [](Trainer& t, const py::handle& x, const py::handle& y) {
+        Tensor tx = tensor_from_numpy(x, "step(x)"), ty = tensor_from_numpy(y, "step(y)");
+        py::gil_scoped_release release;
+        return t.step(tx, ty);
+      })
+      .def("compute_gradients", [](Trainer& t, const py::handle& x, const py::handle& y) {
+        Tensor tx = tensor_from_numpy(x, "compute_gradients(x)"), ty = tensor_from_numpy(y, "compute_gradients(y)");
+        py::gil_scoped_release release;
+        return t.compute_gradients(tx, ty);
+      })
+      .def("evaluate", [](Trainer& t, const py::handle& x, const py::handle& y) {
+        Tensor tx = tensor_from_numpy(x, "evaluate(x)"), ty = tensor_from_numpy(y, "evaluate(y)");
+        py::gil_scoped_release release;
+        return t.evaluate(tx, ty);
+      })
+      .def("forward", [](Trainer& t, const py::handle& x, bool input_grad) {
+        Tensor tx = tensor_from_numpy(x, "forward(x)");
+        Tensor y;
+        {
+          py::gil_scoped_release release;
+          y = t.forward(tx, input_grad);
+        }
+        return numpy_copy(y);
+      }, py::arg("x"), py::arg("input_grad") = false)
+      .def("backward", [](Trainer& t, const py::handle& g, bool input_grad) -> py::object {
+        Tensor tg = tensor_from_numpy(g, "backward(grad_output)");
+        Tensor dx;
+        {
+          py::gil_scoped_release release;
+          t.backward(tg, input_grad ? &dx : nullptr);
+        }
+        if (!input_grad) return py::none();
+        return numpy_copy(dx);
+      }, py::arg("grad_output"), py::arg("input_grad") = false)
+      .def("zero_grad", &Trainer::zero_grad, py::call_guard<py::gil_scoped_release>())
+      .def("update", &Trainer::update, py::call_guard<py::gil_scoped_release>())
+      .def("set_schedule", &Trainer::set_schedule)
+      .def_property_readonly("lr", &Trainer::current_lr)
+      .def_property_readonly("steps", &Trainer::steps)
+      .def_property_readonly("context", &Trainer::context, py::return_value_policy::reference_internal)
+      .def_property("clip_grad_norm", [](Trainer& t) { return t.options().clip_grad_norm; },
+                    [](Trainer& t, double v) {
+                      if (v < 0) throw_value_error("clip_grad_norm must be >= 0, got ", v);
+                      t.options().clip_grad_norm = v;
+                    })
+      .def_property("check_finite", [](Trainer& t) { return t.options().check_finite; },
+                    [](Trainer& t, bool v) { t.options().check_finite = v; });
+}
+
+}  // namespace treadle::py_bind

@@ -1,0 +1,249 @@
+"""Modules, named and initialised like torch.nn so a model ports by renaming the import.
+
+A module's `forward` runs once per input signature, on symbolic tensors, to record the graph that
+treadle compiles; it is not called per step. Write it with the ops in `treadle.functional` and the
+operators +, -, * (residual and branching models are ordinary Python in forward).
+"""
+import weakref
+
+import numpy as np
+
+from . import _core
+
+__all__ = [
+    "Module", "Sequential", "Linear", "ReLU", "LeakyReLU", "ELU", "GELU", "SiLU", "Tanh", "Sigmoid", "Softplus",
+    "Softmax", "LogSoftmax", "Dropout", "Flatten", "Identity",
+]
+
+
+class Module:
+    """Base class: holds submodules (set as attributes) and compiles into a model on first use."""
+
+    def __init__(self):
+        object.__setattr__(self, "_modules", {})
+        object.__setattr__(self, "_model", None)
+
+    def __setattr__(self, name, value):
+        if isinstance(value, Module):
+            if "_modules" not in self.__dict__:
+                raise AttributeError("call super().__init__() before assigning submodules")
+            self._modules[name] = value
+            self._invalidate()
+        object.__setattr__(self, name, value)
+
+    def forward(self, *inputs):
+        raise NotImplementedError(f"{type(self).__name__}.forward is not implemented")
+
+    def __call__(self, *inputs):
+        return self.forward(*inputs)
+
+    # -- parameters -------------------------------------------------------------------------
+    def _own_parameters(self):
+        return []
+
+    def named_parameter_objects(self, prefix=""):
+        """(name, Parameter) pairs in state_dict order (PyTorch naming: "0.weight")."""
+        out = [(prefix + n, p) for n, p in self._own_parameters()]
+        for name, child in self._modules.items():
+            out.extend(child.named_parameter_objects(prefix + name + "."))
+        return out
+
+    def named_parameters(self):
+        """Dict name -> writable numpy view of each parameter (in the model's flat buffer once compiled)."""
+        self._compiled()
+        return {n: p.data for n, p in self.named_parameter_objects()}
+
+    def named_gradients(self):
+        """Dict name -> writable numpy view of each parameter's gradient."""
+        model = self._compiled()
+        return {n: model.gradient(n) for n, _ in model.layout}
+
+    def flat_parameters(self):
+        """The one contiguous parameter buffer as a writable numpy view."""
+        return self._compiled().flat_parameters()
+
+    def flat_gradients(self):
+        """The one contiguous gradient buffer as a writable numpy view."""
+        return self._compiled().flat_gradients()
+
+    def num_parameters(self):
+        return sum(int(np.prod(p.shape)) for _, p in self.named_parameter_objects())
+
+    def state_dict(self):
+        """Dict name -> numpy copy of each parameter, with PyTorch's keys and layouts."""
+        return self._compiled().state_dict()
+
+    def load_state_dict(self, state, strict=True):
+        """Loads parameters from numpy arrays or torch tensors; validates everything before writing."""
+        self._compiled().load_state_dict(dict(state), strict)
+
+    # -- compilation and inference ------------------------------------------------------------
+    def _invalidate(self):
+        if self.__dict__.get("_model") is not None:
+            raise RuntimeError(f"{type(self).__name__}: cannot change submodules after the model was compiled")
+
+    def _compiled(self):
+        """The native model (flat parameter buffer + plan cache), created on first use."""
+        if self._model is None:
+            ref = weakref.ref(self)  # the native model must not keep this module alive
+
+            def trace(graph, inputs):
+                out = ref().forward(*inputs)
+                return list(out) if isinstance(out, (tuple, list)) else [out]
+
+            object.__setattr__(self, "_model", _core.Model(trace, self.named_parameter_objects()))
+        return self._model
+
+    def predict(self, x, out=None, context=None):
+        """Inference (eval mode) on a numpy batch; safe to call from many threads at once."""
+        return self._compiled().predict(x, context, out)
+
+    def to(self, dtype):
+        """Converts parameters to float32 or float64 (like torch's .float() / .double())."""
+        self._compiled().to(dtype)
+        return self
+
+    def double(self):
+        return self.to("float64")
+
+    def float(self):
+        return self.to("float32")
+
+    @property
+    def dtype(self):
+        return self._compiled().dtype
+
+    def set_backend(self, name):
+        """Pins every plan to one backend ("eigen", ...); "" restores automatic dispatch."""
+        self._compiled().set_backend(name)
+        return self
+
+    def __repr__(self):
+        if not self._modules:
+            return f"{type(self).__name__}({self.extra_repr()})"
+        lines = [f"  ({n}): " + repr(m).replace("\n", "\n  ") for n, m in self._modules.items()]
+        return f"{type(self).__name__}(\n" + "\n".join(lines) + "\n)"
+
+    def extra_repr(self):
+        return ""
+
+
+class _NativeModule(Module):
+    """A layer implemented in the C++ core."""
+
+    def __init__(self, native):
+        super().__init__()
+        object.__setattr__(self, "_native", native)
+
+    def _own_parameters(self):
+        return self._native.named_parameters()
+
+    def forward(self, x):
+        return self._native.forward(x)
+
+
+class Sequential(Module):
+    """Modules applied in order; children are named "0", "1", ... as in torch.nn.Sequential."""
+
+    def __init__(self, *layers):
+        super().__init__()
+        for i, layer in enumerate(layers):
+            if not isinstance(layer, Module):
+                raise TypeError(f"Sequential: argument {i} is a {type(layer).__name__}, not a treadle Module")
+            setattr(self, str(i), layer)
+
+    def forward(self, x):
+        for layer in self._modules.values():
+            x = layer(x)
+        return x
+
+    def __getitem__(self, i):
+        return list(self._modules.values())[i]
+
+    def __len__(self):
+        return len(self._modules)
+
+
+class Linear(_NativeModule):
+    """y = x W^T + b with W of shape (out_features, in_features); PyTorch's default initialisation."""
+
+    def __init__(self, in_features, out_features, bias=True, dtype="float32"):
+        super().__init__(_core.Linear(int(in_features), int(out_features), bool(bias), dtype))
+        self.in_features, self.out_features, self.has_bias = in_features, out_features, bias
+
+    @property
+    def weight(self):
+        return dict(self._native.named_parameters())["weight"].data
+
+    @property
+    def bias(self):
+        params = dict(self._native.named_parameters())
+        return params["bias"].data if "bias" in params else None
+
+    def extra_repr(self):
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.has_bias}"
+
+
+def _activation(name, kind, params=(), doc=""):
+    def __init__(self, *args, **kwargs):
+        values = []
+        for i, (pname, default) in enumerate(params):
+            values.append(float(args[i] if i < len(args) else kwargs.pop(pname, default)))
+        if kwargs:
+            raise TypeError(f"{name}: unexpected arguments {sorted(kwargs)}")
+        _NativeModule.__init__(self, _core.Activation(kind, *values))
+        object.__setattr__(self, "_args", dict(zip([p for p, _ in params], values)))
+
+    def extra_repr(self):
+        return ", ".join(f"{k}={v:g}" for k, v in self._args.items())
+
+    return type(name, (_NativeModule,), {"__init__": __init__, "extra_repr": extra_repr, "__doc__": doc})
+
+
+ReLU = _activation("ReLU", "relu", doc="max(x, 0)")
+LeakyReLU = _activation("LeakyReLU", "leaky_relu", [("negative_slope", 0.01)])
+ELU = _activation("ELU", "elu", [("alpha", 1.0)])
+SiLU = _activation("SiLU", "silu", doc="x * sigmoid(x)")
+Tanh = _activation("Tanh", "tanh")
+Sigmoid = _activation("Sigmoid", "sigmoid")
+Softplus = _activation("Softplus", "softplus", [("beta", 1.0), ("threshold", 20.0)])
+
+
+class GELU(_NativeModule):
+    """GELU, exact (approximate="none") or with the tanh approximation (approximate="tanh")."""
+
+    def __init__(self, approximate="none"):
+        if approximate not in ("none", "tanh"):
+            raise ValueError(f"GELU: approximate must be 'none' or 'tanh', got {approximate!r}")
+        super().__init__(_core.Activation("gelu" if approximate == "none" else "gelu_tanh"))
+        self.approximate = approximate
+
+
+class Softmax(_NativeModule):
+    def __init__(self, dim=-1):
+        super().__init__(_core.Activation("softmax", float(dim)))
+        self.dim = dim
+
+
+class LogSoftmax(_NativeModule):
+    def __init__(self, dim=-1):
+        super().__init__(_core.Activation("log_softmax", float(dim)))
+        self.dim = dim
+
+
+class Dropout(_NativeModule):
+    """Zeroes elements with probability p in training (scaling the rest by 1/(1-p)); identity in predict."""
+
+    def __init__(self, p=0.5):
+        super().__init__(_core.Dropout(float(p)))
+        self.p = p
+
+
+class Flatten(_NativeModule):
+    def __init__(self, start_dim=1, end_dim=-1):
+        super().__init__(_core.Flatten(int(start_dim), int(end_dim)))
+
+
+class Identity(Module):
+    def forward(self, x):
+        return x

@@ -1,0 +1,115 @@
+"""Training driven by the host: one call per step, or the phases separately."""
+import numpy as np
+
+from . import _core
+
+
+class Trainer:
+    """A model, a loss and an optimizer, stepped from the host's own loop.
+
+    `step(x, y)` runs zero_grad + forward + loss + backward + update in one C++ call with the GIL
+    released. For an external scheduler the phases are separate: `forward`, `backward` (from a
+    host-computed output gradient, optionally returning the input gradient), `compute_gradients`,
+    `zero_grad` and `update`, so the host can interleave its own work (e.g. an allreduce).
+    """
+
+    def __init__(self, model, loss, optimizer, schedule=None, clip_grad_norm=None, check_finite=False, seed=0):
+        options = _core.TrainerOptions()
+        if clip_grad_norm is not None:
+            if clip_grad_norm <= 0:
+                raise ValueError(f"Trainer: clip_grad_norm must be positive, got {clip_grad_norm}")
+            options.clip_grad_norm = float(clip_grad_norm)
+        options.check_finite = bool(check_finite)
+        self.model, self.loss, self.optimizer, self.schedule = model, loss, optimizer, schedule
+        self._native = _core.Trainer(model._compiled(), loss._native, optimizer._native, options, int(seed))
+        if schedule is not None:
+            self._native.set_schedule(schedule._native)
+
+    def step(self, x, y):
+        """One training step on a batch; returns the loss (float)."""
+        return self._native.step(x, y)
+
+    def compute_gradients(self, x, y):
+        """Forward + loss + backward, adding into the gradients (no update); returns the loss."""
+        return self._native.compute_gradients(x, y)
+
+    def evaluate(self, x, y):
+        """The loss in eval mode (no dropout), touching neither gradients nor parameters."""
+        return self._native.evaluate(x, y)
+
+    def forward(self, x, input_grad=False):
+        """Training-mode forward; keeps activations for one `backward`. Returns the output."""
+        return self._native.forward(x, input_grad)
+
+    def backward(self, grad_output, input_grad=False):
+        """Adds dL/dparams for dL/d(output) = grad_output; returns dL/d(input) if input_grad."""
+        return self._native.backward(grad_output, input_grad)
+
+    def zero_grad(self):
+        self._native.zero_grad()
+
+    def update(self):
+        """Gradient clipping (if set) and one optimizer step at the scheduled learning rate."""
+        self._native.update()
+
+    @property
+    def lr(self):
+        """The learning rate the next update will use."""
+        return self._native.lr
+
+    @property
+    def steps(self):
+        """Number of updates so far."""
+        return self._native.steps
+
+    @property
+    def context(self):
+        return self._native.context
+
+    def fit(self, x, y, epochs=1, batch_size=32, shuffle=True, validation=None, progress=False, seed=0,
+            callback=None):
+        """Mini-batch training over arrays; returns {"loss": [...], "val_loss": [...]} per epoch.
+
+        Each batch is one `step`. `validation=(x_val, y_val)` is evaluated after every epoch.
+        `progress=True` shows a tqdm bar (the `progress` extra). `callback(epoch, logs)` is called
+        after every epoch; returning True stops training.
+        """
+        x, y = np.ascontiguousarray(x), np.ascontiguousarray(y)
+        n = len(x)
+        if len(y) != n:
+            raise ValueError(f"fit: x has {n} samples but y has {len(y)}")
+        if n == 0:
+            raise ValueError("fit: no samples")
+        if batch_size <= 0 or epochs < 0:
+            raise ValueError(f"fit: batch_size must be positive and epochs >= 0, got {batch_size}, {epochs}")
+        rng = np.random.default_rng(seed)
+        history = {"loss": [], "val_loss": []}
+        bar = _progress_bar(epochs * ((n + batch_size - 1) // batch_size)) if progress else None
+        for epoch in range(epochs):
+            order = rng.permutation(n) if shuffle else np.arange(n)
+            total, count = 0.0, 0
+            for start in range(0, n, batch_size):
+                idx = order[start:start + batch_size]
+                loss = self.step(x[idx], y[idx])
+                total += loss * len(idx)
+                count += len(idx)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{loss:.4g}")
+            history["loss"].append(total / count)
+            if validation is not None:
+                xv, yv = (np.ascontiguousarray(a) for a in validation)
+                history["val_loss"].append(self.evaluate(xv, yv))
+            if callback is not None and callback(epoch, {k: v[-1] for k, v in history.items() if v}):
+                break
+        if bar is not None:
+            bar.close()
+        return history
+
+
+def _progress_bar(total):
+    try:
+        from tqdm import tqdm
+    except ImportError as e:  # an optional extra
+        raise ImportError("fit(progress=True) needs tqdm: pip install 'treadle[progress]'") from e
+    return tqdm(total=total, unit="step")
