@@ -192,7 +192,7 @@ enum class Axis { rows, cols };
 
 // The row/column-wise AdaGrad documented in optim.hpp. Squares are formed in the buffer's dtype and
 // summed in double: a row of C equal float32 squares then averages back to that square exactly, so
-// row-constant gradients reproduce element-wise AdaGrad.
+// row-constant gradients reproduce element-wise AdaGrad (up to the compiler fusing its multiply-add).
 class MatrixAdagrad final : public Optimizer {
  public:
   MatrixAdagrad(const AdagradOptions& o, Axis axis) : Optimizer(o.lr), o_(o), axis_(axis) { check_adagrad(who(), o); }
