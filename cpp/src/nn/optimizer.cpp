@@ -59,16 +59,18 @@ void copy_converting(const Tensor& from, const Tensor& to) {
   if (!f32_in && !f32_out) convert_into<double, double>(from, to);
 }
 
-void check_buffer(const std::string& who, const char* what, const Tensor& t, DType dtype, int64_t total) {
-  if (!t.defined()) throw_value_error(who, ".step: ", what, " is an undefined tensor");
+// Checked on every step, so the optimizer's name (a std::string) is only built for the message.
+void check_buffer(const Optimizer& o, const char* what, const Tensor& t, DType dtype, int64_t total) {
+  if (!t.defined()) throw_value_error(o.name(), ".step: ", what, " is an undefined tensor");
   if (t.device().kind != DeviceKind::cpu)
-    throw_type_error(who, ".step: ", what, " must be on the CPU, got ", device_name(t.device()));
+    throw_type_error(o.name(), ".step: ", what, " must be on the CPU, got ", device_name(t.device()));
   if (t.dtype() != dtype)
-    throw_type_error(who, ".step: ", what, " has dtype ", dtype_name(t.dtype()), " but the optimizer is bound to ",
-                     dtype_name(dtype));
+    throw_type_error(o.name(), ".step: ", what, " has dtype ", dtype_name(t.dtype()),
+                     " but the optimizer is bound to ", dtype_name(dtype));
   if (t.numel() != total)
-    throw_value_error(who, ".step: ", what, " has ", t.numel(), " elements but the optimizer is bound to ", total);
-  if (!t.is_contiguous()) throw_type_error(who, ".step: ", what, " must be contiguous");
+    throw_value_error(o.name(), ".step: ", what, " has ", t.numel(), " elements but the optimizer is bound to ",
+                      total);
+  if (!t.is_contiguous()) throw_type_error(o.name(), ".step: ", what, " must be contiguous");
 }
 
 }  // namespace
@@ -98,8 +100,8 @@ void Optimizer::bind(const std::vector<ParamSlot>& layout, int64_t total, DType 
 
 void Optimizer::step(const Tensor& params, const Tensor& grads, double lr, Executor& exec) {
   if (!bound_) throw_runtime_error(name(), ".step: the optimizer is not bound; call bind(layout, total, dtype) first");
-  check_buffer(name(), "params", params, dtype_, total_);
-  check_buffer(name(), "grads", grads, dtype_, total_);
+  check_buffer(*this, "params", params, dtype_, total_);
+  check_buffer(*this, "grads", grads, dtype_, total_);
   if (!(lr >= 0.0) || !std::isfinite(lr)) throw_value_error(name(), ".step: invalid learning rate: ", lr);
   ++t_;
   try {

@@ -3,36 +3,20 @@
 // torch.optim's single-tensor formulas; the matrix-aware ones walk the layout slot by slot.
 #include <algorithm>
 #include <cmath>
-#include <type_traits>
 
 #include "backends/eigen/eigen_common.hpp"
+#include "nn/optim_common.hpp"
 #include "treadle/error.hpp"
 #include "treadle/optim.hpp"
 
 namespace treadle::optim {
 namespace {
 
+using detail::dispatch;
+using detail::lerp;
+using detail::require;
 using eigen::kElementGrain;
 using eigen::parallel_chunks;
-
-void require(bool ok, const char* who, const char* what, double value) {
-  if (!ok) throw_value_error(who, ": invalid ", what, " value: ", value);
-}
-
-template <typename T>
-inline T lerp(T start, T end, T w) {
-  return std::abs(w) < T(0.5) ? start + w * (end - start) : end - (end - start) * (T(1) - w);
-}
-
-// Calls f(std::bool_constant<b>{}): options become compile-time constants, so the element loops
-// are branch-free and vectorise.
-template <typename F>
-void dispatch(bool b, F&& f) {
-  if (b)
-    f(std::true_type{});
-  else
-    f(std::false_type{});
-}
 
 template <typename T>
 struct RMSpropCoef {

@@ -158,8 +158,8 @@ double clip_impl(const Tensor& grads, double max_norm, Executor& exec) {
   auto body = [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) partial[b] = sum_squares(g, b * block, std::min(n, (b + 1) * block));
   };
-  if (blocks > 1 && exec.num_workers() > 1)
-    exec.parallel_for(blocks, body);
+  if (blocks > 1 && exec.num_workers() > 1)  // one captured reference: std::function stores it inline
+    exec.parallel_for(blocks, [&body](int64_t b0, int64_t b1) { body(b0, b1); });
   else
     body(0, blocks);
   double total = 0;
@@ -167,7 +167,7 @@ double clip_impl(const Tensor& grads, double max_norm, Executor& exec) {
   const double norm = std::sqrt(total);
   // torch multiplies by the clamped coefficient unconditionally (so NaN/Inf norms poison the grads).
   const T coef = static_cast<T>(std::min(max_norm / (norm + 1e-6), 1.0));
-  if (std::isfinite(norm) && coef == T(1)) return norm;
+  if (coef == T(1)) return norm;  // a NaN coefficient (NaN norm) fails this and spreads like torch's
   eigen::parallel_chunks(exec, n, eigen::kElementGrain, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) g[i] = g[i] * coef;
   });
