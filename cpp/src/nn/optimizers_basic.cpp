@@ -19,6 +19,27 @@ using detail::require;
 using eigen::kElementGrain;
 using eigen::parallel_chunks;
 
+template <typename T>
+struct SGDCoef {
+  T lr, wd, mom, keep;
+  bool first;
+};
+
+template <typename T, bool kDecay, bool kMomentum, bool kNesterov>
+void sgd_elements(int64_t b, int64_t e, T* __restrict p, const T* __restrict g, T* __restrict buf,
+                  const SGDCoef<T>& k) {
+  for (int64_t i = b; i < e; ++i) {
+    T d = g[i];
+    if constexpr (kDecay) d = d + k.wd * p[i];
+    if constexpr (kMomentum) {
+      const T bi = k.first ? d : buf[i] * k.mom + k.keep * d;
+      buf[i] = bi;
+      d = kNesterov ? d + k.mom * bi : bi;
+    }
+    p[i] = p[i] - k.lr * d;
+  }
+}
+
 class SGD final : public Optimizer {
  public:
   explicit SGD(const SGDOptions& o) : Optimizer(o.lr), o_(o) {
@@ -46,24 +67,21 @@ class SGD final : public Optimizer {
 
  private:
   template <typename T>
-  void run(const Tensor& params, const Tensor& grads, double lr_d, Executor& exec) {
+  void run(const Tensor& params, const Tensor& grads, double lr, Executor& exec) {
     T* p = params.data_as<T>();
     const T* g = grads.data_as<T>();
-    const T lr = T(lr_d), wd = T(o_.weight_decay), mom = T(o_.momentum), keep = T(1 - o_.dampening);
-    const bool decay = o_.weight_decay != 0, use_mom = o_.momentum != 0, nesterov = o_.nesterov;
+    T* buf = o_.momentum != 0 ? state_buffer(0).data_as<T>() : nullptr;
     // torch creates the momentum buffer as a copy of the first (decayed) gradient.
-    const bool first = t_ == 1;
-    T* buf = use_mom ? state_buffer(0).data_as<T>() : nullptr;
-    parallel_chunks(exec, total_, kElementGrain, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) {
-        T d = g[i];
-        if (decay) d = d + wd * p[i];
-        if (use_mom) {
-          buf[i] = first ? d : buf[i] * mom + keep * d;
-          d = nesterov ? d + mom * buf[i] : buf[i];
-        }
-        p[i] = p[i] - lr * d;
-      }
+    const SGDCoef<T> k{T(lr), T(o_.weight_decay), T(o_.momentum), T(1 - o_.dampening), t_ == 1};
+    dispatch(o_.weight_decay != 0, [&](auto decay) {
+      dispatch(o_.momentum != 0, [&](auto momentum) {
+        dispatch(o_.nesterov, [&](auto nesterov) {
+          parallel_chunks(exec, total_, kElementGrain, [&](int64_t b, int64_t e) {
+            sgd_elements<T, decltype(decay)::value, decltype(momentum)::value, decltype(nesterov)::value>(
+                b, e, p, g, buf, k);
+          });
+        });
+      });
     });
   }
 
