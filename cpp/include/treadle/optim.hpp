@@ -91,7 +91,8 @@ struct AdagradOptions {
 
 TREADLE_API std::shared_ptr<Optimizer> sgd(const SGDOptions& o);
 TREADLE_API std::shared_ptr<Optimizer> adam(const AdamOptions& o);
-// AdamW: decoupled weight decay (default 1e-2 as in torch.optim.AdamW).
+// AdamW: decoupled weight decay, p *= 1 - lr * weight_decay before the Adam step. AdamOptions'
+// weight_decay defaults to 0; torch.optim.AdamW's (and treadle.optim.AdamW's) default is 1e-2.
 TREADLE_API std::shared_ptr<Optimizer> adamw(const AdamOptions& o);
 TREADLE_API std::shared_ptr<Optimizer> rmsprop(const RMSpropOptions& o);
 TREADLE_API std::shared_ptr<Optimizer> adagrad(const AdagradOptions& o);
