@@ -27,6 +27,7 @@ EPISODE = 16         # surrogate steps before a run restarts from a fresh initia
 DELTA_SCALE = 10.0   # targets are 10 * (u_next - u): O(1) numbers for the network
 RUNS = 16            # simulation runs advanced together (new samples per driver step)
 REPLAY = 4096        # replay buffer capacity (samples)
+HELD_OUT_RUNS = 8    # fresh runs the trained surrogate is tested on
 
 
 # -- the simulation (the host code: numpy, knows nothing about treadle) --------------------------
@@ -148,8 +149,13 @@ def train_in_the_loop(args, log):
 
 
 # -- verification -------------------------------------------------------------------------------------
-def held_out_error(net, seed, n_runs=8, horizon=EPISODE):
-    """Relative L2 errors on fresh runs: a `horizon`-step rollout, and one-step changes."""
+def held_out_error(net, seed, n_runs=HELD_OUT_RUNS, horizon=EPISODE):
+    """Relative L2 errors on fresh runs over `horizon` coarse steps.
+
+    rollout: the surrogate fed its own output, vs the simulation (normalised by the true states).
+    one_step: the change the surrogate predicts from the true state, vs the true change.
+    frozen: the rollout error of keeping the initial state (what "learned nothing" scores).
+    """
     u, r = random_initial_conditions(np.random.default_rng([seed, 1]), n_runs)
     u_true, u_sur = u, u
     err2 = ref2 = step_err2 = step_ref2 = base2 = 0.0
@@ -254,7 +260,8 @@ def run(args):
         f"the rest is the simulation and the replay buffer)")
     err = held_out_error(net, args.seed)
     print(f"held-out error: relative L2 error of a {EPISODE}-step surrogate rollout vs the simulation "
-          f"= {err['rollout']:.4f} (one-step: {err['one_step']:.4f}; frozen initial state: {err['frozen']:.4f})")
+          f"= {err['rollout']:.4f} ({HELD_OUT_RUNS} unseen runs; one-step change: {err['one_step']:.4f}; "
+          f"keeping the initial state: {err['frozen']:.4f})")
     probe = features(*random_initial_conditions(np.random.default_rng([args.seed, 3]), 4))
     grad_err, n_in, n_par = gradient_check(net, args.hidden, probe, args.seed)
     print(f"gradient check: max relative error of trainer.backward vs float64 central differences "
