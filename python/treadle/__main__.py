@@ -29,7 +29,9 @@ def _print_cmake_dir():
 def main(argv=None):
     from . import demo
 
-    parser = argparse.ArgumentParser(prog="python -m treadle", description=_DESCRIPTION,
+    # `python -m treadle` or the `treadle` console script
+    prog = os.path.basename(sys.argv[0]) if os.path.basename(sys.argv[0]) != "__main__.py" else "python -m treadle"
+    parser = argparse.ArgumentParser(prog=prog, description=_DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"treadle {treadle.__version__}")
     parser.add_argument("--cmake-dir", action="store_true",
