@@ -60,10 +60,10 @@ def cmake_generator_args():
     return args
 
 
-def cmake(*args, cwd=None, timeout=600):
-    proc = subprocess.run(["cmake", *args], capture_output=True, text=True, env=cmake_env(), cwd=cwd,
-                          timeout=timeout)
-    assert proc.returncode == 0, f"cmake {' '.join(map(str, args))} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+def cmake(*args, timeout=600):
+    proc = subprocess.run(["cmake", *map(str, args)], capture_output=True, text=True, env=cmake_env(), timeout=timeout)
+    command = " ".join(map(str, args))
+    assert proc.returncode == 0, f"cmake {command} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     return proc
 
 
