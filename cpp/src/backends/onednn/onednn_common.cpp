@@ -1,0 +1,154 @@
+#include "backends/onednn/onednn_common.hpp"
+
+#include <omp.h>
+
+#include <array>
+#include <cstring>
+
+#include "core/op_registry.hpp"
+#include "treadle/error.hpp"
+
+namespace treadle::onednn {
+
+// omp_set_num_threads only changes the calling thread's ICV (libgomp gives a thread outside any
+// parallel region its own implicit task on first write), so other host threads are unaffected.
+OmpSingleThread::OmpSingleThread() : previous_(omp_get_max_threads()) {
+  if (previous_ != 1) omp_set_num_threads(1);
+}
+
+OmpSingleThread::~OmpSingleThread() {
+  if (previous_ != 1) omp_set_num_threads(previous_);
+}
+
+const dnnl::engine& cpu_engine() {
+  static const dnnl::engine engine = [] {
+    OmpSingleThread guard;
+    return dnnl::engine(dnnl::engine::kind::cpu, 0);
+  }();
+  return engine;
+}
+
+MemDesc f32_desc(const Dims& dims, const Dims& strides) {
+  return MemDesc(dims, dnnl::memory::data_type::f32, strides);
+}
+
+MemDesc f32_dense(const Dims& dims) {
+  Dims strides(dims.size(), 1);
+  for (int d = static_cast<int>(dims.size()) - 2; d >= 0; --d) strides[d] = strides[d + 1] * dims[d + 1];
+  return f32_desc(dims, strides);
+}
+
+dnnl::primitive_attr default_attr() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
+bool is_optimised(const dnnl::primitive_desc_base& pd) {
+  const char* impl = pd.impl_info_str();
+  return impl && std::strncmp(impl, "ref", 3) != 0;
+}
+
+bool all_f32(const Graph& g, const Node& n) {
+  for (int v : n.inputs)
+    if (g.info(v).dtype != DType::f32) return false;
+  for (int v : n.outputs)
+    if (g.info(v).dtype != DType::f32) return false;
+  return true;
+}
+
+const std::string& op_name(const Node& n) { return OpRegistry::instance().at(n.op).name; }
+
+namespace {
+
+constexpr std::size_t kScratchAlign = 64;
+
+Variant make_variant(const ChunkPlan& plan, const dnnl::primitive_desc& pd) {
+  Variant v;
+  v.prim = dnnl::primitive(pd);
+  for (const ArgSpec& s : plan.args) v.mds.push_back(pd.query_md(dnnl::query::exec_arg_md, s.arg));
+  v.scratch_md = pd.scratchpad_desc();
+  v.scratch_bytes = v.scratch_md.get_size();
+  return v;
+}
+
+// The stream of the calling thread: created once per host thread (CPU streams carry no data).
+dnnl_stream_t thread_stream() {
+  thread_local const dnnl::stream stream(cpu_engine());
+  return stream.get();
+}
+
+void check(dnnl_status_t status, const char* what) {
+  if (status != dnnl_success) throw_runtime_error("onednn: ", what, " failed (status ", static_cast<int>(status), ")");
+}
+
+// Memory objects wrap the kernel's pointers for one execution (they own no data).
+class Memories {
+ public:
+  ~Memories() {
+    for (int k = 0; k < n_; ++k) dnnl_memory_destroy(args_[k].memory);
+  }
+  void add(int arg, const MemDesc& md, void* ptr) {
+    if (n_ == static_cast<int>(args_.size())) throw_runtime_error("onednn: too many primitive arguments");
+    dnnl_memory_t m = nullptr;
+    check(dnnl_memory_create(&m, md.get(), cpu_engine().get(), ptr), "memory creation");
+    args_[n_++] = {arg, m};
+  }
+  int size() const { return n_; }
+  const dnnl_exec_arg_t* data() const { return args_.data(); }
+
+ private:
+  std::array<dnnl_exec_arg_t, 8> args_{};
+  int n_ = 0;
+};
+
+void run_chunk(const KernelArgs& a, const ChunkedPrimitive& s, int64_t begin, int64_t end) {
+  const Variant& v = (end - begin == s.grain) ? s.full : s.tail;
+  Memories mem;
+  for (std::size_t k = 0; k < s.args.size(); ++k) {
+    const ArgSpec& spec = s.args[k];
+    const TensorRef& t = spec.output ? a.out[spec.index] : a.in[spec.index];
+    mem.add(spec.arg, v.mds[k], static_cast<char*>(t.data) + begin * spec.step_bytes);
+  }
+  if (v.scratch_bytes)
+    mem.add(DNNL_ARG_SCRATCHPAD, v.scratch_md,
+            static_cast<char*>(a.workspace) + (begin / s.grain) * static_cast<int64_t>(s.scratch_stride));
+  OmpSingleThread guard;
+  check(dnnl_primitive_execute(v.prim.get(), thread_stream(), mem.size(), mem.data()), "primitive execution");
+}
+
+}  // namespace
+
+PreparedNode make_prepared(const ChunkPlan& plan) {
+  OmpSingleThread guard;
+  auto state = std::make_shared<ChunkedPrimitive>();
+  state->args = plan.args;
+  state->items = plan.items;
+  state->grain = plan.grain;
+  state->full = make_variant(plan, plan.full);
+  if (plan.tail) state->tail = make_variant(plan, plan.tail);
+  const std::size_t scratch = std::max(state->full.scratch_bytes, state->tail.scratch_bytes);
+  state->scratch_stride = (scratch + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
+  const std::size_t workspace = state->scratch_stride * static_cast<std::size_t>(state->num_chunks());
+  return {std::move(state), workspace};
+}
+
+void run_chunked(const KernelArgs& a) {
+  const auto& s = *static_cast<const ChunkedPrimitive*>(a.state);
+  const int64_t chunks = s.num_chunks();
+  if (chunks <= 1 || a.exec.num_workers() <= 1) {
+    for (int64_t c = 0; c < chunks; ++c) run_chunk(a, s, c * s.grain, std::min(s.items, (c + 1) * s.grain));
+    return;
+  }
+  // One captured pointer keeps the std::function inside its small buffer: no allocation per call.
+  struct Job {
+    const KernelArgs& a;
+    const ChunkedPrimitive& s;
+  } job{a, s};
+  const Job* j = &job;
+  a.exec.parallel_for(chunks, [j](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) run_chunk(j->a, j->s, c * j->s.grain, std::min(j->s.items, (c + 1) * j->s.grain));
+  });
+}
+
+}  // namespace treadle::onednn
