@@ -136,7 +136,9 @@ void bind_nn(py::module_& m) {
       })
       .def("load_state_dict", [](Model& mm, const py::dict& d, bool strict) { mm.load_state_dict(state_from_dict(d), strict); },
            py::arg("state"), py::arg("strict") = true)
-      .def_property_readonly("num_plans", &Model::num_plans);
+      .def_property_readonly("num_plans", &Model::num_plans)
+      .def("describe_plans", &Model::describe_plans,
+           "The compiled plans, one line per step: node, op, [backend that runs it], output shapes.");
 }
 
 }  // namespace treadle::py_bind

@@ -74,6 +74,8 @@ class TREADLE_API Model {
   // The plan for `key`, compiled on first request. Thread-safe.
   std::shared_ptr<const Plan> plan(const PlanKey& key, const Loss* loss = nullptr);
   std::size_t num_plans() const;
+  // Every compiled plan, one line per step: node, op, the backend that runs it, output shapes.
+  std::string describe_plans() const;
   // Changes whenever compiled plans are dropped (dtype change, backend pin): caches compare it.
   uint64_t generation() const { return generation_.load(); }
   // Checks inputs against the model's dtype and layout rules; builds the inference key.

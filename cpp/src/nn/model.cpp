@@ -130,6 +130,13 @@ std::size_t Model::num_plans() const {
   return plans_.size();
 }
 
+std::string Model::describe_plans() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::string text;
+  for (const auto& [key, plan] : plans_) text += plan->describe();
+  return text;
+}
+
 std::shared_ptr<const Plan> Model::infer_plan(const std::vector<Tensor>& inputs) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
