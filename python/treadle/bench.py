@@ -46,7 +46,7 @@ def time_alternating(runners, min_time=1.0, warmup=0.2):
 
     `runners` maps a name to run(k), which performs k steps. Every runner is warmed up for
     `warmup` seconds; then rounds cycle through the runners until each has accumulated `min_time`
-    seconds of timed steps. Returns {name: {"median_s", "p25_s", "p75_s", "steps"}}.
+    seconds of timed steps. Returns {name: {"median_s", "p25_s", "p75_s", "min_s", "steps"}}.
     """
     per_round = {}
     for name, run in runners.items():
@@ -68,7 +68,7 @@ def time_alternating(runners, min_time=1.0, warmup=0.2):
     out = {}
     for name, s in samples.items():
         p25, med, p75 = np.percentile(s, [25, 50, 75])
-        out[name] = {"median_s": float(med), "p25_s": float(p25), "p75_s": float(p75),
+        out[name] = {"median_s": float(med), "p25_s": float(p25), "p75_s": float(p75), "min_s": float(min(s)),
                      "steps": int(per_round[name] * len(s))}
     return out
 
@@ -265,7 +265,8 @@ def bench_workload(w, tl, torch, threads, min_time, warmup, seed=0, torch_adam="
         return rows, pair
     for r, t in zip(rows, threads):
         torch.set_num_threads(t)
-        log(f"  {w.name} threads={t} ...")
+        r["loadavg"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        log(f"  {w.name} threads={t} (load {r['loadavg']}) ...")
         if w.train:
             _timed(r, "train", pair.time_train(min_time, warmup), 3 * w.forward_flops * w.batch)
         _timed(r, "infer", pair.time_infer(min_time, warmup), w.forward_flops * w.batch)
@@ -278,30 +279,28 @@ def profile_layers(w, tl, x, min_time=0.2):
 
     The core does not time its plan nodes yet, so this times Sequential(layers[:k]) for every k
     (inference, and forward + MSE + backward via compute_gradients) and attributes the difference
-    between consecutive prefixes to layer k. The first layer's line includes the per-call overhead.
-    Noise makes small layers' numbers rough (even slightly negative).
+    between consecutive prefixes to layer k. All prefixes are timed in one alternating run and
+    compared by their fastest round, which a busy machine disturbs least. The first layer's line
+    includes the per-call overhead; layers cheaper than the noise can come out slightly negative.
     """
     if w.treadle_layers is None:
         return None
     n_layers = len(w.treadle_layers(tl))
-    infer, grads = [], []
+    runners = {}
     for k in range(1, n_layers + 1):
         model = tl.nn.Sequential(*w.treadle_layers(tl)[:k])
-        out = model.predict(x)
         trainer = tl.Trainer(model, tl.loss.MSE(), tl.optim.SGD(lr=0.0))
-        target = np.zeros_like(out)
-        r = time_alternating({
-            "infer": lambda n, m=model: [m.predict(x) for _ in range(n)],
-            "grads": lambda n, t=trainer: [t.compute_gradients(x, target) for _ in range(n)],
-        }, min_time, min_time / 4)
-        infer.append(r["infer"]["median_s"] * 1e6)
-        grads.append(r["grads"]["median_s"] * 1e6)
-    layers = w.treadle_layers(tl)
-    rows = []
-    for k in range(n_layers):
-        rows.append({"layer": f"{k}: {layers[k]!r}".replace("\n", " "),
-                     "infer_us": infer[k] - (infer[k - 1] if k else 0.0),
-                     "fwd_bwd_us": grads[k] - (grads[k - 1] if k else 0.0)})
+        target = np.zeros_like(model.predict(x))
+        runners[("infer", k)] = lambda n, m=model: [m.predict(x) for _ in range(n)]
+        runners[("grads", k)] = lambda n, t=trainer, y=target: [t.compute_gradients(x, y) for _ in range(n)]
+    r = time_alternating(runners, min_time, min_time / 4)
+    best = {key: v["min_s"] * 1e6 for key, v in r.items()}
+    layers, rows = w.treadle_layers(tl), []
+    for k in range(1, n_layers + 1):
+        prev = {kind: best[(kind, k - 1)] if k > 1 else 0.0 for kind in ("infer", "grads")}
+        rows.append({"layer": f"{k - 1}: {layers[k - 1]!r}".replace("\n", " "),
+                     "infer_us": best[("infer", k)] - prev["infer"], "fwd_bwd_us": best[("grads", k)] - prev["grads"],
+                     "infer_cumulative_us": best[("infer", k)], "fwd_bwd_cumulative_us": best[("grads", k)]})
     return rows
 
 
@@ -319,7 +318,7 @@ def call_overhead(tl, min_time=0.2):
 def _us(v):
     if v is None:
         return "-"
-    return f"{v:,.0f}" if v >= 100 else f"{v:.1f}"
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.1f}"
 
 
 def _ratio(v):
@@ -347,6 +346,10 @@ def _check(r):
         parts.append(f"loss diff {c['loss_abs_diff']:.1e}")
     text = ", ".join(parts)
     return text if r["status"] == "ok" else f"MISMATCH ({text}): not timed"
+
+
+def _load(r):
+    return "-" if r.get("loadavg") is None else f"{r['loadavg']:.1f}"
 
 
 def _gflops(r, kind):
@@ -379,22 +382,30 @@ def to_markdown(result):
                  f"ms, >= {result['settings']['min_time']} s of steps each, after {result['settings']['warmup']} s "
                  f"warm-up. Ratio = PyTorch time / treadle time (> 1: treadle faster). treadle runs on 1 thread "
                  f"in every row: it has no thread pool and the Python package lends it no executor; 'threads' is "
-                 f"torch.set_num_threads. GFLOP/s counts GEMM-like layers only (train = 3x forward).\n")
+                 f"torch.set_num_threads. GFLOP/s counts GEMM-like layers only (train = 3x forward). 'load' is "
+                 f"the 1-minute load average when the row started.")
+    loads = [r.get("loadavg") for r in result["rows"] if r.get("loadavg") is not None]
+    if loads and max(loads) > 0.5 * (m["cpus_usable"] or 1):
+        lines.append(f"- **Busy machine** (load up to {max(loads):.1f} on {m['cpus_usable']} CPUs): other processes "
+                     f"took CPU time during the run, so absolute times are inflated and noisy; multi-threaded "
+                     f"PyTorch rows suffer most (its OpenMP workers wait at barriers whenever one is descheduled).")
+    lines.append("")
     lines.append("| workload | batch | threads | train treadle | train torch | train ratio | infer treadle | "
-                 "infer torch | infer ratio | GFLOP/s train (tl / torch) | target (issue 5) | check |")
-    lines.append("|" + "---|" * 12)
+                 "infer torch | infer ratio | GFLOP/s train (tl / torch) | target (issue 5) | load | check |")
+    lines.append("|" + "---|" * 13)
     for r in result["rows"]:
         tr, inf = r["train_us"] or {}, r["infer_us"] or {}
         lines.append(f"| {r['workload']} {r['title']} | {r['batch']} | {r['threads_torch']} | "
                      f"{_us(tr.get('treadle'))} | {_us(tr.get('torch'))} | {_ratio(r['train_ratio'])} | "
                      f"{_us(inf.get('treadle'))} | {_us(inf.get('torch'))} | {_ratio(r['infer_ratio'])} | "
-                     f"{_gflops(r, 'train')} | {_target(r)} | {_check(r)} |")
+                     f"{_gflops(r, 'train')} | {_target(r)} | {_load(r)} | {_check(r)} |")
     for name, rows in (result.get("profile") or {}).items():
-        lines.append(f"\n## Layer profile of {name} (treadle, by prefix differencing; first layer includes call "
-                     f"overhead)\n")
-        lines.append("| layer | inference us | forward+backward us |\n|---|---|---|")
+        lines.append(f"\n## Layer profile of {name} (treadle, by prefix differencing of fastest rounds; the first "
+                     f"layer includes the call overhead; 'up to here' = the prefix ending at this layer)\n")
+        lines.append("| layer | inference us | up to here | forward+backward us | up to here |\n|---|---|---|---|---|")
         for p in rows:
-            lines.append(f"| {p['layer']} | {_us(p['infer_us'])} | {_us(p['fwd_bwd_us'])} |")
+            lines.append(f"| {p['layer']} | {_us(p['infer_us'])} | {_us(p['infer_cumulative_us'])} | "
+                         f"{_us(p['fwd_bwd_us'])} | {_us(p['fwd_bwd_cumulative_us'])} |")
     return "\n".join(lines) + "\n"
 
 
