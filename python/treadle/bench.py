@@ -238,6 +238,8 @@ def _timed(row, key, timing, flops):
     row[key + "_us"] = {name: r["median_s"] * 1e6 for name, r in timing.items()}
     row[key + "_spread_us"] = {name: [r["p25_s"] * 1e6, r["p75_s"] * 1e6] for name, r in timing.items()}
     row[key + "_ratio"] = timing["torch"]["median_s"] / timing["treadle"]["median_s"]
+    row[key + "_best_us"] = {name: r["min_s"] * 1e6 for name, r in timing.items()}
+    row[key + "_best_ratio"] = timing["torch"]["min_s"] / timing["treadle"]["min_s"]
     if flops:
         row[key + "_gflops"] = {name: flops / r["median_s"] / 1e9 for name, r in timing.items()}
 
@@ -357,14 +359,18 @@ def _gflops(r, kind):
     return "-" if not g else f"{g['treadle']:.1f} / {g['torch']:.1f}"
 
 
-def to_markdown(result):
-    m, lines = result["machine"], []
+def _busy(result):
+    loads = [r.get("loadavg") for r in result["rows"] if r.get("loadavg") is not None]
+    return max(loads) if loads and max(loads) > 0.5 * (result["machine"]["cpus_usable"] or 1) else None
+
+
+def _header_lines(result):
+    m, t, lines = result["machine"], result["treadle"], []
     flags = " ".join(f for f, on in m["flags"].items() if on) or "none of interest"
     lines.append(f"# treadle vs PyTorch ({result['date']})\n")
     lines.append(f"- Machine: {m['cpu_model']}; {m['cpus_usable']} usable of {m['cpus_logical']} logical CPUs; "
                  f"flags: {flags}; AMX: {'yes' if m['flags'].get('amx_tile') else 'no'}; "
                  f"load average at start: {', '.join(f'{v:.2f}' for v in m['loadavg_at_start'] or [])}")
-    t = result["treadle"]
     lines.append(f"- Versions: torch {result['torch']['version']} (Adam: {result['torch']['adam']}), treadle "
                  f"{t['version']} ({t['git'] or 'no git'}; backends {', '.join(t['backends'])}), numpy {m['numpy']}, "
                  f"Python {m['python']}")
@@ -384,29 +390,61 @@ def to_markdown(result):
                  f"in every row: it has no thread pool and the Python package lends it no executor; 'threads' is "
                  f"torch.set_num_threads. GFLOP/s counts GEMM-like layers only (train = 3x forward). 'load' is "
                  f"the 1-minute load average when the row started.")
-    loads = [r.get("loadavg") for r in result["rows"] if r.get("loadavg") is not None]
-    if loads and max(loads) > 0.5 * (m["cpus_usable"] or 1):
-        lines.append(f"- **Busy machine** (load up to {max(loads):.1f} on {m['cpus_usable']} CPUs): other processes "
+    busy = _busy(result)
+    if busy:
+        lines.append(f"- **Busy machine** (load up to {busy:.1f} on {m['cpus_usable']} CPUs): other processes "
                      f"took CPU time during the run, so absolute times are inflated and noisy; multi-threaded "
                      f"PyTorch rows suffer most (its OpenMP workers wait at barriers whenever one is descheduled).")
-    lines.append("")
-    lines.append("| workload | batch | threads | train treadle | train torch | train ratio | infer treadle | "
-                 "infer torch | infer ratio | GFLOP/s train (tl / torch) | target (issue 5) | load | check |")
-    lines.append("|" + "---|" * 13)
-    for r in result["rows"]:
+    return lines + [""]
+
+
+def _main_table(rows):
+    lines = ["| workload | batch | threads | train treadle | train torch | train ratio | infer treadle | "
+             "infer torch | infer ratio | GFLOP/s train (tl / torch) | target (issue 5) | load | check |",
+             "|" + "---|" * 13]
+    for r in rows:
         tr, inf = r["train_us"] or {}, r["infer_us"] or {}
         lines.append(f"| {r['workload']} {r['title']} | {r['batch']} | {r['threads_torch']} | "
                      f"{_us(tr.get('treadle'))} | {_us(tr.get('torch'))} | {_ratio(r['train_ratio'])} | "
                      f"{_us(inf.get('treadle'))} | {_us(inf.get('torch'))} | {_ratio(r['infer_ratio'])} | "
                      f"{_gflops(r, 'train')} | {_target(r)} | {_load(r)} | {_check(r)} |")
-    for name, rows in (result.get("profile") or {}).items():
+    return lines
+
+
+def _profile_lines(profile):
+    lines = []
+    for name, rows in (profile or {}).items():
         lines.append(f"\n## Layer profile of {name} (treadle, by prefix differencing of fastest rounds; the first "
                      f"layer includes the call overhead; 'up to here' = the prefix ending at this layer)\n")
         lines.append("| layer | inference us | up to here | forward+backward us | up to here |\n|---|---|---|---|---|")
         for p in rows:
             lines.append(f"| {p['layer']} | {_us(p['infer_us'])} | {_us(p['infer_cumulative_us'])} | "
                          f"{_us(p['fwd_bwd_us'])} | {_us(p['fwd_bwd_cumulative_us'])} |")
+    return lines
+
+
+def to_markdown(result):
+    """The report as markdown: machine and method lines, the table, and optional extra tables."""
+    lines = _header_lines(result) + _main_table(result["rows"])
+    if _busy(result):
+        lines += _best_round_table(result["rows"])
+    lines += _profile_lines(result.get("profile"))
     return "\n".join(lines) + "\n"
+
+
+def _best_round_table(rows):
+    """The fastest round of each measurement: what a busy machine disturbs least (not a median)."""
+    lines = ["\n## Fastest rounds (busy machine: the least disturbed ~10 ms round of each measurement)\n",
+             "| workload | threads | train treadle | train torch | train ratio | infer treadle | infer torch | "
+             "infer ratio |", "|" + "---|" * 8]
+    for r in rows:
+        if r["status"] != "ok":
+            continue
+        tr, inf = r.get("train_best_us") or {}, r.get("infer_best_us") or {}
+        lines.append(f"| {r['workload']} | {r['threads_torch']} | {_us(tr.get('treadle'))} | {_us(tr.get('torch'))} | "
+                     f"{_ratio(r.get('train_best_ratio'))} | {_us(inf.get('treadle'))} | {_us(inf.get('torch'))} | "
+                     f"{_ratio(r.get('infer_best_ratio'))} |")
+    return lines
 
 
 def write_results(result, out_dir):
