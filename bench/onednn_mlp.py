@@ -1,0 +1,122 @@
+"""oneDNN backend vs Eigen vs PyTorch on the MLP training step (workloads W2 and W3), 1 thread.
+
+    TREADLE_BUILD_DIR=$PWD/build/onednn PYTHONPATH=$PWD/python python bench/onednn_mlp.py [--min-time 1]
+
+Three runners on the same weights and data, timed in alternating rounds (treadle.bench's method):
+treadle pinned to "eigen", treadle pinned to "onednn" (nodes oneDNN does not take fall back to
+Eigen), and PyTorch with torch.set_num_threads(1). A training step is zero-grad + forward +
+cross-entropy + backward + Adam. Before timing, the first-step losses of all three must agree.
+Writes bench/results/onednn_mlp.{json,md} and prints the table.
+"""
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+here = Path(__file__).resolve().parent
+try:
+    import treadle as tl
+except ImportError:
+    sys.path.insert(0, str(here.parent / "python"))
+    import treadle as tl
+import treadle.bench as tb  # noqa: E402
+
+sys.path.insert(0, str(here))
+import workloads  # noqa: E402
+
+LOSS_TOL = 1e-4
+
+
+def build(w, torch, seed):
+    """(torch model, torch optimizer, {backend: trainer}, x, y) with identical initial weights."""
+    torch.manual_seed(seed)
+    tmodel = w.build_torch(torch).float().train()
+    state = {k: v.detach().numpy() for k, v in tmodel.state_dict().items()}
+    trainers = {}
+    for backend in ("eigen", "onednn"):
+        model = w.build_treadle(tl)
+        model.load_state_dict(state)
+        model.set_backend(backend)
+        trainers[backend] = tl.Trainer(model, tl.loss.CrossEntropy(), tl.optim.Adam(lr=1e-3))
+    topt = torch.optim.Adam(tmodel.parameters(), lr=1e-3)
+    x, y = tb._data(w, np.random.default_rng(seed))
+    return tmodel, topt, trainers, x, y
+
+
+def bench(w, torch, min_time, seed=0):
+    tmodel, topt, trainers, x, y = build(w, torch, seed)
+    tx, ty = torch.from_numpy(x), torch.from_numpy(y)
+    tloss = torch.nn.CrossEntropyLoss()
+
+    def torch_step():
+        topt.zero_grad(set_to_none=True)
+        loss = tloss(tmodel(tx), ty)
+        loss.backward()
+        topt.step()
+        return loss.item()
+
+    first = {"torch": torch_step()}
+    for name, tr in trainers.items():
+        first["treadle-" + name] = tr.step(x, y)
+    ok = all(abs(v - first["torch"]) <= LOSS_TOL * max(1.0, abs(first["torch"])) for v in first.values())
+    if not ok:
+        return {"workload": w.name, "status": "mismatch", "first_loss": first}
+
+    def runner(step):
+        def run(k):
+            for _ in range(k):
+                step()
+        return run
+
+    runners = {"treadle-" + name: runner(lambda tr=tr: tr.step(x, y)) for name, tr in trainers.items()}
+    runners["torch"] = runner(torch_step)
+    timing = tb.time_alternating(runners, min_time=min_time, warmup=0.3)
+    flops = 3 * w.forward_flops * w.batch
+    return {"workload": w.name, "title": w.title, "batch": w.batch, "status": "ok", "first_loss": first,
+            "us": {k: v["median_s"] * 1e6 for k, v in timing.items()},
+            "best_us": {k: v["min_s"] * 1e6 for k, v in timing.items()},
+            "gflops": {k: flops / v["median_s"] / 1e9 for k, v in timing.items()},
+            "plan": trainers["onednn"].model._compiled().describe_plans()}
+
+
+def markdown(rows):
+    lines = ["| workload | treadle eigen (us) | treadle onednn (us) | torch 1 thread (us) | onednn vs eigen | "
+             "torch / onednn | GFLOP/s onednn | GFLOP/s torch |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["status"] != "ok":
+            lines.append(f"| {r['workload']} | {r['status']} | | | | | | |")
+            continue
+        u, g = r["us"], r["gflops"]
+        lines.append(f"| {r['workload']} {r['title']}, batch {r['batch']} | {u['treadle-eigen']:.1f} | "
+                     f"{u['treadle-onednn']:.1f} | {u['torch']:.1f} | {u['treadle-eigen'] / u['treadle-onednn']:.2f}x | "
+                     f"{u['torch'] / u['treadle-onednn']:.2f}x | {g['treadle-onednn']:.1f} | {g['torch']:.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--min-time", type=float, default=1.0, help="seconds of timed steps per runner")
+    p.add_argument("--workloads", default="W2,W3")
+    p.add_argument("--out", default=str(here / "results"))
+    args = p.parse_args(argv)
+    if "onednn" not in tl.backends():
+        print("treadle was built without oneDNN (TREADLE_WITH_ONEDNN=ON); nothing to compare", file=sys.stderr)
+        return 2
+    import torch
+    torch.set_num_threads(1)
+    wanted = args.workloads.split(",")
+    rows = [bench(w, torch, args.min_time) for w in workloads.all_workloads() if w.name in wanted]
+    table = markdown(rows)
+    print(table)
+    os.makedirs(args.out, exist_ok=True)
+    result = {"machine": tb.machine_info(), "loadavg": os.getloadavg()[0], "rows": rows}
+    Path(args.out, "onednn_mlp.json").write_text(json.dumps(result, indent=1))
+    Path(args.out, "onednn_mlp.md").write_text(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

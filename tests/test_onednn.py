@@ -1,0 +1,287 @@
+"""The oneDNN backend: every op it takes, cross-checked against Eigen (float32, fresh random inputs)
+and the float64 reference; which nodes it takes; no threads (its OpenMP guard); results independent
+of executor chunking and of concurrent contexts; primitives created at plan time only; the library
+found without LD_LIBRARY_PATH. The whole op suite also runs on "onednn" through opcheck.BACKENDS.
+
+Skipped when treadle was built without oneDNN (TREADLE_WITH_ONEDNN=OFF, the default wheel).
+"""
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+import treadle as tl
+from opcheck import run
+
+pytestmark = pytest.mark.skipif("onednn" not in tl.backends(),
+                                reason="treadle was built without oneDNN (TREADLE_WITH_ONEDNN=OFF)")
+
+F32 = np.float32
+
+
+def randn(rng, *shape, scale=1.0):
+    return (scale * rng.standard_normal(shape)).astype(F32)
+
+
+# (id, op, input shapes, attrs). Sizes cross the backend's chunk boundaries with a remainder
+# (rows 300 with 64-row chunks; 70000 elements with 65536-element chunks) and include tiny cases.
+LINEAR = [("linear-bias", "linear", [(300, 70), (50, 70), (50,)], {}),
+          ("linear-nobias", "linear", [(5, 3), (4, 3)], {}),
+          ("linear-3d", "linear", [(4, 75, 33), (17, 33), (17,)], {}),
+          ("linear-1row", "linear", [(1, 64), (10, 64), (10,)], {})]
+MATMUL = [(f"matmul-{ta}{tb}", "matmul", [((k, m) if ta else (m, k)), ((n, k) if tb else (k, n))],
+           {"trans_a": ta, "trans_b": tb})
+          for ta in (0, 1) for tb in (0, 1) for (m, k, n) in [(300, 40, 70)]]
+BMM = [(f"bmm-{ta}{tb}", "bmm", [((b, k, m) if ta else (b, m, k)), ((b, n, k) if tb else (b, k, n))],
+        {"trans_a": ta, "trans_b": tb})
+       for ta in (0, 1) for tb in (0, 1) for (b, m, k, n) in [(37, 20, 24, 30)]]
+ACTIVATIONS = [(op, op, [(70000,)], attrs) for op, attrs in
+               [("relu", {}), ("leaky_relu", {"negative_slope": 0.1}), ("elu", {"alpha": 1.3}), ("silu", {}),
+                ("tanh", {}), ("sigmoid", {})]] + [("relu-2d", "relu", [(3, 5)], {})]
+SOFTMAX = [("softmax-last", "softmax", [(300, 257)], {"axis": 1}),
+           ("softmax-3d-last", "softmax", [(4, 6, 10)], {"axis": -1}),
+           ("softmax-small", "softmax", [(2, 3)], {"axis": 1})]
+SUPPORTED = LINEAR + MATMUL + BMM + ACTIVATIONS + SOFTMAX
+IDS = [c[0] for c in SUPPORTED]
+
+
+def inputs_for(shapes, rng):
+    return [randn(rng, *s) for s in shapes]
+
+
+def grads_for(op, inputs, attrs, rng):
+    (y,), _ = run(op, inputs, attrs, None, "eigen")
+    return [randn(rng, *y.shape)]
+
+
+def assert_close_f32(got, ref, what):
+    """float32 at ~1e-5 relative, measured against the tensor's scale (sums of products cancel)."""
+    scale = max(1.0, float(np.max(np.abs(ref))))
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * scale, err_msg=what)
+
+
+@pytest.mark.parametrize("case", SUPPORTED, ids=IDS)
+def test_matches_eigen_and_float64_reference(case):
+    name, op, shapes, attrs = case
+    rng = np.random.default_rng(abs(hash(name)) % 2**32)  # fresh inputs per case
+    x = inputs_for(shapes, rng)
+    gy = grads_for(op, x, attrs, rng)
+    outs, grads = run(op, x, attrs, gy, "onednn")
+    e_outs, e_grads = run(op, x, attrs, gy, "eigen")
+    r_outs, r_grads = run(op, [a.astype(np.float64) for a in x], attrs, [g.astype(np.float64) for g in gy], "eigen")
+    for got, eig, ref, what in zip(outs + grads, e_outs + e_grads, r_outs + r_grads,
+                                   ["output"] + [f"gradient {i}" for i in range(len(grads))]):
+        assert got.dtype == F32
+        assert_close_f32(got, eig, f"{name}: {what} vs Eigen float32")
+        assert_close_f32(got, ref, f"{name}: {what} vs the float64 reference")
+
+
+def backends_by_op(plan_text):
+    """{op: set of backends} from a plan description ("<node> <op> [<backend>] -> shape")."""
+    found = {}
+    for line in plan_text.splitlines():
+        parts = line.split()
+        found.setdefault(parts[1], set()).add(parts[2].strip("[]"))
+    return found
+
+
+@pytest.mark.parametrize("case", SUPPORTED, ids=IDS)
+def test_backend_takes_the_node_and_its_backward(case):
+    name, op, shapes, attrs = case
+    rng = np.random.default_rng(0)
+    x = inputs_for(shapes, rng)
+    plan = tl._core.describe_op(op, x, attrs, grads_for(op, x, attrs, rng), "onednn")
+    found = backends_by_op(plan)
+    assert found[op] == {"onednn"}, plan
+    backward = {"linear": "matmul", "matmul": "matmul", "bmm": "bmm"}.get(op, op + "_backward")
+    assert found[backward] == {"onednn"}, plan
+
+
+def test_automatic_dispatch_prefers_onednn_and_falls_back_to_eigen():
+    assert tl.backends()[0] == "onednn" and tl.backends()[-1] == "eigen"
+    rng = np.random.default_rng(0)
+    x, w, b = randn(rng, 8, 5), randn(rng, 3, 5), randn(rng, 3)
+    found = backends_by_op(tl._core.describe_op("linear", [x, w, b], {}, [randn(rng, 8, 3)], ""))
+    assert found == {"linear": {"onednn"}, "matmul": {"onednn"}, "sum_to": {"eigen"}}
+
+
+@pytest.mark.parametrize("op, inputs, attrs", [
+    ("linear", [np.ones((4, 3)), np.ones((2, 3))], {}),                 # float64: Eigen only
+    ("gelu", [np.ones((4, 3), F32)], {}),                                # not accurate enough in oneDNN
+    ("softplus", [np.ones((4, 3), F32)], {}),
+    ("log_softmax", [np.ones((4, 3), F32)], {"axis": 1}),
+    ("add", [np.ones((4, 3), F32), np.ones((4, 3), F32)], {}),          # no oneDNN kernel
+], ids=["f64", "gelu", "softplus", "log_softmax", "add"])
+def test_unsupported_nodes_run_on_eigen(op, inputs, attrs):
+    (y_pinned,), _ = run(op, inputs, attrs, None, "onednn")
+    (y_eigen,), _ = run(op, inputs, attrs, None, "eigen")
+    np.testing.assert_array_equal(y_pinned, y_eigen)
+    assert backends_by_op(tl._core.describe_op(op, inputs, attrs, None, "onednn"))[op] == {"eigen"}
+
+
+@pytest.mark.parametrize("case", SUPPORTED, ids=IDS)
+def test_results_do_not_depend_on_executor_chunking(case):
+    name, op, shapes, attrs = case
+    rng = np.random.default_rng(1)
+    x = inputs_for(shapes, rng)
+    gy = grads_for(op, x, attrs, rng)
+    serial = run(op, x, attrs, gy, "onednn")
+    for workers in (2, 3, 7):
+        chunked = tl._core.run_op(op, x, attrs, gy, "onednn", True, 0, workers)
+        for a, b in zip(serial[0] + serial[1], chunked[0] + chunked[1]):
+            np.testing.assert_array_equal(a, b, err_msg=f"{name}: workers={workers}")
+
+
+def _mlp(seed, widths=(40, 96, 96, 7)):
+    tl.manual_seed(seed)
+    layers = []
+    for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+        if i:
+            layers.append(tl.nn.ReLU())
+        layers.append(tl.nn.Linear(a, b))
+    return tl.nn.Sequential(*layers)
+
+
+def test_training_plan_runs_linear_layers_on_onednn():
+    rng = np.random.default_rng(0)
+    net = _mlp(0)
+    trainer = tl.Trainer(net, tl.loss.CrossEntropy(), tl.optim.Adam(lr=1e-3))
+    trainer.step(randn(rng, 200, 40), rng.integers(0, 7, 200))
+    found = backends_by_op(net._compiled().describe_plans())
+    assert found["linear"] == {"onednn"} and found["matmul"] == {"onednn"}
+    assert found["relu"] == {"onednn"} and found["relu_backward"] == {"onednn"}
+
+
+def test_training_curve_matches_eigen():
+    rng = np.random.default_rng(0)
+    x, y = randn(rng, 256, 40), rng.integers(0, 7, 256)
+    losses = {}
+    for backend in ("onednn", "eigen"):
+        net = _mlp(3)
+        net.set_backend(backend)
+        trainer = tl.Trainer(net, tl.loss.CrossEntropy(), tl.optim.Adam(lr=1e-3))
+        losses[backend] = [trainer.fit(x, y, epochs=1, batch_size=64, shuffle=False)["loss"][-1] for _ in range(20)]
+    np.testing.assert_allclose(losses["onednn"], losses["eigen"], rtol=1e-4)
+    assert losses["onednn"][-1] < 0.7 * losses["onednn"][0]
+
+
+def test_concurrent_predictions_on_shared_primitives_are_bitwise_serial():
+    """Plans (and their primitives) are shared by threads with their own contexts."""
+    rng = np.random.default_rng(2)
+    net = _mlp(1, widths=(64, 256, 256, 10))
+    net.set_backend("onednn")
+    xs = [randn(rng, 300, 64) for _ in range(8)]
+    serial = [net.predict(x) for x in xs]
+    results = [None] * len(xs)
+
+    def work(i):
+        for _ in range(5):
+            results[i] = net.predict(xs[i])
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(xs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for a, b in zip(serial, results):
+        np.testing.assert_array_equal(a, b)
+
+
+def _subprocess(script, env_extra=None, drop=()):
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(tl.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env.update(env_extra or {})
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+_TRAIN_AND_COUNT = """
+    import json, os
+    import numpy as np
+
+    def count():
+        return len(os.listdir("/proc/self/task"))
+
+    start = count()
+    import treadle as tl
+    assert tl.backends()[0] == "onednn"
+    tl.manual_seed(0)
+    net = tl.nn.Sequential(tl.nn.Linear(64, 256), tl.nn.ReLU(), tl.nn.Linear(256, 256), tl.nn.Tanh(),
+                           tl.nn.Linear(256, 10), tl.nn.Softmax(dim=1))
+    trainer = tl.Trainer(net, tl.loss.MSE(), tl.optim.Adam(lr=1e-3))
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((512, 64)).astype(np.float32)
+    y = rng.standard_normal((512, 10)).astype(np.float32)
+    during = set()
+    for i in range(20):
+        trainer.step(x, y)
+        during.add(count())
+    for i in range(50):
+        net.predict(x[: 1 + 10 * i])
+        during.add(count())
+    plans = net._compiled().describe_plans()
+    print(json.dumps({"start": start, "during": sorted(during), "end": count(), "onednn": "[onednn]" in plans}))
+"""
+
+
+@pytest.mark.parametrize("omp_threads", [None, "4"])
+def test_no_threads_started_with_onednn(omp_threads):
+    """With OMP_NUM_THREADS=4 libgomp would start 3 workers on the first parallel region; the guard
+    keeps every oneDNN call at one thread."""
+    env = {"OMP_NUM_THREADS": omp_threads} if omp_threads else None
+    drop = () if omp_threads else ("OMP_NUM_THREADS",)
+    r = json.loads(_subprocess(_TRAIN_AND_COUNT, env, drop).strip().splitlines()[-1])
+    assert r["onednn"]
+    assert r["during"] == [r["start"]] and r["end"] == r["start"], r
+
+
+def test_guard_restores_the_callers_openmp_thread_count():
+    gomp = ctypes.CDLL("libgomp.so.1")  # the runtime libdnnl uses (same soname: same instance)
+    previous = gomp.omp_get_max_threads()
+    rng = np.random.default_rng(0)
+    try:
+        gomp.omp_set_num_threads(3)
+        run("linear", [randn(rng, 300, 70), randn(rng, 50, 70)], {}, [randn(rng, 300, 50)], "onednn")
+        assert gomp.omp_get_max_threads() == 3
+    finally:
+        gomp.omp_set_num_threads(previous)
+
+
+def test_primitives_are_created_at_plan_time_only():
+    script = """
+        import numpy as np
+        import treadle as tl
+        tl.manual_seed(0)
+        net = tl.nn.Sequential(tl.nn.Linear(32, 300), tl.nn.ReLU(), tl.nn.Linear(300, 5))
+        trainer = tl.Trainer(net, tl.loss.CrossEntropy(), tl.optim.SGD(lr=0.1))
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((700, 32)).astype(np.float32)
+        y = rng.integers(0, 5, 700)
+        for i in range(4):
+            print("STEP", i, flush=True)
+            trainer.step(x, y)
+    """
+    out = _subprocess(script, {"ONEDNN_VERBOSE": "2"})  # 2: creation and execution
+    sections = out.split("STEP ")
+    creates = [s.count("onednn_verbose,create") for s in sections[1:]]
+    execs = [s.count("onednn_verbose,exec") for s in sections[1:]]
+    assert creates[0] > 0 and creates[1:] == [0, 0, 0], creates
+    assert min(execs) > 0 and len(set(execs)) == 1, execs
+
+
+def test_library_found_without_ld_library_path():
+    out = _subprocess("""
+        import numpy as np, treadle as tl
+        (y,), _ = tl._core.run_op("relu", [np.array([-1.0, 2.0], np.float32)], {}, None, "onednn")
+        print(tl.backends(), y.tolist())
+    """, drop=("LD_LIBRARY_PATH",))
+    assert out.strip().splitlines()[-1] == "['onednn', 'eigen'] [0.0, 2.0]"
