@@ -14,16 +14,24 @@ constexpr int64_t kF32 = sizeof(float);
 // least kMinRows rows (keeps each product an efficient GEMM).
 constexpr int64_t kChunkMacs = int64_t{1} << 19;
 constexpr int64_t kMinRows = 64;
+// Below these, Eigen is faster (measured, docs/onednn.md): oneDNN's ~0.5 us per call outweighs its
+// faster kernel for products under ~2^17 multiply-adds, and Eigen's GEMV beats oneDNN on one row.
+constexpr int64_t kMinMacs = int64_t{1} << 17;
+constexpr int64_t kMinOutputRows = 2;
 
 int64_t row_grain(int64_t k, int64_t n) {
   return round_up(std::max(kMinRows, (kChunkMacs + k * n - 1) / (k * n)), 16);
+}
+
+bool worth_it(int64_t batch, int64_t m, int64_t k, int64_t n) {
+  return m >= kMinOutputRows && n > 0 && k > 0 && batch * m * k * n >= kMinMacs;
 }
 
 std::optional<ChunkPlan> plan_linear(const Graph& g, const Node& node) {
   if (!all_f32(g, node)) return std::nullopt;
   const Shape& w = in_shape(g, node, 1);
   const int64_t out = w[0], in = w[1], rows = in > 0 ? shape_numel(in_shape(g, node, 0)) / in : 0;
-  if (rows == 0 || in == 0 || out == 0) return std::nullopt;
+  if (!worth_it(1, rows, in, out)) return std::nullopt;
   const bool bias = node.inputs.size() == 3;
   std::vector<ArgSpec> args = {{DNNL_ARG_SRC, false, 0, in * kF32}, {DNNL_ARG_WEIGHTS, false, 1, 0},
                                {DNNL_ARG_DST, true, 0, out * kF32}};
@@ -42,7 +50,7 @@ std::optional<ChunkPlan> plan_matmul(const Graph& g, const Node& node) {
   const bool ta = node.attrs.i_or("trans_a", 0), tb = node.attrs.i_or("trans_b", 0);
   const Shape& c = out_shape(g, node, 0);
   const int64_t m = c[0], n = c[1], k = ta ? in_shape(g, node, 0)[0] : in_shape(g, node, 0)[1];
-  if (m == 0 || n == 0 || k == 0) return std::nullopt;
+  if (!worth_it(1, m, k, n)) return std::nullopt;
   // A chunk of output rows reads rows of A, or columns of A when it is stored transposed.
   std::vector<ArgSpec> args = {{DNNL_ARG_SRC, false, 0, (ta ? 1 : k) * kF32},
                                {DNNL_ARG_WEIGHTS, false, 1, 0},
@@ -61,7 +69,7 @@ std::optional<ChunkPlan> plan_bmm(const Graph& g, const Node& node) {
   const bool ta = node.attrs.i_or("trans_a", 0), tb = node.attrs.i_or("trans_b", 0);
   const Shape& c = out_shape(g, node, 0);
   const int64_t bs = c[0], m = c[1], n = c[2], k = ta ? in_shape(g, node, 0)[1] : in_shape(g, node, 0)[2];
-  if (bs == 0 || m == 0 || n == 0 || k == 0) return std::nullopt;
+  if (!worth_it(bs, m, k, n)) return std::nullopt;
   std::vector<ArgSpec> args = {{DNNL_ARG_SRC, false, 0, m * k * kF32},
                                {DNNL_ARG_WEIGHTS, false, 1, k * n * kF32},
                                {DNNL_ARG_DST, true, 0, m * n * kF32}};

@@ -59,6 +59,12 @@ bool all_f32(const Graph& g, const Node& n) {
 
 const std::string& op_name(const Node& n) { return OpRegistry::instance().at(n.op).name; }
 
+MemoryPool::Slot* MemoryPool::acquire() {
+  for (Slot& s : slots_)
+    if (!s.busy.load(std::memory_order_relaxed) && !s.busy.exchange(true, std::memory_order_acquire)) return &s;
+  return nullptr;
+}
+
 namespace {
 
 constexpr std::size_t kScratchAlign = 64;
@@ -82,7 +88,7 @@ void check(dnnl_status_t status, const char* what) {
   if (status != dnnl_success) throw_runtime_error("onednn: ", what, " failed (status ", static_cast<int>(status), ")");
 }
 
-// Memory objects wrap the kernel's pointers for one execution (they own no data).
+// Temporary memory objects for one execution when every pooled slot is busy.
 class Memories {
  public:
   ~Memories() {
@@ -102,19 +108,52 @@ class Memories {
   int n_ = 0;
 };
 
-void run_chunk(const KernelArgs& a, const ChunkedPrimitive& s, int64_t begin, int64_t end) {
-  const Variant& v = (end - begin == s.grain) ? s.full : s.tail;
-  Memories mem;
-  for (std::size_t k = 0; k < s.args.size(); ++k) {
+constexpr int kMaxArgs = 8;
+
+void execute(const Variant& v, int nargs, const dnnl_exec_arg_t* args) {
+  OmpSingleThread guard;
+  check(dnnl_primitive_execute(v.prim.get(), thread_stream(), nargs, args), "primitive execution");
+}
+
+// The data pointer of each argument (scratchpad last) for the chunk starting at item `begin`.
+int chunk_pointers(const KernelArgs& a, const ChunkedPrimitive& s, const Variant& v, int64_t begin,
+                   std::array<void*, kMaxArgs>& ptrs) {
+  const int n = static_cast<int>(s.args.size());
+  for (int k = 0; k < n; ++k) {
     const ArgSpec& spec = s.args[k];
     const TensorRef& t = spec.output ? a.out[spec.index] : a.in[spec.index];
-    mem.add(spec.arg, v.mds[k], static_cast<char*>(t.data) + begin * spec.step_bytes);
+    ptrs[k] = static_cast<char*>(t.data) + begin * spec.step_bytes;
   }
-  if (v.scratch_bytes)
-    mem.add(DNNL_ARG_SCRATCHPAD, v.scratch_md,
-            static_cast<char*>(a.workspace) + (begin / s.grain) * static_cast<int64_t>(s.scratch_stride));
-  OmpSingleThread guard;
-  check(dnnl_primitive_execute(v.prim.get(), thread_stream(), mem.size(), mem.data()), "primitive execution");
+  if (!v.scratch_bytes) return n;
+  ptrs[n] = static_cast<char*>(a.workspace) + (begin / s.grain) * static_cast<int64_t>(s.scratch_stride);
+  return n + 1;
+}
+
+void run_chunk(const KernelArgs& a, const ChunkedPrimitive& s, int64_t begin, int64_t end) {
+  const Variant& v = (end - begin == s.grain) ? s.full : s.tail;
+  std::array<void*, kMaxArgs> ptrs;
+  const int n = chunk_pointers(a, s, v, begin, ptrs);
+  auto arg_of = [&](int k) { return k < static_cast<int>(s.args.size()) ? s.args[k].arg : DNNL_ARG_SCRATCHPAD; };
+  auto md_of = [&](int k) -> const MemDesc& { return k < static_cast<int>(s.args.size()) ? v.mds[k] : v.scratch_md; };
+  MemoryPool::Slot* slot = v.pool->acquire();
+  if (!slot) {
+    Memories mem;
+    for (int k = 0; k < n; ++k) mem.add(arg_of(k), md_of(k), ptrs[k]);
+    execute(v, mem.size(), mem.data());
+    return;
+  }
+  struct Release {
+    MemoryPool::Slot* s;
+    ~Release() { MemoryPool::release(s); }
+  } release{slot};
+  if (slot->mems.empty())
+    for (int k = 0; k < n; ++k) slot->mems.emplace_back(md_of(k), cpu_engine(), static_cast<void*>(DNNL_MEMORY_NONE));
+  std::array<dnnl_exec_arg_t, kMaxArgs> args;
+  for (int k = 0; k < n; ++k) {
+    check(dnnl_memory_set_data_handle(slot->mems[k].get(), ptrs[k]), "setting a data pointer");
+    args[k] = {arg_of(k), slot->mems[k].get()};
+  }
+  execute(v, n, args.data());
 }
 
 }  // namespace

@@ -14,6 +14,8 @@
 // plan's workspace, so that several contexts (threads) can execute them at the same time.
 #include <dnnl.hpp>
 
+#include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -62,12 +64,32 @@ struct ArgSpec {
   int64_t step_bytes = 0;  // advance of the data pointer per chunk item
 };
 
+// Memory objects for executions of one primitive, kept across steps: creating them costs about a
+// microsecond (aligned allocations inside oneDNN), as much as a small product. Each execution takes
+// a free slot and points its memories at the step's data; executions running at the same time
+// (chunks on several workers, contexts on several threads) take different slots. The slots are the
+// only mutable part of a prepared node, and they are synchronised.
+class MemoryPool {
+ public:
+  static constexpr int kSlots = 32;
+  struct Slot {
+    std::atomic<bool> busy{false};
+    std::vector<dnnl::memory> mems;  // created on first use: one per ArgSpec, then the scratchpad
+  };
+  Slot* acquire();  // nullptr when every slot is busy (the caller then makes temporary memories)
+  static void release(Slot* s) { s->busy.store(false, std::memory_order_release); }
+
+ private:
+  std::array<Slot, kSlots> slots_;
+};
+
 // One primitive for one chunk size, with the memory descriptor of each ArgSpec.
 struct Variant {
   dnnl::primitive prim;
   std::vector<MemDesc> mds;
   MemDesc scratch_md;
   std::size_t scratch_bytes = 0;
+  std::unique_ptr<MemoryPool> pool = std::make_unique<MemoryPool>();
 };
 
 // The prepared state of a node: `items` split into chunks of `grain`; `full` runs a whole chunk,

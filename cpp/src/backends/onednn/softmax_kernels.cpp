@@ -12,6 +12,7 @@ namespace treadle::onednn {
 namespace {
 
 constexpr int64_t kElementGrain = int64_t{1} << 16;
+constexpr int64_t kMinElements = 256;  // below, oneDNN's call overhead outweighs its faster exp
 
 struct Lines {
   int64_t outer = 1, n = 1, inner = 1;
@@ -40,7 +41,7 @@ dnnl::softmax_forward::primitive_desc forward_pd(const Lines& l, int64_t rows) {
 std::optional<Lines> lines_if_supported(const Graph& g, const Node& node) {
   if (!all_f32(g, node)) return std::nullopt;
   const Shape& s = in_shape(g, node, 0);
-  if (s.empty() || shape_numel(s) == 0) return std::nullopt;
+  if (s.empty() || shape_numel(s) < kMinElements) return std::nullopt;
   return lines_of(s, static_cast<int>(node.attrs.i("axis")));
 }
 
