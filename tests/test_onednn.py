@@ -30,14 +30,15 @@ def randn(rng, *shape, scale=1.0):
 
 
 # (id, op, input shapes, attrs, backward op that oneDNN also takes or None). Sizes cross the
-# backend's chunk boundaries with a remainder (rows 300 with 64-row chunks; 70000 elements with
-# 65536-element chunks) and sit above its size thresholds (2^17 multiply-adds, 256 elements).
+# backend's tile boundaries with a remainder (products: 256 x 512 output tiles; elementwise: 65536
+# elements) and sit above its size thresholds (2^17 multiply-adds, 256 elements).
 LINEAR = [("linear-bias", "linear", [(300, 70), (50, 70), (50,)], {}, "matmul"),
           ("linear-nobias", "linear", [(64, 48), (56, 48)], {}, "matmul"),
-          ("linear-3d", "linear", [(4, 75, 33), (17, 33), (17,)], {}, "matmul")]
-MATMUL = [(f"matmul-{ta}{tb}", "matmul", [((k, m) if ta else (m, k)), ((n, k) if tb else (k, n))],
+          ("linear-3d", "linear", [(4, 75, 33), (17, 33), (17,)], {}, "matmul"),
+          ("linear-tiles", "linear", [(300, 20), (600, 20), (600,)], {}, "matmul")]
+MATMUL = [(f"matmul-{ta}{tb}-{n}", "matmul", [((k, m) if ta else (m, k)), ((n, k) if tb else (k, n))],
            {"trans_a": ta, "trans_b": tb}, "matmul")
-          for ta in (0, 1) for tb in (0, 1) for (m, k, n) in [(300, 40, 70)]]
+          for ta in (0, 1) for tb in (0, 1) for (m, k, n) in [(300, 40, 70), (270, 9, 530)]]
 BMM = [(f"bmm-{ta}{tb}", "bmm", [((b, k, m) if ta else (b, m, k)), ((b, n, k) if tb else (b, k, n))],
         {"trans_a": ta, "trans_b": tb}, "bmm")
        for ta in (0, 1) for tb in (0, 1) for (b, m, k, n) in [(37, 20, 24, 30)]]

@@ -115,24 +115,38 @@ void execute(const Variant& v, int nargs, const dnnl_exec_arg_t* args) {
   check(dnnl_primitive_execute(v.prim.get(), thread_stream(), nargs, args), "primitive execution");
 }
 
-// The data pointer of each argument (scratchpad last) for the chunk starting at item `begin`.
-int chunk_pointers(const KernelArgs& a, const ChunkedPrimitive& s, const Variant& v, int64_t begin,
-                   std::array<void*, kMaxArgs>& ptrs) {
+// The tile at (row tile, column tile): its first row and column and the variant for its shape.
+struct Tile {
+  int64_t index, row0, col0;
+  const Variant* variant;
+};
+
+Tile tile_at(const ChunkedPrimitive& s, int64_t t) {
+  const Split& sp = s.split;
+  const int64_t rt = t / sp.col_tiles(), ct = t % sp.col_tiles();
+  const int64_t row0 = rt * sp.row_grain, col0 = ct * sp.col_grain;
+  const bool row_rest = sp.rows - row0 < sp.row_grain, col_rest = sp.cols - col0 < sp.col_grain;
+  return {t, row0, col0, &s.variants[row_rest][col_rest]};
+}
+
+// The data pointer of each argument (scratchpad last) for a tile; returns the count.
+int tile_pointers(const KernelArgs& a, const ChunkedPrimitive& s, const Tile& t, std::array<void*, kMaxArgs>& ptrs) {
   const int n = static_cast<int>(s.args.size());
   for (int k = 0; k < n; ++k) {
     const ArgSpec& spec = s.args[k];
-    const TensorRef& t = spec.output ? a.out[spec.index] : a.in[spec.index];
-    ptrs[k] = static_cast<char*>(t.data) + begin * spec.step_bytes;
+    const TensorRef& ref = spec.output ? a.out[spec.index] : a.in[spec.index];
+    ptrs[k] = static_cast<char*>(ref.data) + t.row0 * spec.row_step + t.col0 * spec.col_step;
   }
-  if (!v.scratch_bytes) return n;
-  ptrs[n] = static_cast<char*>(a.workspace) + (begin / s.grain) * static_cast<int64_t>(s.scratch_stride);
+  if (!t.variant->scratch_bytes) return n;
+  ptrs[n] = static_cast<char*>(a.workspace) + t.index * static_cast<int64_t>(s.scratch_stride);
   return n + 1;
 }
 
-void run_chunk(const KernelArgs& a, const ChunkedPrimitive& s, int64_t begin, int64_t end) {
-  const Variant& v = (end - begin == s.grain) ? s.full : s.tail;
+void run_tile(const KernelArgs& a, const ChunkedPrimitive& s, int64_t index) {
+  const Tile t = tile_at(s, index);
+  const Variant& v = *t.variant;
   std::array<void*, kMaxArgs> ptrs;
-  const int n = chunk_pointers(a, s, v, begin, ptrs);
+  const int n = tile_pointers(a, s, t, ptrs);
   auto arg_of = [&](int k) { return k < static_cast<int>(s.args.size()) ? s.args[k].arg : DNNL_ARG_SCRATCHPAD; };
   auto md_of = [&](int k) -> const MemDesc& { return k < static_cast<int>(s.args.size()) ? v.mds[k] : v.scratch_md; };
   MemoryPool::Slot* slot = v.pool->acquire();
@@ -162,21 +176,24 @@ PreparedNode make_prepared(const ChunkPlan& plan) {
   OmpSingleThread guard;
   auto state = std::make_shared<ChunkedPrimitive>();
   state->args = plan.args;
-  state->items = plan.items;
-  state->grain = plan.grain;
-  state->full = make_variant(plan, plan.full);
-  if (plan.tail) state->tail = make_variant(plan, plan.tail);
-  const std::size_t scratch = std::max(state->full.scratch_bytes, state->tail.scratch_bytes);
+  state->split = plan.split;
+  std::size_t scratch = 0;
+  for (int r = 0; r < 2; ++r)
+    for (int c = 0; c < 2; ++c)
+      if (plan.pds[r][c]) {
+        state->variants[r][c] = make_variant(plan, plan.pds[r][c]);
+        scratch = std::max(scratch, state->variants[r][c].scratch_bytes);
+      }
   state->scratch_stride = (scratch + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
-  const std::size_t workspace = state->scratch_stride * static_cast<std::size_t>(state->num_chunks());
+  const std::size_t workspace = state->scratch_stride * static_cast<std::size_t>(state->split.tiles());
   return {std::move(state), workspace};
 }
 
 void run_chunked(const KernelArgs& a) {
   const auto& s = *static_cast<const ChunkedPrimitive*>(a.state);
-  const int64_t chunks = s.num_chunks();
-  if (chunks <= 1 || a.exec.num_workers() <= 1) {
-    for (int64_t c = 0; c < chunks; ++c) run_chunk(a, s, c * s.grain, std::min(s.items, (c + 1) * s.grain));
+  const int64_t tiles = s.split.tiles();
+  if (tiles <= 1 || a.exec.num_workers() <= 1) {
+    for (int64_t t = 0; t < tiles; ++t) run_tile(a, s, t);
     return;
   }
   // One captured pointer keeps the std::function inside its small buffer: no allocation per call.
@@ -185,8 +202,8 @@ void run_chunked(const KernelArgs& a) {
     const ChunkedPrimitive& s;
   } job{a, s};
   const Job* j = &job;
-  a.exec.parallel_for(chunks, [j](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) run_chunk(j->a, j->s, c * j->s.grain, std::min(j->s.items, (c + 1) * j->s.grain));
+  a.exec.parallel_for(tiles, [j](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) run_tile(j->a, j->s, t);
   });
 }
 

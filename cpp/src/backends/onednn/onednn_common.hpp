@@ -55,13 +55,23 @@ dnnl::primitive_attr default_attr();
 // True when oneDNN chose an optimised implementation (not a reference one, which Eigen beats).
 bool is_optimised(const dnnl::primitive_desc_base& pd);
 
+// How a node's work is tiled: a rows x cols grid of items in tiles of row_grain x col_grain (work
+// split along one dimension only has cols = 1). Grains depend on the problem only.
+struct Split {
+  int64_t rows = 0, cols = 1, row_grain = 1, col_grain = 1;
+  int64_t row_tiles() const { return (rows + row_grain - 1) / row_grain; }
+  int64_t col_tiles() const { return (cols + col_grain - 1) / col_grain; }
+  int64_t tiles() const { return row_tiles() * col_tiles(); }
+};
+
 // Where one primitive argument's memory comes from: operand `index` of the node (an input, or an
-// output when `output`), advanced by `step_bytes` per chunk item.
+// output when `output`), advanced by `row_step` bytes per row item and `col_step` per column item.
 struct ArgSpec {
   int arg = 0;  // DNNL_ARG_*
   bool output = false;
   int index = 0;
-  int64_t step_bytes = 0;  // advance of the data pointer per chunk item
+  int64_t row_step = 0;
+  int64_t col_step = 0;
 };
 
 // Memory objects for executions of one primitive, kept across steps: creating them costs about a
@@ -83,7 +93,7 @@ class MemoryPool {
   std::array<Slot, kSlots> slots_;
 };
 
-// One primitive for one chunk size, with the memory descriptor of each ArgSpec.
+// One primitive for one tile shape, with the memory descriptor of each ArgSpec.
 struct Variant {
   dnnl::primitive prim;
   std::vector<MemDesc> mds;
@@ -92,22 +102,22 @@ struct Variant {
   std::unique_ptr<MemoryPool> pool = std::make_unique<MemoryPool>();
 };
 
-// The prepared state of a node: `items` split into chunks of `grain`; `full` runs a whole chunk,
-// `tail` the remainder (when items % grain != 0).
+// The prepared state of a node. variants[r][c] runs a tile that is a row remainder (r = 1) or a
+// full row tile (r = 0), and likewise for columns; remainders exist only where the split is not
+// exact.
 struct ChunkedPrimitive {
   std::vector<ArgSpec> args;
-  int64_t items = 0, grain = 0;
-  Variant full, tail;
-  std::size_t scratch_stride = 0;  // bytes of workspace per chunk
-  int64_t num_chunks() const { return (items + grain - 1) / grain; }
+  Split split;
+  Variant variants[2][2];
+  std::size_t scratch_stride = 0;  // bytes of workspace per tile
 };
 
-// What an op's builder returns: primitive descriptors for a chunk of `grain` items and for the
-// tail (empty when the split is exact), in the order of `args`.
+// What an op's builder returns: the split and the primitive descriptor of each tile shape, with
+// arguments in the order of `args`.
 struct ChunkPlan {
   std::vector<ArgSpec> args;
-  int64_t items = 0, grain = 0;
-  dnnl::primitive_desc full, tail;
+  Split split;
+  dnnl::primitive_desc pds[2][2];
 };
 
 // Runs make() -> primitive_desc; std::nullopt when oneDNN has no implementation for it.
@@ -120,21 +130,30 @@ std::optional<dnnl::primitive_desc> try_pd(F&& make) {
   }
 }
 
-// Builds the descriptors for a chunk of `n` items; std::nullopt when oneDNN has no optimised
-// implementation. Called under OmpSingleThread.
+// Builds the descriptors for every tile shape of `split` with make_pd(rows, cols); std::nullopt
+// when oneDNN has no optimised implementation for one of them. Called under OmpSingleThread.
+template <typename F>
+std::optional<ChunkPlan> plan_chunks(std::vector<ArgSpec> args, Split split, F&& make_pd) {
+  if (split.rows <= 0 || split.cols <= 0 || split.row_grain <= 0 || split.col_grain <= 0) return std::nullopt;
+  split.row_grain = std::min(split.row_grain, split.rows);
+  split.col_grain = std::min(split.col_grain, split.cols);
+  ChunkPlan p{std::move(args), split, {}};
+  const int64_t row_sizes[2] = {split.row_grain, split.rows % split.row_grain};
+  const int64_t col_sizes[2] = {split.col_grain, split.cols % split.col_grain};
+  for (int r = 0; r < 2; ++r)
+    for (int c = 0; c < 2; ++c) {
+      if (row_sizes[r] == 0 || col_sizes[c] == 0) continue;
+      std::optional<dnnl::primitive_desc> pd = make_pd(row_sizes[r], col_sizes[c]);
+      if (!pd || !is_optimised(*pd)) return std::nullopt;
+      p.pds[r][c] = *pd;
+    }
+  return p;
+}
+
+// The 1-D form: `items` in chunks of `grain`, make_pd(items_in_chunk).
 template <typename F>
 std::optional<ChunkPlan> plan_chunks(std::vector<ArgSpec> args, int64_t items, int64_t grain, F&& make_pd) {
-  if (items <= 0 || grain <= 0) return std::nullopt;
-  ChunkPlan p{std::move(args), items, std::min(grain, items), {}, {}};
-  std::optional<dnnl::primitive_desc> full = make_pd(p.grain);
-  if (!full || !is_optimised(*full)) return std::nullopt;
-  p.full = *full;
-  if (const int64_t rest = items % p.grain) {
-    std::optional<dnnl::primitive_desc> tail = make_pd(rest);
-    if (!tail || !is_optimised(*tail)) return std::nullopt;
-    p.tail = *tail;
-  }
-  return p;
+  return plan_chunks(std::move(args), Split{items, 1, grain, 1}, [&](int64_t n, int64_t) { return make_pd(n); });
 }
 
 // Creates the primitives of a plan (JIT code generation happens here, once per plan).
