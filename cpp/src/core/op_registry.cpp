@@ -14,6 +14,9 @@ const OpRegistry& OpRegistry::instance() {
     register_softmax_ops(r);
     register_dropout_ops(r);
     register_loss_ops(r);
+    register_norm_ops(r);
+    register_embedding_ops(r);
+    register_misc_ops(r);
     return r;
   }();
   return registry;
