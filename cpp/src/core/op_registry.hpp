@@ -40,7 +40,7 @@ struct OpDef {
   // Inputs the kernel updates in place (e.g. BatchNorm's running statistics, which are parameters
   // with requires_grad=false). Such ops may only appear in training plans; the planner refuses
   // them elsewhere, so inference never writes to parameters.
-  std::vector<int> writes_inputs;
+  std::vector<int> writes_inputs = {};
 };
 
 class OpRegistry {
