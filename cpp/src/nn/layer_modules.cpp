@@ -30,8 +30,9 @@ void check_normalized_shape(const char* layer, const Shape& shape) {
 
 // "(*, 4, 5)" for error messages.
 std::string trailing_str(const Shape& shape) {
-  std::string s = shape_str(shape);
-  return "(*, " + s.substr(1);
+  std::string s = "(*";
+  for (int64_t d : shape) s += ", " + std::to_string(d);
+  return s + ")";
 }
 
 void check_trailing(const char* layer, const Value& x, const Shape& want) {
