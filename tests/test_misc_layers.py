@@ -57,6 +57,9 @@ UP_CASES = [
     ("bilinear_to_1x1_ac", (1, 2, 3, 4), "bilinear", (1, 1), None, True),
     ("bilinear_size_1_row", (1, 1, 1, 4), "bilinear", (3, 6), None, False),
 ]
+# Scale factors whose ratio of sizes differs from the factor: recompute_scale_factor changes the result.
+RECOMPUTE_CASES = [("nearest", (1, 2, 4, 5), 1.7, None), ("bilinear", (1, 2, 4, 5), 1.7, False),
+                   ("bilinear", (2, 1, 3, 7), (2.5, 0.6), False)]
 UP_IDS = [c[0] for c in UP_CASES]
 
 
@@ -108,6 +111,15 @@ def test_upsample_layer_vs_torch(case, dtype):
     layer = tl.nn.Upsample(size=size, scale_factor=scale, mode=mode, align_corners=ac)
     torch_layer = torch.nn.Upsample(size=size, scale_factor=scale, mode=mode, align_corners=ac)
     check_parameter_free_layer(layer, torch_layer, sample(shape, dtype), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
+@pytest.mark.parametrize("case", RECOMPUTE_CASES, ids=str)
+def test_upsample_recompute_scale_factor(case, dtype):
+    mode, shape, scale, ac = case
+    layer = tl.nn.Upsample(scale_factor=scale, mode=mode, align_corners=ac, recompute_scale_factor=True)
+    ref = torch.nn.Upsample(scale_factor=scale, mode=mode, align_corners=ac, recompute_scale_factor=True)
+    check_parameter_free_layer(layer, ref, sample(shape, dtype), dtype)
 
 
 def test_upsample_errors():

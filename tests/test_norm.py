@@ -361,6 +361,28 @@ def test_layer_parameters_and_init_follow_torch():
     assert bn.num_batches_tracked == 0 and bn.running_var.tolist() == [1, 1, 1] and bn.weight.tolist() == [1, 1, 1]
 
 
+def test_functional_norms_in_a_forward():
+    """tl.functional.layer_norm / rms_norm / group_norm inside a Python module's forward."""
+    class Net(tl.nn.Module):
+        def forward(self, x):
+            f = tl.functional
+            return f.layer_norm(x, (6,), eps=1e-4), f.rms_norm(x, [6]), f.group_norm(x, 3, eps=1e-3)
+
+    x = sample((4, 6), np.float32, 0, 2.0, 1.0)
+    a, b, c = Net().predict(x)
+    t = torch.tensor(x)
+    np.testing.assert_allclose(a, F.layer_norm(t, (6,), eps=1e-4).numpy(), **tol(np.float32))
+    np.testing.assert_allclose(b, F.rms_norm(t, (6,)).numpy(), **tol(np.float32))
+    np.testing.assert_allclose(c, F.group_norm(t, 3, eps=1e-3).numpy(), **tol(np.float32))
+
+    class Bad(tl.nn.Module):
+        def forward(self, x):
+            return tl.functional.layer_norm(x, (5,))
+
+    with pytest.raises(ValueError, match=r"layer_norm: normalized_shape \(5,\) does not match input of shape \(4, 6\)"):
+        Bad().predict(x)
+
+
 # -------------------------------------------------------------------------------------- BatchNorm training
 # (id, treadle model, torch model, input shape); BatchNorm kwargs are applied to both.
 def bn_models(kind, dtype, **kw):

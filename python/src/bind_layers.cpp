@@ -51,8 +51,9 @@ void bind_other_modules(py::module_& m) {
   ModuleClass<nn::Unflatten>(m, "Unflatten")
       .def(py::init<int, Shape>(), py::arg("dim"), py::arg("unflattened_size"));
   ModuleClass<nn::Upsample>(m, "Upsample")
-      .def(py::init<Shape, std::vector<double>, std::string, std::optional<bool>>(), py::arg("size"),
-           py::arg("scale_factor"), py::arg("mode") = "nearest", py::arg("align_corners") = py::none());
+      .def(py::init<Shape, std::vector<double>, std::string, std::optional<bool>, bool>(), py::arg("size"),
+           py::arg("scale_factor"), py::arg("mode") = "nearest", py::arg("align_corners") = py::none(),
+           py::arg("recompute_scale_factor") = false);
   ModuleClass<nn::Identity>(m, "IdentityModule").def(py::init<>());
   ModuleClass<nn::OutputTransform>(m, "OutputTransform")
       .def(py::init([](std::vector<double> scale, std::vector<double> shift, std::vector<std::string> acts,
@@ -66,25 +67,26 @@ void bind_other_modules(py::module_& m) {
 
 Value opt(const std::optional<Value>& v) { return v ? *v : Value(); }
 
+// The number of trailing dimensions normalised, after checking they equal `shape`.
+int normalized_ndim(const char* op, const Value& x, const Shape& shape) {
+  const Shape xs = x.shape();  // by value: keep one copy for the iterators below
+  if (shape.empty() || shape.size() > xs.size() ||
+      Shape(xs.end() - static_cast<std::ptrdiff_t>(shape.size()), xs.end()) != shape)
+    throw_value_error(op, ": normalized_shape ", shape_str(shape), " does not match input of shape ", shape_str(xs));
+  return static_cast<int>(shape.size());
+}
+
 void bind_functional_layers(py::module_& m) {
   py::module_ f = m.attr("functional").cast<py::module_>();
   f.def("layer_norm",
         [](Value x, const Shape& shape, std::optional<Value> w, std::optional<Value> b, double eps) {
-          if (shape.empty() || static_cast<int>(shape.size()) > x.ndim() ||
-              Shape(x.shape().end() - static_cast<std::ptrdiff_t>(shape.size()), x.shape().end()) != shape)
-            throw_value_error("layer_norm: normalized_shape ", shape_str(shape), " does not match input of shape ",
-                              shape_str(x.shape()));
-          return ops::layer_norm(x, static_cast<int>(shape.size()), opt(w), opt(b), eps);
+          return ops::layer_norm(x, normalized_ndim("layer_norm", x, shape), opt(w), opt(b), eps);
         },
         py::arg("x"), py::arg("normalized_shape"), py::arg("weight") = py::none(), py::arg("bias") = py::none(),
         py::arg("eps") = 1e-5);
   f.def("rms_norm",
         [](Value x, const Shape& shape, std::optional<Value> w, std::optional<double> eps) {
-          if (shape.empty() || static_cast<int>(shape.size()) > x.ndim() ||
-              Shape(x.shape().end() - static_cast<std::ptrdiff_t>(shape.size()), x.shape().end()) != shape)
-            throw_value_error("rms_norm: normalized_shape ", shape_str(shape), " does not match input of shape ",
-                              shape_str(x.shape()));
-          return ops::rms_norm(x, static_cast<int>(shape.size()), opt(w), eps.value_or(-1.0));
+          return ops::rms_norm(x, normalized_ndim("rms_norm", x, shape), opt(w), eps.value_or(-1.0));
         },
         py::arg("x"), py::arg("normalized_shape"), py::arg("weight") = py::none(), py::arg("eps") = py::none());
   f.def("group_norm",

@@ -165,7 +165,7 @@ class Unflatten(_NativeModule):
 class Upsample(_NativeModule):
     """Resamples 4-D NCHW input to `size` or by `scale_factor`, mode 'nearest' or 'bilinear' (torch's rules)."""
 
-    def __init__(self, size=None, scale_factor=None, mode="nearest", align_corners=None):
+    def __init__(self, size=None, scale_factor=None, mode="nearest", align_corners=None, recompute_scale_factor=None):
         if (size is None) == (scale_factor is None):
             raise ValueError("Upsample: give exactly one of size and scale_factor")
         sizes = [] if size is None else _shape(size, "Upsample size")
@@ -175,8 +175,8 @@ class Upsample(_NativeModule):
             scales = [float(scale_factor)]
         else:
             scales = [float(s) for s in scale_factor]
-        super().__init__(_core.Upsample(sizes, scales, str(mode),
-                                        None if align_corners is None else bool(align_corners)))
+        corners = None if align_corners is None else bool(align_corners)
+        super().__init__(_core.Upsample(sizes, scales, str(mode), corners, bool(recompute_scale_factor)))
         self.size, self.scale_factor, self.mode, self.align_corners = size, scale_factor, mode, align_corners
 
     def extra_repr(self):

@@ -136,9 +136,10 @@ class TREADLE_API Unflatten : public Module {
 class TREADLE_API Upsample : public Module {
  public:
   // Exactly one of size (1 or 2 entries) and scale_factor (1 or 2 entries) is non-empty.
-  // align_corners only for mode "bilinear" (default false).
+  // align_corners only for mode "bilinear" (default false). recompute_scale_factor: map coordinates
+  // with the ratio of the sizes instead of the given scale factor (torch's option of that name).
   Upsample(Shape size, std::vector<double> scale_factor, std::string mode = "nearest",
-           std::optional<bool> align_corners = std::nullopt);
+           std::optional<bool> align_corners = std::nullopt, bool recompute_scale_factor = false);
   Value forward(Value x) override;
   std::string type_name() const override { return "Upsample"; }
 
@@ -146,7 +147,7 @@ class TREADLE_API Upsample : public Module {
   Shape size_;
   std::vector<double> scale_;
   std::string mode_;
-  bool align_corners_;
+  bool align_corners_, recompute_;
 };
 
 class TREADLE_API Identity : public Module {

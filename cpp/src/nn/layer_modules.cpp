@@ -37,7 +37,8 @@ std::string trailing_str(const Shape& shape) {
 
 void check_trailing(const char* layer, const Value& x, const Shape& want) {
   const Shape xs = x.shape();
-  const bool ok = xs.size() >= want.size() && Shape(xs.end() - static_cast<std::ptrdiff_t>(want.size()), xs.end()) == want;
+  const auto k = static_cast<std::ptrdiff_t>(want.size());
+  const bool ok = xs.size() >= want.size() && Shape(xs.end() - k, xs.end()) == want;
   if (!ok) throw_value_error(layer, ": expected input of shape ", trailing_str(want), ", got ", shape_str(xs));
 }
 
@@ -216,8 +217,12 @@ Value Unflatten::forward(Value x) {
   return ops::reshape(x, out);
 }
 
-Upsample::Upsample(Shape size, std::vector<double> scale_factor, std::string mode, std::optional<bool> align_corners)
-    : size_(std::move(size)), scale_(std::move(scale_factor)), mode_(std::move(mode)) {
+Upsample::Upsample(Shape size, std::vector<double> scale_factor, std::string mode, std::optional<bool> align_corners,
+                   bool recompute_scale_factor)
+    : size_(std::move(size)),
+      scale_(std::move(scale_factor)),
+      mode_(std::move(mode)),
+      recompute_(recompute_scale_factor) {
   if (mode_ != "nearest" && mode_ != "bilinear")
     throw_value_error("Upsample: mode must be 'nearest' or 'bilinear', got '", mode_, "'");
   if (size_.empty() == scale_.empty()) throw_value_error("Upsample: give exactly one of size and scale_factor");
@@ -227,6 +232,8 @@ Upsample::Upsample(Shape size, std::vector<double> scale_factor, std::string mod
     if (s <= 0) throw_value_error("Upsample: size must be positive, got ", shape_str(size_));
   for (double s : scale_)
     if (!(s > 0)) throw_value_error("Upsample: scale_factor must be positive, got ", s);
+  if (recompute_ && scale_.empty())
+    throw_value_error("Upsample: recompute_scale_factor needs a scale_factor, not a size");
   if (align_corners && mode_ == "nearest")
     throw_value_error("Upsample: align_corners can only be set with mode 'bilinear'");
   align_corners_ = align_corners.value_or(false);
@@ -243,7 +250,8 @@ Value Upsample::forward(Value x) {
            static_cast<int64_t>(std::floor(static_cast<double>(xs[3]) * scale_[1]))};
   if (out[0] <= 0 || out[1] <= 0)
     throw_value_error("Upsample: output size ", shape_str(out), " is empty for input of shape ", shape_str(xs));
-  const double sh = scale_.empty() ? 0.0 : scale_[0], sw = scale_.empty() ? 0.0 : scale_[1];
+  const bool given = !scale_.empty() && !recompute_;  // 0: the op maps coordinates by the size ratio
+  const double sh = given ? scale_[0] : 0.0, sw = given ? scale_[1] : 0.0;
   return ops::upsample(x, out, mode_, align_corners_, sh, sw);
 }
 

@@ -36,7 +36,8 @@ std::vector<Value> grad_embedding(const GradContext& c) {
   std::vector<Value> g(2);
   if (c.needs_grad[0])
     g[0] = c.graph.apply1("embedding_backward", {c.grad_outputs[0], c.inputs[1]},
-                          {{"num_embeddings", c.inputs[0].dim(0)}, {"padding_idx", c.node.attrs.i_or("padding_idx", -1)}});
+                          {{"num_embeddings", c.inputs[0].dim(0)},
+                           {"padding_idx", c.node.attrs.i_or("padding_idx", -1)}});
   return g;  // indices have no gradient
 }
 

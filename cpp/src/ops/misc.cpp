@@ -75,7 +75,8 @@ std::vector<TensorMeta> infer_output_transform(const std::vector<TensorMeta>& in
     throw_value_error(op, ": expected 1 or ", d, " activations for input of shape ", shape_str(in[0].shape), ", got ",
                       acts.size());
   for (int64_t a : acts)
-    if (a < 0 || a > 3) throw_value_error(op, ": activation code ", a, " is not 0..3 (identity, softplus, sigmoid, tanh)");
+    if (a < 0 || a > 3)
+      throw_value_error(op, ": activation code ", a, " is not 0..3 (identity, softplus, sigmoid, tanh)");
   return {in[0]};
 }
 
@@ -90,7 +91,8 @@ std::vector<TensorMeta> infer_output_transform_backward(const std::vector<Tensor
   const std::string op = "output_transform_backward";
   check_num_inputs(op, in, 4);
   if (in[0].shape != in[1].shape)
-    throw_value_error(op, ": gradient of shape ", shape_str(in[0].shape), " for input of shape ", shape_str(in[1].shape));
+    throw_value_error(op, ": gradient of shape ", shape_str(in[0].shape), " for input of shape ",
+                      shape_str(in[1].shape));
   std::vector<TensorMeta> fwd{in[1], in[2], in[3]};
   infer_output_transform(fwd, attrs);
   return {in[1], in[2], in[3]};

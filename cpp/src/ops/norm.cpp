@@ -114,7 +114,8 @@ void check_backward_inputs(const std::string& op, const std::vector<TensorMeta>&
   check_floating(op, in[0]);
   check_same_dtype(op, in);
   if (in[0].shape != in[1].shape)
-    throw_value_error(op, ": gradient of shape ", shape_str(in[0].shape), " for input of shape ", shape_str(in[1].shape));
+    throw_value_error(op, ": gradient of shape ", shape_str(in[0].shape), " for input of shape ",
+                      shape_str(in[1].shape));
 }
 
 std::vector<TensorMeta> infer_layer_norm_backward(const std::vector<TensorMeta>& in, Attrs& attrs) {
@@ -351,13 +352,15 @@ void register_norm_ops(OpRegistry& r) {
          .infer = infer_layer_norm_backward,
          .workspace = [](const std::vector<TensorMeta>& in, const Attrs& a) {
            // double accumulators for dweight and dbias
-           return 2 * sizeof(double) * static_cast<std::size_t>(shape_numel(trailing(in[1].shape, a.i("normalized_ndim"))));
+           const int64_t n = shape_numel(trailing(in[1].shape, static_cast<int>(a.i("normalized_ndim"))));
+           return 2 * sizeof(double) * static_cast<std::size_t>(n);
          }});
   r.add({.name = "rms_norm", .infer = infer_rms_norm, .grad = grad_rms_norm});
   r.add({.name = "rms_norm_backward",
          .infer = infer_rms_norm_backward,
          .workspace = [](const std::vector<TensorMeta>& in, const Attrs& a) {
-           return sizeof(double) * static_cast<std::size_t>(shape_numel(trailing(in[1].shape, a.i("normalized_ndim"))));
+           const int64_t n = shape_numel(trailing(in[1].shape, static_cast<int>(a.i("normalized_ndim"))));
+           return sizeof(double) * static_cast<std::size_t>(n);
          }});
   r.add({.name = "group_norm", .infer = infer_group_norm, .grad = grad_group_norm});
   r.add({.name = "group_norm_backward", .infer = infer_group_norm_backward});

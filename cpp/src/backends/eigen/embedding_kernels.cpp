@@ -32,7 +32,8 @@ void gather(const KernelArgs& a) {
   const I* idx = a.in[1].ptr<I>();
   T* y = a.out[0].ptr<T>();
   check_range(a, idx, n, num);
-  parallel_chunks(a.exec, n, std::max<int64_t>(1, kElementGrain / std::max<int64_t>(1, dim)), [&](int64_t b, int64_t e) {
+  const int64_t rows_per_chunk = std::max<int64_t>(1, kElementGrain / std::max<int64_t>(1, dim));
+  parallel_chunks(a.exec, n, rows_per_chunk, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) std::memcpy(y + i * dim, w + static_cast<int64_t>(idx[i]) * dim, sizeof(T) * dim);
   });
 }
@@ -53,7 +54,8 @@ void scatter_add(const KernelArgs& a) {
   const I* idx = a.in[1].ptr<I>();
   T* dw = a.out[0].ptr<T>();
   check_range(a, idx, n, num);
-  parallel_chunks(a.exec, dim, std::max<int64_t>(1, kElementGrain / std::max<int64_t>(1, n)), [&](int64_t c0, int64_t c1) {
+  const int64_t cols_per_chunk = std::max<int64_t>(1, kElementGrain / std::max<int64_t>(1, n));
+  parallel_chunks(a.exec, dim, cols_per_chunk, [&](int64_t c0, int64_t c1) {
     for (int64_t r = 0; r < num; ++r) std::fill(dw + r * dim + c0, dw + r * dim + c1, T(0));
     for (int64_t i = 0; i < n; ++i) {
       const int64_t row = idx[i];
