@@ -63,6 +63,18 @@ def test_embedding_gradcheck(shape, padding_idx, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_embedding_many_chunks_vs_torch(backend):
+    """Enough indices and columns that the gather and the scatter-add split into many chunks."""
+    rng = np.random.default_rng(0)
+    w, idx = rng.standard_normal((50, 40)), rng.integers(0, 50, size=(30, 700))
+    gy = rng.standard_normal(idx.shape + (40,))
+    (y,), grads = run("embedding", [w, idx], {"padding_idx": 3}, [gy], backend)
+    (ref,), ref_grads = torch_grads(lambda w_, i_: F.embedding(i_, w_, padding_idx=3), [w, idx], [gy], [0])
+    np.testing.assert_array_equal(y, ref)
+    np.testing.assert_allclose(grads[0], ref_grads[0], **tol(np.float64))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_embedding_op_errors(backend):
     w = np.zeros((10, 3))
     for bad in (10, -1, 1000):

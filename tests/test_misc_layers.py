@@ -122,6 +122,19 @@ def test_upsample_recompute_scale_factor(case, dtype):
     check_parameter_free_layer(layer, ref, sample(shape, dtype), dtype)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode", ["nearest", "bilinear"])
+def test_upsample_many_chunks_vs_torch(mode, backend):
+    x = sample((3, 4, 70, 90), np.float64)
+    case = ("large", x.shape, mode, None, 2, None)
+    attrs = up_attrs(case, x.shape)
+    gy = sample((3, 4, 140, 180), np.float64, 1)
+    (y,), (dx,) = run("upsample2d", [x], attrs, [gy], backend)
+    (ref,), ref_grads = torch_grads(torch_up(case), [x], [gy], [0])
+    np.testing.assert_allclose(y, ref, **tol(np.float64))
+    np.testing.assert_allclose(dx, ref_grads[0], **tol(np.float64))
+
+
 def test_upsample_errors():
     with pytest.raises(ValueError, match="Upsample: give exactly one of size and scale_factor"):
         tl.nn.Upsample(size=4, scale_factor=2)
@@ -189,6 +202,18 @@ def test_output_transform_gradcheck(case, backend):
     inputs, attrs = ot_inputs(case, np.float64)
     (y,), _ = run("output_transform", inputs, attrs, None, backend)
     gradcheck("output_transform", inputs, attrs, atol=max(1e-9, 1e-9 * float(np.abs(y).sum())), backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_output_transform_many_chunks_vs_torch(backend):
+    case = ("large", (9000, 4), ["identity", "softplus", "sigmoid", "tanh"], 4)
+    inputs, attrs = ot_inputs(case, np.float64)
+    gy = sample(inputs[0].shape, np.float64, 3)
+    (y,), grads = run("output_transform", inputs, attrs, [gy], backend)
+    (ref,), ref_grads = torch_grads(torch_ot(case[2]), inputs, [gy], [0, 1, 2])
+    np.testing.assert_allclose(y, ref, **tol(np.float64))
+    for i in range(3):
+        np.testing.assert_allclose(grads[i], ref_grads[i], **tol(np.float64), err_msg=f"gradient of input {i}")
 
 
 def test_output_transform_layer_fixed_and_trains_the_rest():

@@ -243,6 +243,29 @@ def test_update_stats_only_in_training_plans(backend):
         run("batch_norm_update_stats", inputs, dict(attrs, count=1), None, backend)
 
 
+# Sizes large enough that kernels split their work into many chunks (rows, columns, channels).
+LARGE = [
+    ("layer_norm", (6, 5000), lambda: {"normalized_ndim": 1, "eps": 1e-5}, "both",
+     lambda x, w, b: F.layer_norm(x, (5000,), w, b)),
+    ("rms_norm", (6, 5000), lambda: {"normalized_ndim": 1, "eps": 1e-6}, "weight",
+     lambda x, w: F.rms_norm(x, (5000,), w, eps=1e-6)),
+    ("group_norm", (3, 6, 40, 50), lambda: {"num_groups": 2, "eps": 1e-5}, "both",
+     lambda x, w, b: F.group_norm(x, 2, w, b)),
+    ("batch_norm", (3, 5, 80, 90), lambda: {"eps": 1e-5}, "both",
+     lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True)),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", LARGE, ids=[c[0] for c in LARGE])
+def test_many_chunks_vs_torch(case, backend):
+    op, shape, attrs, kind, fn = case
+    x = sample(shape, np.float64, 0, 2.0, 0.5)
+    pshape = (shape[-1],) if op in ("layer_norm", "rms_norm") else (shape[1],)
+    compare_to_torch(op, [x] + affine_params(pshape, np.float64, kind), attrs(), fn, backend,
+                     2 if op == "rms_norm" else 3)
+
+
 # ------------------------------------------------------------------------------------------ op-level errors
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_op_errors_name_op_and_shapes(backend):
@@ -283,8 +306,7 @@ def layer_grads(mod, x, gy):
     trainer.zero_grad()
     y = trainer.forward(x, input_grad=True)
     dx = trainer.backward(gy, input_grad=True)
-    model = mod._compiled()  # (Module.named_gradients unpacks 3-tuples of model.layout as pairs: reported)
-    return y, dx, {entry[0]: np.array(model.gradient(entry[0])) for entry in model.layout}
+    return y, dx, {k: np.array(v) for k, v in mod.named_gradients().items()}
 
 
 def load_torch_state(mod, tmod):
