@@ -552,3 +552,5 @@ def test_layer_errors_name_layer_and_shapes():
         tl.nn.BatchNorm1d(3, momentum=1.5)
     with pytest.raises(ValueError, match="normalized_shape must be positive"):
         tl.nn.LayerNorm((0, 3))
+    with pytest.raises(TypeError, match="load_state_dict: 'weight' has dtype int64"):  # integers: counters only
+        tl.nn.BatchNorm1d(3).load_state_dict({"weight": np.ones(3, np.int64)}, strict=False)

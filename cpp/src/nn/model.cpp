@@ -228,7 +228,9 @@ void Model::load_state_dict(const std::map<std::string, Tensor>& state, bool str
     if (it->second.shape() != p->value().shape())
       throw_value_error("load_state_dict: '", name, "' has shape ", shape_str(it->second.shape()), ", expected ",
                         shape_str(p->value().shape()));
-    if (!is_floating(it->second.dtype()) && !is_integer(it->second.dtype()))  // torch's num_batches_tracked is int64
+    // Integers load only into non-trained state (a counter such as torch's int64 num_batches_tracked).
+    const DType dt = it->second.dtype();
+    if (!is_floating(dt) && !(is_integer(dt) && !p->requires_grad()))
       throw_type_error("load_state_dict: '", name, "' has dtype ", dtype_name(it->second.dtype()));
   }
   if (strict)
