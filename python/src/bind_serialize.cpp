@@ -102,6 +102,19 @@ void bind_serialize(py::module_& m) {
   m.def("load_model", [](const std::string& path, Model& model) {
     return metadata_to(io_call([&] { return load_model(path, model); }));
   }, py::arg("path"), py::arg("model"));
+  m.def("load_model_tensors", [](Model& model, const py::dict& tensors, const py::object& metadata,
+                                 const std::string& source) {
+    TensorFile f;
+    f.source = source;
+    f.metadata = metadata_from(metadata);
+    for (auto [k, v] : tensors) {
+      std::string name = py::cast<std::string>(k);
+      f.tensors.emplace_back(name, tensor_from_numpy(v, ("load_model['" + name + "']").c_str()));
+    }
+    py::gil_scoped_release release;
+    load_model(f, model);
+  }, py::arg("model"), py::arg("tensors"), py::arg("metadata"), py::arg("source"),
+     "load_model on tensors already read (and verified) by load_safetensors.");
   m.def("save_checkpoint", [](const std::string& path, Trainer& trainer, const py::object& metadata) {
     Metadata md = metadata_from(metadata);
     io_call([&] { save_checkpoint(path, trainer, md); });
