@@ -11,9 +11,10 @@
 // "treadle.checksum" = "fnv1a64:<16 hex digits>" (FNV-1a 64) over a canonical form of the header
 // followed by the payload, so a flipped bit anywhere is detected. The canonical form is, each field
 // followed by a NUL byte: every metadata key and value except the checksum, in key order, then per
-// tensor in payload order: name, dtype, shape (decimal, comma separated), begin, end. A file with
-// any "treadle." key must carry a valid checksum; files from other tools have none and are read
-// unverified.
+// tensor in payload order: name, dtype, shape (decimal, comma separated), begin, end. A file that
+// shows treadle's marks (a "treadle." key, or a "fnv1a64:" value, each recognised with up to 2
+// flipped bits) must carry a valid checksum, so no corruption of fewer than 9 bits passes
+// unnoticed; files from other tools carry none and are read unverified.
 //
 // Writes are atomic: a temporary file in the destination's directory is written, flushed and
 // fsynced, then renamed over the destination (and the directory fsynced), so a crash mid-write
@@ -76,6 +77,8 @@ TREADLE_API void load_model(const TensorFile& file, Model& model);
 // Training checkpoints: parameters, the optimizer's state buffers ("optimizer:<name>"), its name,
 // base learning rate and step count (which also drives the schedule), and the trainer context's
 // RNG state (seed and counter), so a resumed run continues bit for bit. "treadle.kind" = "checkpoint".
+// Save between steps: gradients and a pending forward (Trainer::forward without its backward) are
+// not part of a checkpoint (every step starts by zeroing the gradients).
 TREADLE_API void save_checkpoint(const std::string& path, Trainer& trainer, const Metadata& metadata = {});
 // Restores a checkpoint into a trainer of the same architecture, dtype and optimizer kind; checks
 // everything first, so on any error nothing changes. Returns the metadata.

@@ -8,8 +8,6 @@ namespace treadle::serialize_detail {
 
 // The safetensors dtype code ("F32", ...); TypeError for dtypes treadle does not write.
 const char* safetensors_code(DType t);
-// Whether any metadata key starts with "treadle." (such files must carry a checksum).
-bool is_treadle_file(const Metadata& m);
 // std::system_error with errno `err` and the message `what`.
 [[noreturn]] void throw_io_error(int err, const std::string& what);
 // save_safetensors with the caller's name in messages.
