@@ -98,6 +98,31 @@ def test_load_returns_a_ready_model(tmp_path, arch, dtype):
     assert tl.io.describe(back) == json.loads(meta["treadle.architecture"])
 
 
+def test_layer_catalog_round_trips(tmp_path):
+    """Normalisation and shape layers (nn_layers.py), trained a little so running statistics differ."""
+    names = ["LayerNorm", "BatchNorm1d", "RMSNorm", "Unflatten", "GroupNorm", "OutputTransform", "Embedding"]
+    if not all(hasattr(nn, n) for n in names):
+        pytest.skip("the layer catalog is not built in")
+    tl.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8, eps=1e-4), nn.Linear(8, 6), nn.BatchNorm1d(6, momentum=0.2),
+                        nn.RMSNorm([6], eps=1e-3), nn.Unflatten(1, (2, 3)), nn.GroupNorm(1, 2), nn.Flatten(),
+                        nn.Linear(6, 2), nn.OutputTransform([1.0, 2.0], [0.0, 1.0], ["sigmoid", "identity"]))
+    trainer = tl.Trainer(net, tl.loss.MSE(), tl.optim.SGD(lr=0.1))
+    x = np.random.default_rng(0).standard_normal((16, 4)).astype(np.float32)
+    for _ in range(3):
+        trainer.step(x, np.ones((16, 2), np.float32))
+    tl.save(net, tmp_path / "m.safetensors")
+    back = tl.load(tmp_path / "m.safetensors")
+    assert repr(back) == repr(net) and _same_params(_params(back), _params(net))
+    assert np.array_equal(back.predict(x), net.predict(x))
+
+    emb = nn.Sequential(nn.Embedding(10, 4, padding_idx=0), nn.Flatten(), nn.Linear(12, 2))
+    tl.save(emb, tmp_path / "e.safetensors")
+    back = tl.load(tmp_path / "e.safetensors")
+    idx = np.array([[1, 2, 0], [3, 4, 9]], np.int64)
+    assert back[0].padding_idx == 0 and np.array_equal(back.predict(idx), emb.predict(idx))
+
+
 def test_flatten_dims_are_described():
     for start, end in [(1, -1), (2, -1), (1, 2), (-3, -2), (0, -1), (2, 2)]:
         desc = tl.io.describe(nn.Sequential(nn.Flatten(start, end)))

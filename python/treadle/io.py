@@ -93,7 +93,39 @@ def _register_builtins():
     register_layer(nn.Identity, lambda m: {})
 
 
+
+def _register_catalog():
+    """Layers of nn_layers.py, described from the attributes they keep (where a layer gains a
+    config() method, that method takes over). Upsample is left out: it does not keep
+    recompute_scale_factor, so it cannot be rebuilt faithfully."""
+    def has(m, name):
+        return any(n == name for n, _ in m._native.named_parameters())
+
+    configs = {
+        "LayerNorm": lambda m: {"normalized_shape": list(m.normalized_shape), "eps": m.eps,
+                                "elementwise_affine": bool(m.elementwise_affine),
+                                "bias": has(m, "bias") or not m.elementwise_affine},
+        "RMSNorm": lambda m: {"normalized_shape": list(m.normalized_shape), "eps": m.eps,
+                              "elementwise_affine": bool(m.elementwise_affine)},
+        "GroupNorm": lambda m: {"num_groups": int(m.num_groups), "num_channels": int(m.num_channels), "eps": m.eps,
+                                "affine": bool(m.affine)},
+        "Embedding": lambda m: {"num_embeddings": int(m.num_embeddings), "embedding_dim": int(m.embedding_dim),
+                                "padding_idx": m.padding_idx},
+        "Unflatten": lambda m: {"dim": int(m.dim), "unflattened_size": list(m.unflattened_size)},
+        "OutputTransform": lambda m: {"scale": [float(v) for v in m.scale], "shift": [float(v) for v in m.shift],
+                                      "activations": list(m.activations)},
+    }
+    batch_norm = lambda m: {"num_features": int(m.num_features), "eps": m.eps, "momentum": m.momentum,  # noqa: E731
+                            "affine": bool(m.affine), "track_running_stats": bool(m.track_running_stats)}
+    configs.update({f"BatchNorm{d}d": batch_norm for d in (1, 2, 3)})
+    for name, config in configs.items():
+        cls = getattr(nn, name, None)
+        if isinstance(cls, type) and not callable(getattr(cls, "config", None)):
+            register_layer(cls, config)
+
+
 _register_builtins()
+_register_catalog()
 
 
 class _NotDescribable(Exception):
