@@ -73,7 +73,7 @@ _entry = st.fixed_dictionaries({
        st.integers(0, 160), st.booleans())
 def test_random_headers(header, payload_size, pad):
     text = json.dumps(header).encode() + (b"   " if pad else b"")
-    data = struct.pack("<Q", len(text)) + text + bytes(range(256))[:payload_size] * 1
+    data = struct.pack("<Q", len(text)) + text + bytes(range(256))[:payload_size]
     result = _parse_or_value_error(data)
     if result is not None:  # accepted: the tensors tile the payload exactly
         tensors, _ = result
