@@ -13,4 +13,5 @@ PYBIND11_MODULE(_core, m) {
   treadle::py_bind::bind_loss(m);
   treadle::py_bind::bind_attention(m);
   treadle::py_bind::bind_layers(m);
+  treadle::py_bind::bind_serialize(m);
 }
