@@ -75,7 +75,8 @@ class DataParallel:
         items.append(("dtype", model.dtype))
         items.append(("loss", self.trainer.loss.key()))
         opt = self.trainer.optimizer
-        items.append(("optimizer", f"{opt!r} (lr={opt.lr!r})"))
+        settings = dict(getattr(opt, "defaults", {}), lr=opt.lr)  # the lr may have been set since
+        items.append(("optimizer", f"{type(opt).__name__}(" + ", ".join(f"{k}={v!r}" for k, v in settings.items()) + ")"))
         items.append(("optimizer state", tuple((k, v.size) for k, v in sorted(opt.state().items()))))
         items.append(("schedule", repr(self.trainer.schedule)))
         items.append(("clip_grad_norm", self.trainer._native.clip_grad_norm))
@@ -209,9 +210,9 @@ class DataParallel:
 def _local_count(x, y):
     """Terms in this shard's mean loss: target elements (samples x per-sample size)."""
     if x.ndim == 0 or y.ndim == 0:
-        raise ValueError(f"DataParallel.step: x and y need a batch dimension, got shapes {x.shape} and {y.shape}")
+        raise ValueError(f"x and y need a batch dimension, got shapes {x.shape} and {y.shape}")
     if len(x) != len(y):
-        raise ValueError(f"DataParallel.step: x has {len(x)} samples but y has {len(y)}")
+        raise ValueError(f"x has {len(x)} samples but y has {len(y)}")
     return int(y.size)
 
 
@@ -224,13 +225,19 @@ def _describe(error):
 
 def _first_difference(ref, ref_rank, other, rank):
     """A sentence naming the first setting in which rank `rank` differs from the root."""
-    ref_map = dict(ref)
+    ref_map, other_map = dict(ref), dict(other)
+    ref_names, names = ref_map["parameter names"], other_map["parameter names"]
+    for i in range(max(len(ref_names), len(names))):
+        mine = names[i] if i < len(names) else None
+        theirs = ref_names[i] if i < len(ref_names) else None
+        if mine == theirs:
+            continue
+        if theirs is not None and theirs not in names:
+            return f"rank {rank} lacks parameter '{theirs}' of root rank {ref_rank}"
+        if mine is not None and mine not in ref_names:
+            return f"rank {rank} has parameter '{mine}' that root rank {ref_rank} lacks"
+        return f"parameter #{i} is '{mine}' on rank {rank} but '{theirs}' on root rank {ref_rank}"
     for what, value in other:
-        if what not in ref_map:
-            name = what.split("'")[1] if "'" in what else what
-            return f"rank {rank} has parameter '{name}' that root rank {ref_rank} lacks (shape {value})"
         if ref_map[what] != value:
             return f"{what} is {value} on rank {rank} but {ref_map[what]} on root rank {ref_rank}"
-    missing = next(what for what, _ in ref if what not in dict(other))
-    name = missing.split("'")[1] if "'" in missing else missing
-    return f"rank {rank} lacks parameter '{name}' of root rank {ref_rank} (shape {ref_map[missing]})"
+    return f"rank {rank} differs from root rank {ref_rank}"  # unreachable while the digests come from `items`

@@ -1,0 +1,204 @@
+"""Data-parallel training (treadle.distributed) under real MPI: scripts in tests/mpi_scripts run under
+`mpiexec -n 2` and `-n 3` and write what each rank saw; these tests compare that with one process
+training on the whole batch (the reference), and check the failure paths (setup mismatch, a rank
+failing mid-step, a rank dying outside treadle) end with an error on every rank instead of a hang.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+MPI = pytest.importorskip("mpi4py.MPI", reason="mpi4py is not installed (pip install 'treadle[mpi]')")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPTS = os.path.join(HERE, "mpi_scripts")
+sys.path.insert(0, SCRIPTS)
+import cases  # noqa: E402
+
+import treadle as tl  # noqa: E402
+from treadle.distributed import DataParallel  # noqa: E402
+
+TIMEOUT = 60
+TOL = {"float64": dict(rtol=1e-12, atol=1e-12), "float32": dict(rtol=1e-5, atol=1e-6)}
+
+
+def find_mpiexec():
+    """The launcher installed with this Python's MPI (the mpich wheel), else the one on PATH."""
+    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return beside if os.access(beside, os.X_OK) else shutil.which("mpiexec")
+
+
+MPIEXEC = find_mpiexec()
+pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec found (pip install 'treadle[mpi]')")
+
+
+def launch(n, args, timeout=TIMEOUT, check=True):
+    """Runs `mpiexec -n n python args...`; kills the whole job if it outlives `timeout`."""
+    cmd = [MPIEXEC, "-n", str(n), sys.executable, *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env=dict(os.environ))
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"{' '.join(cmd)} hung for {timeout} s:\n{out[-3000:]}")
+    if check and proc.returncode != 0:
+        pytest.fail(f"{' '.join(cmd)} exited with {proc.returncode}:\n{out[-3000:]}")
+    return proc.returncode, out
+
+
+@pytest.fixture(scope="module")
+def world_size_ok():
+    rc, out = launch(2, ["-c", "from mpi4py import MPI; print('size', MPI.COMM_WORLD.Get_size())"])
+    if out.count("size 2") != 2:
+        pytest.skip(f"{MPIEXEC} does not launch this mpi4py's MPI (ranks printed: {out.strip()!r})")
+
+
+def ranks_of(name):
+    return len(cases.CASES[name]["shards"])
+
+
+@pytest.fixture(scope="module")
+def trained(world_size_ok, tmp_path_factory):
+    """Every case trained data-parallel: one mpiexec per rank count."""
+    out = tmp_path_factory.mktemp("dp")
+    for n in (2, 3):
+        names = [name for name in cases.CASES if ranks_of(name) == n]
+        launch(n, [os.path.join(SCRIPTS, "train.py"), str(out), *names])
+    return out
+
+
+def load_ranks(directory, stem, n, ext="npz"):
+    paths = [os.path.join(directory, f"{stem}.rank{r}.{ext}") for r in range(n)]
+    if ext == "json":
+        return [json.load(open(p)) for p in paths]
+    return [np.load(p) for p in paths]
+
+
+@pytest.mark.parametrize("name", list(cases.CASES))
+def test_matches_one_process_on_the_whole_batch(trained, name):
+    spec = cases.CASES[name]
+    want_params, want_losses = cases.reference(spec)
+    for r, got in enumerate(load_ranks(trained, name, ranks_of(name))):
+        np.testing.assert_allclose(got["params"], want_params, **TOL[spec["dtype"]], err_msg=f"rank {r} parameters")
+        np.testing.assert_allclose(got["losses"], want_losses, **TOL[spec["dtype"]], err_msg=f"rank {r} losses")
+
+
+@pytest.mark.parametrize("name", list(cases.CASES))
+def test_replicas_are_bitwise_identical(trained, name):
+    results = load_ranks(trained, name, ranks_of(name))
+    for r, got in enumerate(results[1:], start=1):
+        assert np.array_equal(got["params"], results[0]["params"]), f"rank {r} differs from rank 0"
+        assert np.array_equal(got["losses"], results[0]["losses"])
+
+
+def test_sub_communicators_train_independently(world_size_ok, tmp_path):
+    launch(3, [os.path.join(SCRIPTS, "split.py"), str(tmp_path)])
+    results = load_ranks(tmp_path, "split", 3)
+    # Group A: world ranks 0 and 1, root = group rank 1 (world rank 1).
+    want_params, want_losses = cases.reference(cases.CASES["f64_adam_mse_2"], root=1)
+    for r in (0, 1):
+        assert int(results[r]["group_rank"]) == r
+        np.testing.assert_allclose(results[r]["params"], want_params, **TOL["float64"])
+        np.testing.assert_allclose(results[r]["losses"], want_losses, **TOL["float64"])
+    # Group B: world rank 2 alone (a communicator of size 1 behaves like the plain trainer).
+    single = dict(cases.CASES["f32_sgd_ce_2"], shards=[6])
+    want_params, want_losses = cases.reference(single)
+    assert int(results[2]["group_rank"]) == 0
+    np.testing.assert_allclose(results[2]["params"], want_params, **TOL["float32"])
+    np.testing.assert_allclose(results[2]["losses"], want_losses, **TOL["float32"])
+
+
+def test_setup_mismatch_raises_the_same_error_on_every_rank(world_size_ok, tmp_path):
+    launch(3, [os.path.join(SCRIPTS, "mismatch.py"), str(tmp_path)])
+    messages = load_ranks(tmp_path, "mismatch", 3, ext="json")
+    assert messages[1] == messages[0] and messages[2] == messages[0]
+    m = messages[0]
+    assert m["shape"] == "DataParallel: parameter '0.weight' shape is (9, 5) on rank 2 but (8, 5) on root rank 0"
+    assert m["dtype"] == "DataParallel: dtype is float32 on rank 1 but float64 on root rank 0"
+    assert m["optimizer"].startswith("DataParallel: optimizer is Adam(lr=0.5,") and "on rank 2" in m["optimizer"]
+    assert m["missing"] == "DataParallel: rank 1 lacks parameter '2.bias' of root rank 0"
+    assert m["root"] == "DataParallel: rank 2 failed: root must be a rank in [0, 3), got 5"
+    assert m["ok"] is None and np.isfinite(m["loss_after"])  # the communicator is still usable
+
+
+def test_a_failing_rank_fails_every_rank_and_nobody_updates(world_size_ok, tmp_path):
+    launch(3, [os.path.join(SCRIPTS, "failure.py"), str(tmp_path)])
+    messages = load_ranks(tmp_path, "failure", 3, ext="json")
+    assert messages[1] == messages[0] and messages[2] == messages[0]
+    m = messages[0]
+    assert m["bad_shape"] == "DataParallel.step: rank 1 failed: linear: expected input of shape (N, 5), got (3, 4)"
+    assert m["bad_lengths"] == "DataParallel.step: rank 2 failed: x has 3 samples but y has 2"
+    assert m["two_ranks"] == ("DataParallel.step: rank 0 failed (and 1 more rank): "
+                              "TypeError: model: expected input of dtype float64, got float32")
+    assert m["host_error"] == "DataParallel.allreduce_gradients: rank 1 failed: RuntimeError: solver diverged"
+    assert m["divergence"] == 0.0
+    # The failed steps changed nothing: the result is that of the good steps alone.
+    want_params, _ = cases.reference(cases.CASES["f64_rmsprop_clip_3"])
+    for got in load_ranks(tmp_path, "failure", 3):
+        np.testing.assert_allclose(got["params"], want_params, **TOL["float64"])
+
+
+def test_a_rank_dying_outside_treadle_aborts_the_job(world_size_ok):
+    """Documented behaviour: under `python -m mpi4py` an uncaught exception calls MPI_Abort, so the
+    rank waiting in a collective is stopped by the launcher instead of hanging."""
+    rc, out = launch(2, ["-m", "mpi4py", os.path.join(SCRIPTS, "crash.py")], timeout=30, check=False)
+    assert rc != 0
+    assert "host code failed on rank 1" in out
+    assert "rank 0 was not stopped" not in out
+
+
+# -- in this process, on communicators of size 1 ---------------------------------------------------
+def test_size_one_communicator_is_the_plain_trainer():
+    spec = cases.CASES["f64_adam_mse_2"]
+    want_params, want_losses = cases.reference(dict(spec, shards=[8]))
+    params, losses = cases.data_parallel(dict(spec, shards=[8]), MPI.COMM_SELF)
+    np.testing.assert_allclose(params, want_params, **TOL["float64"])
+    np.testing.assert_allclose(losses, want_losses, **TOL["float64"])
+
+
+def test_argument_errors():
+    trainer = cases.build(cases.CASES["f64_adam_mse_2"], seed=0)
+    with pytest.raises(TypeError, match="mpi4py communicator"):
+        DataParallel(trainer, "COMM_WORLD")
+    with pytest.raises(ValueError, match="COMM_NULL"):
+        DataParallel(trainer, MPI.COMM_NULL)
+    with pytest.raises(ValueError, match=r"root must be a rank in \[0, 1\), got 1"):
+        DataParallel(trainer, MPI.COMM_SELF, root=1)
+    dp = DataParallel(trainer, MPI.COMM_SELF)
+    with pytest.raises(ValueError, match="count must be a non-negative integer, got -1"):
+        dp.allreduce_gradients(-1, 0.0)
+    with pytest.raises(ValueError, match="the global batch is empty"):
+        dp.step(np.zeros((0, cases.IN)), np.zeros((0, cases.OUT)))
+    with pytest.raises(ValueError, match=r"DataParallel.step: rank 0 failed: linear: expected input of shape"):
+        dp.step(np.zeros((2, 3)), np.zeros((2, cases.OUT)))
+    assert dp.steps == 0 and trainer.steps == 0  # the failed steps updated nothing
+
+
+def test_host_driven_phases_equal_step():
+    spec = cases.CASES["f64_adam_mse_2"]
+    x, y = cases.batch(spec, 6, seed=3)
+    a, b = cases.build(spec, seed=1), cases.build(spec, seed=1)
+    dp_a, dp_b = DataParallel(a, MPI.COMM_SELF), DataParallel(b, MPI.COMM_SELF)
+    for _ in range(3):
+        loss_a = dp_a.step(x, y)
+        b.zero_grad()
+        loss_b = dp_b.allreduce_gradients(len(x), b.compute_gradients(x, y))
+        b.update()
+        assert loss_a == pytest.approx(loss_b, rel=1e-14)  # counts in samples here, target elements in step
+    assert np.array_equal(a.model.flat_parameters(), b.model.flat_parameters())
+    assert dp_a.last_allreduce_seconds >= 0.0 and dp_a.steps == 3
+
+
+def test_importable_without_touching_mpi():
+    """treadle.distributed imports mpi4py only when a DataParallel is made (MPI is an optional extra)."""
+    code = ("import sys, treadle.distributed; "
+            "assert 'mpi4py' not in sys.modules, 'imported mpi4py at import time'")
+    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ), timeout=60)
+    assert tl.distributed.DataParallel is DataParallel
