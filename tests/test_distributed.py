@@ -55,9 +55,10 @@ def launch(n, args, timeout=TIMEOUT, check=True):
 
 @pytest.fixture(scope="module")
 def world_size_ok():
-    rc, out = launch(2, ["-c", "from mpi4py import MPI; print('size', MPI.COMM_WORLD.Get_size())"])
-    if out.count("size 2") != 2:
-        pytest.skip(f"{MPIEXEC} does not launch this mpi4py's MPI (ranks printed: {out.strip()!r})")
+    probe = "from mpi4py import MPI; c = MPI.COMM_WORLD; n = c.allreduce(1); c.rank or print('ranks', n, flush=True)"
+    rc, out = launch(2, ["-c", probe])
+    if "ranks 2" not in out:
+        pytest.skip(f"{MPIEXEC} does not launch this mpi4py's MPI (2 ranks printed: {out.strip()!r})")
 
 
 def ranks_of(name):
@@ -202,3 +203,58 @@ def test_importable_without_touching_mpi():
             "assert 'mpi4py' not in sys.modules, 'imported mpi4py at import time'")
     subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ), timeout=60)
     assert tl.distributed.DataParallel is DataParallel
+
+
+# -- the C++ DataParallel (optional component treadle::distributed) --------------------------------
+REPO = os.path.dirname(HERE)
+
+
+@pytest.fixture(scope="module")
+def dp_check_exe(world_size_ok):
+    """Builds tests/mpi_scripts/dp_check.cpp against treadle::distributed (-DTREADLE_WITH_MPI=ON) in
+    build/mpi-test; incremental across runs, and ccache-shared with the other C++ builds."""
+    if shutil.which("cmake") is None:
+        pytest.skip("cmake is not installed: the C++ DataParallel test needs it")
+    with open(os.path.join(REPO, "CMakeLists.txt")) as f:
+        if "TREADLE_WITH_MPI" not in f.read():
+            pytest.skip("CMakeLists.txt has no TREADLE_WITH_MPI option adding cpp/src/distributed")
+    build = os.path.join(REPO, "build", "mpi-test")
+    env = dict(os.environ, CCACHE_BASEDIR=REPO)
+    configure = ["cmake", "-S", REPO, "-B", build, "-DCMAKE_BUILD_TYPE=Release", "-DTREADLE_WITH_MPI=ON",
+                 "-DTREADLE_BUILD_TESTS=ON", "-DTREADLE_BUILD_PYTHON=OFF"]
+    if shutil.which("ninja") and not os.path.exists(os.path.join(build, "CMakeCache.txt")):
+        configure += ["-G", "Ninja"]
+    if shutil.which("ccache"):
+        configure.append("-DCMAKE_CXX_COMPILER_LAUNCHER=ccache")
+    proc = subprocess.run(configure, env=env, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        pytest.fail("cmake configure failed:\n" + proc.stdout[-3000:] + proc.stderr[-3000:])
+    if "treadle::distributed is not built" in proc.stderr:
+        pytest.skip("CMake found no MPI (pip install mpich puts mpicc on PATH)")
+    proc = subprocess.run(["cmake", "--build", build, "--target", "dp_check", "-j", str(min(2, os.cpu_count() or 1))],
+                          env=env, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, "building dp_check failed:\n" + proc.stdout[-5000:] + proc.stderr[-5000:]
+    return os.path.join(build, "cpp", "src", "distributed", "dp_check")
+
+
+def test_cpp_data_parallel(dp_check_exe):
+    """The C++ DataParallel: equivalence (float64 with an empty shard and root 1, float32 on
+    sub-communicators), mismatch and failing-rank errors identical on every rank."""
+    cmd = [MPIEXEC, "-n", "3", dp_check_exe]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, start_new_session=True)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "FAIL" not in out, out[-4000:]
+    assert out.count(" ok: ") == 3 * 8, out[-4000:]  # 8 checks per rank
+    messages = {}
+    for line in out.splitlines():
+        if " message " in line:
+            rank, rest = line.split(" message ", 1)
+            tag, text = rest.split(": ", 1)
+            messages.setdefault(tag, {})[rank] = text
+    assert set(messages) == {"mismatch", "failure"}
+    for tag, per_rank in messages.items():
+        assert len(per_rank) == 3 and len(set(per_rank.values())) == 1, (tag, per_rank)
+    assert messages["mismatch"]["rank 0"] == ("DataParallel: parameter '0.weight' shape is (9, 5) on rank 2 "
+                                              "but (8, 5) on root rank 0")
+    assert messages["failure"]["rank 0"] == ("DataParallel::step: rank 1 failed: linear: expected input of shape "
+                                             "(N, 5), got (3, 4)")
