@@ -249,8 +249,8 @@ def predict(report, alpha, bandwidth):
     """Strong scaling (global batch fixed) and weak scaling (local batch fixed) from measured compute."""
     curve = next(run["compute_curve"] for run in report["runs"] if "compute_curve" in run)
     params = {m["model"]: m["gradient_bytes"] for run in report["runs"] for m in run["models"]}
-    print(f"alpha = {alpha * 1e6:g} us, bandwidth = {bandwidth / 1e9:g} GB/s; compute from {report['conditions']['cpu']}"
-          f" (one core per rank); small allreduce (count, loss, flag) = 2 log2(p) alpha")
+    print(f"alpha = {alpha * 1e6:g} us, bandwidth = {bandwidth / 1e9:g} GB/s; compute from "
+          f"{report['conditions']['cpu']} (one core per rank); small allreduce (count, loss, flag) = 2 log2(p) alpha")
     rows = []
     for name, nbytes in params.items():
         mine = {r["ranks"]: r for r in curve if r["model"] == name}

@@ -258,3 +258,8 @@ def test_cpp_data_parallel(dp_check_exe):
                                               "but (8, 5) on root rank 0")
     assert messages["failure"]["rank 0"] == ("DataParallel::step: rank 1 failed: linear: expected input of shape "
                                              "(N, 5), got (3, 4)")
+
+
+def test_not_a_trainer_fails_cleanly():
+    with pytest.raises(ValueError, match="DataParallel: rank 0 failed: AttributeError: "):
+        DataParallel(object(), MPI.COMM_SELF)

@@ -54,11 +54,18 @@ class DataParallel:
             raise ValueError("DataParallel: comm must be an intra-communicator")
         self._mpi, self.comm, self.trainer = MPI, comm, trainer
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
-        bad_root = isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < self.size
-        # Each rank checks its own argument, then all agree, so one bad root never hangs the others.
-        self._agree(f"root must be a rank in [0, {self.size}), got {root!r}" if bad_root else None, "DataParallel")
+        # Each rank checks its own arguments, then all agree, so one bad rank never hangs the others.
+        error, items = None, None
+        if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
+            error = f"root must be a rank in [0, {self.size}), got {root!r}"
+        else:
+            try:
+                items = self._setup_items()
+            except Exception as e:  # e.g. not a treadle Trainer
+                error = e
+        self._agree(error, "DataParallel")
         self.root = int(root)
-        self._check_same_setup()
+        self._check_same_setup(items)
         self.broadcast_state()
         self.steps = 0
         self.wait_seconds = 0.0            # in the small allreduce (count, loss, flag): waiting for the slowest rank
@@ -76,14 +83,14 @@ class DataParallel:
         items.append(("loss", self.trainer.loss.key()))
         opt = self.trainer.optimizer
         settings = dict(getattr(opt, "defaults", {}), lr=opt.lr)  # the lr may have been set since
-        items.append(("optimizer", f"{type(opt).__name__}(" + ", ".join(f"{k}={v!r}" for k, v in settings.items()) + ")"))
+        args = ", ".join(f"{k}={v!r}" for k, v in settings.items())
+        items.append(("optimizer", f"{type(opt).__name__}({args})"))
         items.append(("optimizer state", tuple((k, v.size) for k, v in sorted(opt.state().items()))))
         items.append(("schedule", repr(self.trainer.schedule)))
         items.append(("clip_grad_norm", self.trainer._native.clip_grad_norm))
         return items
 
-    def _check_same_setup(self):
-        items = self._setup_items()
+    def _check_same_setup(self, items):
         digest = hashlib.sha256(repr(items).encode()).hexdigest()
         seen = self.comm.allgather((self.root, digest))
         roots = [r for r, _d in seen]
