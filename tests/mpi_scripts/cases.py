@@ -16,6 +16,9 @@ CASES = {
     "f64_adam_mse_2": dict(dtype="float64", opt=("Adam", dict(lr=0.05)), loss=("MSE", {}), shards=[5, 3], steps=4),
     "f32_sgd_ce_2": dict(dtype="float32", opt=("SGD", dict(lr=0.1, momentum=0.9)), loss=("CrossEntropy", {}),
                          shards=[4, 7], steps=4),
+    # The host runs the phases itself: forward, its own MSE gradient, backward, allreduce_gradients, update.
+    "f64_host_phases_2": dict(dtype="float64", opt=("SGD", dict(lr=0.1, momentum=0.9)), loss=("MSE", {}),
+                              shards=[3, 6], steps=4, host_phases=True),
     "f64_rmsprop_clip_3": dict(dtype="float64", opt=("RMSprop", dict(lr=0.01, momentum=0.5)), loss=("Huber", {}),
                                shards=[6, 1, 0], steps=4, clip=0.5, schedule=("StepLR", dict(step_size=2, gamma=0.5))),
     "f64_sum_3": dict(dtype="float64", opt=("AdamW", dict(lr=0.02)), loss=("MSE", dict(reduction="sum")),
@@ -88,7 +91,21 @@ def data_parallel(spec, comm, root=0):
     trainer = build(spec, seed=100 + rank)
     warm_up(trainer, spec, rank)
     dp = DataParallel(trainer, comm, root=root)
-    losses = [dp.step(*shard(spec, x, y, rank)) for x, y in global_batches(spec)]
+    step = host_step if spec.get("host_phases") else (lambda dp, x, y: dp.step(x, y))
+    losses = [step(dp, *shard(spec, x, y, rank)) for x, y in global_batches(spec)]
     if dp.parameter_divergence() != 0.0:
         raise RuntimeError("replicas diverged")
     return trainer.model.flat_parameters().copy(), np.array(losses)
+
+
+def host_step(dp, x, y):
+    """What a host scheduler does around DataParallel: its own objective (here MSE, by hand)."""
+    trainer = dp.trainer
+    trainer.zero_grad()
+    pred = trainer.forward(x)
+    diff = pred - y
+    trainer.backward(2.0 * diff / diff.size)
+    loss = float(np.mean(diff * diff))
+    global_loss = dp.allreduce_gradients(diff.size, loss)
+    trainer.update()
+    return global_loss
