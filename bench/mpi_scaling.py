@@ -1,11 +1,13 @@
 """Step time vs ranks for data-parallel training (treadle.distributed), and the allreduce cost.
 
     python bench/mpi_scaling.py [--ranks 1 2] [--seconds 1.0] [--out bench/results/mpi_scaling.json]
+    python bench/mpi_scaling.py --predict [--alpha 2e-6] [--bandwidth 12.5e9]   # cost model from that JSON
 
 The driver launches `mpiexec -n P python bench/mpi_scaling.py --worker ...` for each P and collects:
 - per model (a small and a wide MLP, float32, fixed global batch split over the ranks):
-  step time, and inside it the gradient allreduce and the wait in the small count/loss allreduce
-  (where ranks wait for the slowest); compute = step - allreduce - wait;
+  step time (median and fastest of ~10 ms rounds, slowest rank), and inside it the gradient
+  allreduce and the wait in the small count/loss allreduce (where ranks wait for the slowest);
+  compute = step - allreduce - wait;
 - at P = 1, the compute time of a plain Trainer.step at the local batch sizes B / P for P up to 64
   (what the cost model in docs/distributed.md scales);
 - at P >= 2, an allreduce sweep (8 B .. 16 MiB float32, in place, SUM) to fit latency and bandwidth.
@@ -50,26 +52,39 @@ def data(widths, n, seed):
             rng.standard_normal((n, widths[-1])).astype(np.float32))
 
 
-def timed_calls(comm, call, seconds, calibrate=5):
-    """Mean seconds per collective call() over about `seconds`, max over ranks.
+def timed_rounds(comm, call, seconds, counters=lambda: (), calibrate=5, round_s=0.01):
+    """Per-round seconds per call() over rounds of ~10 ms filling about `seconds`.
 
-    Every rank must make the same number of calls (they are collective): a short calibration on
-    every rank, then rank 0's count for the whole measurement.
+    Returns (per-round times, per-round deltas of counters() per call, calls). Every rank must make
+    the same number of calls (they are collective): a short calibration on every rank, then rank 0's
+    round size and count for all. Rounds let us report the median (typical) and the fastest round
+    (least disturbed: this VM is shared), as bench/run.py does.
     """
-    MPI = _mpi()
     for _ in range(2):
         call()
     comm.Barrier()
     start = time.perf_counter()
     for _ in range(calibrate):
         call()
-    guess = (time.perf_counter() - start) / calibrate
-    count = comm.bcast(max(calibrate, int(seconds / max(guess, 1e-9))), root=0)
+    guess = max((time.perf_counter() - start) / calibrate, 1e-9)
+    per_round = max(1, int(round_s / guess))
+    rounds = max(7, int(seconds / (per_round * guess)))
+    per_round, rounds = comm.bcast((per_round, rounds), root=0)
     comm.Barrier()
-    start = time.perf_counter()
-    for _ in range(count):
-        call()
-    return comm.allreduce((time.perf_counter() - start) / count, op=MPI.MAX), count
+    times, deltas = [], []
+    for _ in range(rounds):
+        before = counters()
+        start = time.perf_counter()
+        for _ in range(per_round):
+            call()
+        times.append((time.perf_counter() - start) / per_round)
+        deltas.append([(a - b) / per_round for a, b in zip(counters(), before)])
+    return np.array(times), np.array(deltas), per_round * rounds
+
+
+def stats(comm, values, op):
+    """Median and minimum of per-round values, combined over ranks with `op` (MAX or MIN)."""
+    return (comm.allreduce(float(np.median(values)), op=op), comm.allreduce(float(np.min(values)), op=op))
 
 
 def bench_model(comm, name, seconds):
@@ -82,21 +97,17 @@ def bench_model(comm, name, seconds):
     x, y = data(widths, global_batch, seed=1)
     mine = np.array_split(np.arange(global_batch), size)[rank]
     xs, ys = np.ascontiguousarray(x[mine]), np.ascontiguousarray(y[mine])
-    dp.step(xs, ys)
-    dp.allreduce_seconds = dp.wait_seconds = 0.0
-    dp.steps = 0
-    step_s, count = timed_calls(comm, lambda: dp.step(xs, ys), seconds)
-    # Per-step averages over everything since the reset (warm-up and calibration included).
-    allreduce_s, wait_s = dp.allreduce_seconds / dp.steps, dp.wait_seconds / dp.steps
     MPI = _mpi()
+    times, deltas, count = timed_rounds(comm, lambda: dp.step(xs, ys), seconds,
+                                        counters=lambda: (dp.allreduce_seconds, dp.wait_seconds))
+    step, allreduce, wait = times, deltas[:, 0], deltas[:, 1]
     row = dict(model=name, ranks=size, parameters=int(trainer.model.flat_parameters().size),
                gradient_bytes=int(trainer.model.flat_gradients().nbytes), global_batch=global_batch,
-               local_batch=len(mine), steps=count, step_s=step_s,
-               allreduce_s=comm.allreduce(allreduce_s, op=MPI.SUM) / size,
-               # The slowest rank barely waits (its wait is the small allreduce's latency); the others
-               # wait for it: the largest wait measures the imbalance.
-               wait_s=comm.allreduce(wait_s, op=MPI.MIN), wait_max_s=comm.allreduce(wait_s, op=MPI.MAX))
-    row["compute_s"] = row["step_s"] - row["allreduce_s"] - row["wait_s"]
+               local_batch=len(mine), steps=count, step_s=stats(comm, step, MPI.MAX),
+               allreduce_s=stats(comm, allreduce, MPI.MAX),
+               # The slowest rank barely waits in the small allreduce (its wait is that allreduce's
+               # latency); the others wait for it. compute = step - allreduce - wait, per round.
+               wait_s=stats(comm, wait, MPI.MIN), compute_s=stats(comm, step - allreduce - wait, MPI.MAX))
     return row
 
 
@@ -108,8 +119,8 @@ def compute_curve(name, seconds):
     for p in (1, 2, 4, 8, 16, 32, 64):
         local = max(global_batch // p, 1)
         x, y = data(widths, local, seed=2)
-        per_step, _ = timed_calls(_mpi().COMM_SELF, lambda: trainer.step(x, y), seconds / 4)
-        out.append(dict(model=name, ranks=p, local_batch=local, step_s=per_step))
+        times, _, _ = timed_rounds(_mpi().COMM_SELF, lambda: trainer.step(x, y), seconds / 2)
+        out.append(dict(model=name, ranks=p, local_batch=local, step_s=(float(np.median(times)), float(times.min()))))
     return out
 
 
@@ -119,7 +130,8 @@ def allreduce_sweep(comm, seconds):
     out = []
     for k in range(3, 25):  # 8 B .. 16 MiB
         buf = np.ones(2 ** k // 4, dtype=np.float32)
-        t, _ = timed_calls(comm, lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM), seconds / 22)
+        times, _, _ = timed_rounds(comm, lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM), seconds / 10)
+        t = stats(comm, times, MPI.MAX)
         out.append(dict(bytes=int(buf.nbytes), seconds=t))
     return out
 
@@ -156,7 +168,7 @@ def conditions():
 def fit_alpha_beta(sweep):
     """Least squares t = a + b * bytes over the sweep (a: latency, 1/b: bandwidth)."""
     n = np.array([s["bytes"] for s in sweep], dtype=float)
-    t = np.array([s["seconds"] for s in sweep])
+    t = np.array([s["seconds"][0] for s in sweep])  # medians
     small = t[n <= 1024]
     big = n >= 1 << 20
     slope = np.polyfit(n[big], t[big], 1)[0] if big.sum() >= 2 else float("nan")
@@ -208,31 +220,35 @@ def main():
     print(f"\nwrote {args.out}")
 
 
+def us(pair):
+    """'median (fastest)' in microseconds."""
+    return f"{pair[0] * 1e6:.0f} ({pair[1] * 1e6:.0f})"
+
+
 def print_report(report):
     c = report["conditions"]
     print(f"{c['cpu']}, {c['cores']} cores, {c['mpi']}; load average {c['load_average_before'][0]:.1f} before, "
-          f"{c['load_average_after'][0]:.1f} after")
+          f"{c['load_average_after'][0]:.1f} after. Times: median over ~10 ms rounds (fastest round).")
     rows = []
     base = {m["model"]: m["step_s"] for run in report["runs"] for m in run["models"] if m["ranks"] == 1}
     for run in report["runs"]:
         for m in run["models"]:
-            speedup = base.get(m["model"], float("nan")) / m["step_s"]
-            rows.append([m["model"], f"{m['parameters']}", str(m["ranks"]), str(m["local_batch"]),
-                         f"{m['step_s'] * 1e6:.0f}", f"{m['compute_s'] * 1e6:.0f}", f"{m['wait_s'] * 1e6:.0f}",
-                         f"{m['allreduce_s'] * 1e6:.0f}", f"{speedup:.2f}"])
+            b = base.get(m["model"], (float("nan"),) * 2)
+            rows.append([m["model"], f"{m['parameters']}", str(m["ranks"]), str(m["local_batch"]), us(m["step_s"]),
+                         us(m["compute_s"]), us(m["wait_s"]), us(m["allreduce_s"]),
+                         f"{b[0] / m['step_s'][0]:.2f} ({b[1] / m['step_s'][1]:.2f})"])
     print(table(rows, ["model", "params", "ranks", "local B", "step us", "compute us", "wait us", "allreduce us",
                        "speedup"]))
     for run in report["runs"]:
         if "compute_curve" in run:
             print("\ncompute-only step time at local batch B/P (1 process):")
-            print(table([[r["model"], str(r["ranks"]), str(r["local_batch"]), f"{r['step_s'] * 1e6:.0f}"]
+            print(table([[r["model"], str(r["ranks"]), str(r["local_batch"]), us(r["step_s"])]
                          for r in run["compute_curve"]], ["model", "P", "local B", "step us"]))
         if "allreduce" in run:
             fit = run["fit"]
             print(f"\nallreduce on {run['ranks']} ranks: latency {fit['latency_s'] * 1e6:.2f} us, "
-                  f"bandwidth {fit['bandwidth_Bps'] / 1e9:.2f} GB/s (fit over >= 1 MiB)")
-            print(table([[str(s["bytes"]), f"{s['seconds'] * 1e6:.1f}"] for s in run["allreduce"]],
-                        ["bytes", "us"]))
+                  f"bandwidth {fit['bandwidth_Bps'] / 1e9:.2f} GB/s (medians; fit over >= 1 MiB)")
+            print(table([[str(s["bytes"]), us(s["seconds"])] for s in run["allreduce"]], ["bytes", "us"]))
 
 
 def ring_allreduce_s(p, nbytes, alpha, bandwidth):
@@ -247,10 +263,13 @@ def halving_doubling_allreduce_s(p, nbytes, alpha, bandwidth):
 
 def predict(report, alpha, bandwidth):
     """Strong scaling (global batch fixed) and weak scaling (local batch fixed) from measured compute."""
-    curve = next(run["compute_curve"] for run in report["runs"] if "compute_curve" in run)
+    # The fastest round of each compute measurement: closest to an unloaded core.
+    curve = [dict(r, step_s=r["step_s"][1]) for run in report["runs"] if "compute_curve" in run
+             for r in run["compute_curve"]]
     params = {m["model"]: m["gradient_bytes"] for run in report["runs"] for m in run["models"]}
     print(f"alpha = {alpha * 1e6:g} us, bandwidth = {bandwidth / 1e9:g} GB/s; compute from "
-          f"{report['conditions']['cpu']} (one core per rank); small allreduce (count, loss, flag) = 2 log2(p) alpha")
+          f"{report['conditions']['cpu']} (fastest rounds, one core per rank); "
+          "small allreduce (count, loss, flag) = 2 log2(p) alpha")
     rows = []
     for name, nbytes in params.items():
         mine = {r["ranks"]: r for r in curve if r["model"] == name}
@@ -260,17 +279,17 @@ def predict(report, alpha, bandwidth):
             ring = ring_allreduce_s(p, nbytes, alpha, bandwidth) if p > 1 else 0.0
             rab = halving_doubling_allreduce_s(p, nbytes, alpha, bandwidth) if p > 1 else 0.0
             strong = r["step_s"] + small + ring
-            weak = t1 + small + ring
             rows.append([name, str(nbytes), str(p), str(r["local_batch"]), f"{r['step_s'] * 1e6:.0f}",
-                         f"{ring * 1e6:.1f}", f"{rab * 1e6:.1f}", f"{t1 / strong:.2f}", f"{t1 / weak:.2f}"])
+                         f"{ring * 1e6:.1f}", f"{rab * 1e6:.1f}", f"{t1 / strong:.2f}",
+                         f"{t1 / (t1 + small + ring):.2f}", f"{t1 / (t1 + small + rab):.2f}"])
         for p in (256, 1024):
             small = 2 * np.log2(p) * alpha
             ring = ring_allreduce_s(p, nbytes, alpha, bandwidth)
             rab = halving_doubling_allreduce_s(p, nbytes, alpha, bandwidth)
             rows.append([name, str(nbytes), str(p), "-", "-", f"{ring * 1e6:.1f}", f"{rab * 1e6:.1f}", "-",
-                         f"{t1 / (t1 + small + ring):.2f}"])
+                         f"{t1 / (t1 + small + ring):.2f}", f"{t1 / (t1 + small + rab):.2f}"])
     print(table(rows, ["model", "grad bytes", "P", "local B", "compute us", "ring us", "halv-doubl us",
-                       "strong speedup", "weak efficiency"]))
+                       "strong speedup (ring)", "weak eff. (ring)", "weak eff. (halv-doubl)"]))
 
 
 if __name__ == "__main__":
