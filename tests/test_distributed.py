@@ -155,6 +155,12 @@ def test_a_rank_dying_outside_treadle_aborts_the_job(world_size_ok):
     assert "rank 0 was not stopped" not in out
 
 
+def test_example_runs(world_size_ok):
+    example = os.path.join(os.path.dirname(HERE), "examples", "mpi_train.py")
+    _, out = launch(2, [example, "--epochs", "2", "--samples", "300", "--batch", "50"])
+    assert "2 ranks" in out and "replicas differ by 0" in out, out
+
+
 # -- in this process, on communicators of size 1 ---------------------------------------------------
 def test_size_one_communicator_is_the_plain_trainer():
     spec = cases.CASES["f64_adam_mse_2"]
