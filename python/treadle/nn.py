@@ -259,3 +259,4 @@ class Identity(Module):
     def forward(self, x):
         return x
 from .nn_attention import *  # noqa: E402,F401,F403
+from .nn_layers import *  # noqa
