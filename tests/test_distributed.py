@@ -134,10 +134,11 @@ def test_a_failing_rank_fails_every_rank_and_nobody_updates(world_size_ok, tmp_p
     messages = load_ranks(tmp_path, "failure", 3, ext="json")
     assert messages[1] == messages[0] and messages[2] == messages[0]
     m = messages[0]
-    assert m["bad_shape"] == "DataParallel.step: rank 1 failed: linear: expected input of shape (N, 5), got (3, 4)"
+    # The text after "failed: " is the core's own message (tested elsewhere); here, who failed and why.
+    assert m["bad_shape"].startswith("DataParallel.step: rank 1 failed: linear: ") and "(3, 4)" in m["bad_shape"]
     assert m["bad_lengths"] == "DataParallel.step: rank 2 failed: x has 3 samples but y has 2"
-    assert m["two_ranks"] == ("DataParallel.step: rank 0 failed (and 1 more rank): "
-                              "TypeError: model: expected input of dtype float64, got float32")
+    assert m["two_ranks"].startswith("DataParallel.step: rank 0 failed (and 1 more rank): TypeError: model: ")
+    assert "float32" in m["two_ranks"]
     assert m["host_error"] == "DataParallel.allreduce_gradients: rank 1 failed: RuntimeError: solver diverged"
     assert m["divergence"] == 0.0
     # The failed steps changed nothing: the result is that of the good steps alone.
@@ -262,8 +263,8 @@ def test_cpp_data_parallel(dp_check_exe):
         assert len(per_rank) == 3 and len(set(per_rank.values())) == 1, (tag, per_rank)
     assert messages["mismatch"]["rank 0"] == ("DataParallel: parameter '0.weight' shape is (9, 5) on rank 2 "
                                               "but (8, 5) on root rank 0")
-    assert messages["failure"]["rank 0"] == ("DataParallel::step: rank 1 failed: linear: expected input of shape "
-                                             "(N, 5), got (3, 4)")
+    failure = messages["failure"]["rank 0"]
+    assert failure.startswith("DataParallel::step: rank 1 failed: linear: ") and "(3, 4)" in failure
 
 
 def test_not_a_trainer_fails_cleanly():
