@@ -147,6 +147,23 @@ def test_a_failing_rank_fails_every_rank_and_nobody_updates(world_size_ok, tmp_p
         np.testing.assert_allclose(got["params"], want_params, **TOL["float64"])
 
 
+def test_batchnorm_running_statistics(world_size_ok, tmp_path):
+    """Running statistics follow `buffers` ("root": the root's update, "average": the mean of the
+    ranks' updates, "local": each its own); trained parameters agree in every mode; a failed step
+    puts back the statistics that the forward pass had already updated."""
+    launch(3, [os.path.join(SCRIPTS, "buffers.py"), str(tmp_path)])
+    results = load_ranks(tmp_path, "buffers", 3, ext="json")
+    for got in results:
+        for mode in ("root", "average", "local"):
+            assert got[mode]["running_mean_error"] < 1e-12, mode
+            assert got[mode]["trainable_spread"] == 0.0, mode
+            assert got[mode]["tracked"] == 3.0, mode
+        assert got["root"]["running_mean_spread"] == 0.0 and got["average"]["running_mean_spread"] == 0.0
+        assert got["local"]["running_mean_spread"] > 1e-3
+        assert got["failure"].startswith("DataParallel.step: rank 1 failed: ")
+        assert got["unchanged_after_failure"] and got["divergence_after_failure"] == 0.0
+
+
 def test_a_rank_dying_outside_treadle_aborts_the_job(world_size_ok):
     """Documented behaviour: under `python -m mpi4py` an uncaught exception calls MPI_Abort, so the
     rank waiting in a collective is stopped by the launcher instead of hanging."""
@@ -179,6 +196,8 @@ def test_argument_errors():
         DataParallel(trainer, MPI.COMM_NULL)
     with pytest.raises(ValueError, match=r"root must be a rank in \[0, 1\), got 1"):
         DataParallel(trainer, MPI.COMM_SELF, root=1)
+    with pytest.raises(ValueError, match=r"buffers must be one of \('root', 'average', 'local'\), got 'sync'"):
+        DataParallel(trainer, MPI.COMM_SELF, buffers="sync")
     dp = DataParallel(trainer, MPI.COMM_SELF)
     with pytest.raises(ValueError, match="count must be a non-negative integer, got -1"):
         dp.allreduce_gradients(-1, 0.0)
@@ -246,12 +265,12 @@ def dp_check_exe(world_size_ok):
 
 def test_cpp_data_parallel(dp_check_exe):
     """The C++ DataParallel: equivalence (float64 with an empty shard and root 1, float32 on
-    sub-communicators), mismatch and failing-rank errors identical on every rank."""
+    sub-communicators), mismatch and failing-rank errors identical on every rank, BatchNorm buffers."""
     cmd = [MPIEXEC, "-n", "3", dp_check_exe]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, start_new_session=True)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "FAIL" not in out, out[-4000:]
-    assert out.count(" ok: ") == 3 * 8, out[-4000:]  # 8 checks per rank
+    assert out.count(" ok: ") == 3 * 11, out[-4000:]  # 11 checks per rank
     messages = {}
     for line in out.splitlines():
         if " message " in line:

@@ -42,9 +42,18 @@ class DataParallel:
     then broadcasts the parameters and the optimizer state (with its step count) from ``root``.
 
     ``step`` and ``allreduce_gradients`` are collective too: every rank calls them once per step.
+
+    ``buffers``: what to do with state that is not trained but changes while training (BatchNorm's
+    running_mean / running_var / num_batches_tracked: parameters with requires_grad=False), which
+    each rank updates from its own shard. "root" (default, as torch's DistributedDataParallel):
+    after each gradient allreduce every rank takes the root's values; "average": the mean over the
+    ranks; "local": left alone (replicas then differ in that state). Batch statistics used *inside*
+    a training step are always the local shard's (no SyncBatchNorm).
     """
 
-    def __init__(self, trainer, comm, root=0):
+    BUFFER_MODES = ("root", "average", "local")
+
+    def __init__(self, trainer, comm, root=0, buffers="root"):
         MPI = _mpi()
         if not isinstance(comm, MPI.Comm):
             raise TypeError(f"DataParallel: comm must be an mpi4py communicator, got {type(comm).__name__}")
@@ -58,14 +67,17 @@ class DataParallel:
         error, items = None, None
         if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
             error = f"root must be a rank in [0, {self.size}), got {root!r}"
+        elif buffers not in self.BUFFER_MODES:
+            error = f"buffers must be one of {self.BUFFER_MODES}, got {buffers!r}"
         else:
             try:
                 items = self._setup_items()
             except Exception as e:  # e.g. not a treadle Trainer
                 error = e
         self._agree(error, "DataParallel")
-        self.root = int(root)
-        self._check_same_setup(items)
+        self.root, self.buffers = int(root), buffers
+        self._check_same_setup(items + [("buffers", buffers)])
+        self._buffer_index = self._non_trained_index()
         self.broadcast_state()
         self.steps = 0
         self.wait_seconds = 0.0            # in the small allreduce (count, loss, flag): waiting for the slowest rank
@@ -89,6 +101,31 @@ class DataParallel:
         items.append(("schedule", repr(self.trainer.schedule)))
         items.append(("clip_grad_norm", self.trainer._native.clip_grad_norm))
         return items
+
+    def _non_trained_index(self):
+        """Flat-buffer indices of the parameters with requires_grad=False (None if there are none)."""
+        frozen = {name for name, p in self.trainer.model.named_parameter_objects() if not p.requires_grad}
+        spans = [np.arange(offset, offset + int(np.prod(shape, dtype=np.int64)))
+                 for name, shape, offset in self.trainer.model._compiled().layout if name in frozen]
+        return np.concatenate(spans) if spans else None
+
+    def sync_buffers(self):
+        """Makes the non-trained state (BatchNorm running statistics) agree per ``buffers`` (collective).
+
+        ``step`` and ``allreduce_gradients`` call it; it is public for hosts that change that state
+        themselves. Does nothing (and communicates nothing) when the model has no such state or
+        ``buffers="local"``.
+        """
+        if self._buffer_index is None or self.buffers == "local":
+            return
+        params = self.trainer.model.flat_parameters()
+        packed = params[self._buffer_index]
+        if self.buffers == "root":
+            self.comm.Bcast(packed, root=self.root)
+        else:
+            self.comm.Allreduce(self._mpi.IN_PLACE, packed, op=self._mpi.SUM)
+            packed /= self.size
+        params[self._buffer_index] = packed
 
     def _check_same_setup(self, items):
         digest = hashlib.sha256(repr(items).encode()).hexdigest()
@@ -127,6 +164,9 @@ class DataParallel:
         """
         trainer = self.trainer
         trainer.zero_grad()
+        # A failed step must change nothing, but the forward pass on the ranks that did not fail has
+        # already updated their running statistics: keep a copy to put back.
+        saved = None if self._buffer_index is None else trainer.model.flat_parameters()[self._buffer_index]
         count, loss, error = 0, 0.0, None
         try:
             x, y = np.ascontiguousarray(x), np.ascontiguousarray(y)
@@ -135,7 +175,12 @@ class DataParallel:
                 loss = trainer.compute_gradients(x, y)
         except Exception as e:  # reported to every rank below, then re-raised everywhere
             error = e
-        result = self._reduce(count, loss, error, "DataParallel.step")
+        try:
+            result = self._reduce(count, loss, error, "DataParallel.step")
+        except ValueError:
+            if saved is not None:
+                trainer.model.flat_parameters()[self._buffer_index] = saved
+            raise
         trainer.update()
         return result
 
@@ -181,6 +226,7 @@ class DataParallel:
         comm.Allreduce(MPI.IN_PLACE, grads, op=MPI.SUM)
         self.last_allreduce_seconds = time.perf_counter() - start
         self.allreduce_seconds += self.last_allreduce_seconds
+        self.sync_buffers()
         self.steps += 1
         return loss_total / total if mean else loss_total
 

@@ -1,6 +1,7 @@
 // The C++ DataParallel under `mpiexec -n 3`: data-parallel training on shards (one empty, root 1)
 // equals one process on the whole batch; sub-communicators from MPI_Comm_split train independently;
-// a setup mismatch and a failing rank raise the same ValueError on every rank. Prints one line per
+// a setup mismatch and a failing rank raise the same ValueError on every rank; BatchNorm's running
+// statistics follow BufferSync and survive a failed step unchanged. Prints one line per
 // check ("ok"/"FAIL") and the error messages ("message <tag>: <text>") for tests/test_distributed.py;
 // exits non-zero if a check failed.
 #include <mpi.h>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "treadle/distributed.hpp"
+#include "treadle/nn_layers.hpp"
 #include "treadle/treadle.hpp"
 
 namespace {
@@ -127,6 +129,35 @@ void mismatch_and_failure(MPI_Comm comm) {
   check(dp.parameter_divergence() == 0.0 && t.steps() == 1, "training goes on in sync after the failure");
 }
 
+// BatchNorm's running statistics: identical replicas with BufferSync::root, different with ::local;
+// a failed step puts back the statistics the forward pass had already updated.
+void batch_norm_buffers(MPI_Comm comm) {
+  for (BufferSync mode : {BufferSync::root, BufferSync::local}) {
+    manual_seed(5 + g_rank);
+    auto net = std::make_shared<nn::Sequential>();
+    net->add(std::make_shared<nn::Linear>(kIn, 6));
+    net->add(std::make_shared<nn::BatchNorm>(1, 6));
+    net->add(std::make_shared<nn::Linear>(6, kOut));
+    Trainer t(std::make_shared<Model>(net), loss::mse(), optim::sgd({}));
+    DataParallel dp(t, comm, 0, mode);
+    const int64_t n = 3 + g_rank;
+    dp.step(random_tensor(n, kIn, DType::f32, 40 + g_rank), random_tensor(n, kOut, DType::f32, 50 + g_rank));
+    const double d = dp.parameter_divergence();
+    if (mode == BufferSync::local) {
+      check(d > 0.0, "BufferSync::local leaves each rank its own running statistics (spread " + num(d) + ")");
+      continue;
+    }
+    check(d == 0.0, "BufferSync::root: replicas identical, running statistics included");
+    Tensor before = t.model().flat_parameters().clone();
+    try {
+      dp.step(random_tensor(n, g_rank == 2 ? 4 : kIn, DType::f32, 60), random_tensor(n, kOut, DType::f32, 61));
+    } catch (const ValueError&) {
+    }
+    check(max_diff(before, t.model().flat_parameters()) == 0.0,
+          "a failed step leaves the running statistics as they were");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -146,6 +177,7 @@ int main(int argc, char** argv) {
     else equivalence(group, {4}, 0, DType::f32, 1e-5, "sub-communicator {2}, float32");
     MPI_Comm_free(&group);
     mismatch_and_failure(MPI_COMM_WORLD);
+    batch_norm_buffers(MPI_COMM_WORLD);
   } catch (const std::exception& e) {
     check(false, std::string("unexpected exception: ") + e.what());
   }

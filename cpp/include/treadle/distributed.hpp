@@ -14,11 +14,20 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "treadle/export.hpp"
 #include "treadle/trainer.hpp"
 
 namespace treadle {
+
+// Non-trained state that training changes (BatchNorm's running statistics: parameters with
+// requires_grad=false), which each rank updates from its own shard. After each gradient allreduce:
+// root: every rank takes the root's values (torch DDP's choice); average: the mean over the ranks;
+// local: left alone (replicas then differ in that state). Batch statistics used inside a step are
+// always the local shard's (there is no SyncBatchNorm).
+enum class BufferSync { root, average, local };
 
 class TREADLE_API DataParallel {
  public:
@@ -26,7 +35,7 @@ class TREADLE_API DataParallel {
   // (name and lr) and clipping, else throws the same ValueError on every rank naming the first
   // difference; then broadcasts root's parameters, optimizer state and step count. The trainer and
   // the communicator must outlive this object; the communicator is used, never duplicated or freed.
-  DataParallel(Trainer& trainer, MPI_Comm comm, int root = 0);
+  DataParallel(Trainer& trainer, MPI_Comm comm, int root = 0, BufferSync buffers = BufferSync::root);
 
   // zero_grad + compute_gradients on the local shard + allreduce_gradients + update. Shards may
   // differ in size or be empty. If any rank throws (bad input, model error), no rank updates and
@@ -41,6 +50,8 @@ class TREADLE_API DataParallel {
 
   // Copies root's parameters, optimizer state buffers and step count to every rank.
   void broadcast_state();
+  // Makes the non-trained state agree as `buffers` says (step and allreduce_gradients call it).
+  void sync_buffers();
   // Largest |p - p_root| over all parameters and ranks; 0 when the replicas are in sync.
   double parameter_divergence();
 
@@ -55,10 +66,15 @@ class TREADLE_API DataParallel {
   void check_same_setup();
   // Collective: throws the same ValueError on every rank if any rank passes a non-empty error.
   [[noreturn]] void raise_failure(const std::string& error, const char* where);
+  void pack_buffers(Tensor& into) const;    // non-trained slots -> contiguous
+  void unpack_buffers(const Tensor& from);  // and back
 
   Trainer& trainer_;
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1, root_ = 0;
+  BufferSync buffers_ = BufferSync::root;
+  std::vector<std::pair<int64_t, int64_t>> buffer_spans_;  // (offset, elements) in the flat buffer
+  Tensor packed_, saved_;                                  // sized once: steps allocate nothing
   int64_t steps_ = 0;
   double allreduce_seconds_ = 0.0;
 };

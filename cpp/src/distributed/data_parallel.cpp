@@ -39,7 +39,11 @@ int as_count(int64_t n) {  // MPI counts are int; buffers beyond 2^31 elements w
 // (what, value) lines that must agree on every rank, parameters first.
 using Items = std::vector<std::pair<std::string, std::string>>;
 
-Items setup_items(Trainer& t) {
+const char* buffer_sync_name(BufferSync b) {
+  return b == BufferSync::root ? "root" : b == BufferSync::average ? "average" : "local";
+}
+
+Items setup_items(Trainer& t, BufferSync buffers) {
   Items items;
   const Model& m = t.model();
   std::string names;
@@ -61,6 +65,7 @@ Items setup_items(Trainer& t) {
   clip.precision(17);
   clip << t.options().clip_grad_norm;
   items.emplace_back("clip_grad_norm", clip.str());
+  items.emplace_back("buffers", buffer_sync_name(buffers));
   return items;
 }
 
@@ -140,7 +145,8 @@ void scale(const Tensor& t, double factor) {
 
 }  // namespace
 
-DataParallel::DataParallel(Trainer& trainer, MPI_Comm comm, int root) : trainer_(trainer), comm_(comm) {
+DataParallel::DataParallel(Trainer& trainer, MPI_Comm comm, int root, BufferSync buffers)
+    : trainer_(trainer), comm_(comm), buffers_(buffers) {
   if (comm == MPI_COMM_NULL) throw_value_error("DataParallel: comm is MPI_COMM_NULL (this rank is not in the group)");
   int inter = 0;
   check_mpi(MPI_Comm_test_inter(comm, &inter), "MPI_Comm_test_inter");
@@ -157,10 +163,47 @@ DataParallel::DataParallel(Trainer& trainer, MPI_Comm comm, int root) : trainer_
   root_ = root;
   check_same_setup();
   broadcast_state();
+  // The non-trained slots, and buffers for them sized once.
+  const Model& model = trainer_.model();
+  int64_t total = 0;
+  for (const NamedParameter& np : model.named_parameters()) {
+    if (np.second->requires_grad()) continue;
+    for (const ParamSlot& s : model.layout())
+      if (s.name == np.first) buffer_spans_.emplace_back(s.offset, s.numel), total += s.numel;
+  }
+  if (total > 0) packed_ = Tensor({total}, model.dtype()), saved_ = Tensor({total}, model.dtype());
+}
+
+void DataParallel::pack_buffers(Tensor& into) const {
+  const std::size_t elem = dtype_size(into.dtype());
+  const char* src = static_cast<const char*>(trainer_.model().flat_parameters().data());
+  char* dst = static_cast<char*>(into.data());
+  for (auto [offset, n] : buffer_spans_) std::memcpy(dst, src + offset * elem, n * elem), dst += n * elem;
+}
+
+void DataParallel::unpack_buffers(const Tensor& from) {
+  const std::size_t elem = dtype_size(from.dtype());
+  char* dst = static_cast<char*>(trainer_.model().flat_parameters().data());
+  const char* src = static_cast<const char*>(from.data());
+  for (auto [offset, n] : buffer_spans_) std::memcpy(dst + offset * elem, src, n * elem), src += n * elem;
+}
+
+void DataParallel::sync_buffers() {
+  if (!packed_.defined() || buffers_ == BufferSync::local) return;
+  pack_buffers(packed_);
+  const MPI_Datatype type = mpi_type(packed_.dtype(), "buffers");
+  if (buffers_ == BufferSync::root) {
+    check_mpi(MPI_Bcast(packed_.data(), as_count(packed_.numel()), type, root_, comm_), "MPI_Bcast");
+  } else {
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, packed_.data(), as_count(packed_.numel()), type, MPI_SUM, comm_),
+              "MPI_Allreduce");
+    packed_.dtype() == DType::f32 ? scale<float>(packed_, 1.0 / size_) : scale<double>(packed_, 1.0 / size_);
+  }
+  unpack_buffers(packed_);
 }
 
 void DataParallel::check_same_setup() {
-  const std::string mine = serialize(setup_items(trainer_));
+  const std::string mine = serialize(setup_items(trainer_, buffers_));
   uint64_t key[2] = {static_cast<uint64_t>(root_), fnv1a(mine)};
   std::vector<uint64_t> all(2 * static_cast<std::size_t>(size_));
   check_mpi(MPI_Allgather(key, 2, MPI_UINT64_T, all.data(), 2, MPI_UINT64_T, comm_), "MPI_Allgather");
@@ -192,6 +235,9 @@ void DataParallel::broadcast_state() {
 
 double DataParallel::step(const Tensor& x, const Tensor& y) {
   trainer_.zero_grad();
+  // A failed step must change nothing, but the forward pass on the ranks that did not fail updates
+  // their running statistics: keep a copy to put back.
+  if (saved_.defined()) pack_buffers(saved_);
   int64_t count = 0;
   double loss = 0.0;
   std::string error;
@@ -206,7 +252,13 @@ double DataParallel::step(const Tensor& x, const Tensor& y) {
     error = *e.what() ? e.what() : "unknown error";
     count = 0;
   }
-  double global = reduce(count, loss, error, "DataParallel::step");
+  double global = 0.0;
+  try {
+    global = reduce(count, loss, error, "DataParallel::step");
+  } catch (const ValueError&) {
+    if (saved_.defined()) unpack_buffers(saved_);
+    throw;
+  }
   trainer_.update();
   return global;
 }
@@ -238,6 +290,7 @@ double DataParallel::reduce(int64_t count, double loss, const std::string& given
                           MPI_SUM, comm_),
             "MPI_Allreduce");
   allreduce_seconds_ += MPI_Wtime() - start;
+  sync_buffers();
   ++steps_;
   return mean ? head[1] / head[0] : head[1];
 }
