@@ -18,6 +18,7 @@ class MultiheadAttention(_NativeModule):
         super().__init__(_core.MultiheadAttention(int(embed_dim), int(num_heads), float(dropout), bool(bias),
                                                   bool(batch_first), dtype))
         self.embed_dim, self.num_heads, self.batch_first = embed_dim, num_heads, batch_first
+        self.dropout, self.bias = float(dropout), bool(bias)
 
     def forward(self, query, key=None, value=None, key_padding_mask=None, need_weights=True, attn_mask=None,
                 is_causal=False):
