@@ -84,6 +84,24 @@ def test_matches_eigen_and_float64_reference(case):
         assert_close_f32(got, ref, f"{name} (seed {seed}): {what} vs the float64 reference")
 
 
+def test_softmax_masked_and_large_logits_match_eigen():
+    """Causal-mask rows (-inf entries give exact zeros) and logits far beyond exp's range."""
+    rng = np.random.default_rng(5)
+    x = randn(rng, 64, 64, scale=3.0)
+    x[np.triu_indices(64, 1)] = -np.inf
+    x[0] += F32(1e4)
+    x[1] = F32(-1e4)  # a row of equal, hugely negative logits (unmasked)
+    gy = [randn(rng, 64, 64)]
+    assert backends_by_op(tl._core.describe_op("softmax", [x], {"axis": 1}, gy, "onednn"))["softmax"] == {"onednn"}
+    (y,), (dx,) = run("softmax", [x], {"axis": 1}, gy, "onednn")
+    (ye,), (dxe,) = run("softmax", [x], {"axis": 1}, gy, "eigen")
+    masked = np.triu(np.ones((64, 64), bool), 1)
+    masked[1] = False
+    assert np.all(y[masked] == 0) and np.all(np.isfinite(y)) and np.all(np.isfinite(dx))
+    assert_close_f32(y, ye, "softmax output")
+    assert_close_f32(dx, dxe, "softmax gradient")
+
+
 def backends_by_op(plan_text):
     """{op: set of backends} from a plan description ("<node> <op> [<backend>] -> shape")."""
     found = {}
