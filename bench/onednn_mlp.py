@@ -112,7 +112,23 @@ def bench(w, torch, min_time, seed=0):
             "plan": trainers["onednn"].model._compiled().describe_plans()}
 
 
-def markdown(rows):
+def gemm_peak(torch, n=1024, min_time=0.5):
+    """float32 GEMM n^3 in GFLOP/s (CPU time, 1 thread): treadle Linear predict per backend, torch.mm."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n)).astype(np.float32)
+    out = np.empty((n, n), np.float32)
+    runners = {}
+    for backend in ("eigen", "onednn"):
+        layer = tl.nn.Linear(n, n, bias=False)
+        layer.set_backend(backend)
+        runners["treadle-" + backend] = lambda k, layer=layer: [layer.predict(a, out=out) for _ in range(k)]
+    ta, tb = torch.from_numpy(a), torch.from_numpy(a.copy())
+    runners["torch"] = lambda k: [torch.mm(ta, tb) for _ in range(k)]
+    timing = time_alternating(runners, min_time)
+    return {k: 2 * n ** 3 / v["cpu_s"] / 1e9 for k, v in timing.items()}
+
+
+def markdown(rows, peak=None):
     lines = ["Training step, median CPU time of the calling thread (us), 1 thread.", "",
              "| workload | treadle eigen | treadle onednn | torch | onednn vs eigen | torch / onednn | "
              "GFLOP/s onednn | GFLOP/s torch |", "|---|---|---|---|---|---|---|---|"]
@@ -124,6 +140,9 @@ def markdown(rows):
         lines.append(f"| {r['workload']} {r['title']}, batch {r['batch']} | {u['treadle-eigen']:.1f} | "
                      f"{u['treadle-onednn']:.1f} | {u['torch']:.1f} | {u['treadle-eigen'] / u['treadle-onednn']:.2f}x | "
                      f"{u['torch'] / u['treadle-onednn']:.2f}x | {g['treadle-onednn']:.1f} | {g['torch']:.1f} |")
+    if peak:
+        lines += ["", "float32 GEMM 1024^3, 1 thread (GFLOP/s): " +
+                  ", ".join(f"{k} {v:.0f}" for k, v in peak.items())]
     return "\n".join(lines)
 
 
@@ -140,10 +159,11 @@ def main(argv=None):
     torch.set_num_threads(1)
     wanted = args.workloads.split(",")
     rows = [bench(w, torch, args.min_time) for w in workloads.all_workloads() if w.name in wanted]
-    table = markdown(rows)
+    peak = gemm_peak(torch)
+    table = markdown(rows, peak)
     print(table)
     os.makedirs(args.out, exist_ok=True)
-    result = {"machine": tb.machine_info(), "loadavg": os.getloadavg()[0], "rows": rows}
+    result = {"machine": tb.machine_info(), "loadavg": os.getloadavg()[0], "rows": rows, "gemm_gflops": peak}
     Path(args.out, "onednn_mlp.json").write_text(json.dumps(result, indent=1))
     Path(args.out, "onednn_mlp.md").write_text(table + "\n")
     return 0
