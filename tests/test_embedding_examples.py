@@ -83,3 +83,35 @@ def test_thread_pool_executor(treadle_prefix, tmp_path_factory):  # noqa: F811
     proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("ok: ") == 6, proc.stdout
+
+
+# -- ABI hygiene -------------------------------------------------------------------------------------
+# A symbol is treadle's when its mangled name lies inside namespace treadle (N7treadle: functions,
+# const members, vtables _ZTV, typeinfo _ZTI/_ZTS, VTT _ZTT, guard variables _ZGV, thunks _ZTh/_ZTv,
+# local statics _ZZ), or is a C API function treadle_*.
+TREADLE_SYMBOL = re.compile(r"^(_Z(T[VIST]|GVZ?|Th[n]?\d+_|Tv[n]?\d+_n?\d+_|Z)?N?K?7treadle|treadle_)")
+
+
+def exported_symbols(library):
+    proc = subprocess.run(["nm", "-D", "--defined-only", str(library)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return [line.split()[-1] for line in proc.stdout.splitlines() if len(line.split()) >= 3]
+
+
+def demangle(names):
+    if not shutil.which("c++filt"):
+        return names
+    proc = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True, timeout=60)
+    return proc.stdout.splitlines() if proc.returncode == 0 else names
+
+
+def test_library_exports_only_treadle_symbols(treadle_prefix):  # noqa: F811
+    if shutil.which("nm") is None:
+        pytest.skip("nm (binutils) is not installed")
+    libraries = sorted(p for p in treadle_prefix.glob("lib*/libtreadle.so*") if not p.is_symlink())
+    assert libraries, f"no libtreadle.so under {treadle_prefix}/lib*"
+    symbols = exported_symbols(libraries[0])
+    assert any(s.startswith("_ZN7treadle") for s in symbols), "no treadle symbol exported at all?"
+    offenders = [s for s in symbols if not TREADLE_SYMBOL.match(s)]
+    listing = "\n".join(f"  {d[:200]}" for d in demangle(offenders))
+    assert not offenders, f"libtreadle.so exports {len(offenders)} symbols outside namespace treadle:\n{listing}"
