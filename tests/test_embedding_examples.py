@@ -115,3 +115,51 @@ def test_library_exports_only_treadle_symbols(treadle_prefix):  # noqa: F811
     offenders = [s for s in symbols if not TREADLE_SYMBOL.match(s)]
     listing = "\n".join(f"  {d[:200]}" for d in demangle(offenders))
     assert not offenders, f"libtreadle.so exports {len(offenders)} symbols outside namespace treadle:\n{listing}"
+
+
+# -- the C API ----------------------------------------------------------------------------------------
+C_API_BATCH, C_API_STEPS = 16, 25  # as in examples/c_api/main.c
+
+
+def c_api_inputs(n_in, n_out):
+    """The batch examples/c_api/main.c builds (float32, computed in double as C does)."""
+    import numpy as np
+    x = np.sin(0.1 * np.arange(C_API_BATCH * n_in) + 0.3).astype(np.float32).reshape(C_API_BATCH, n_in)
+    y = np.cos(0.2 * np.arange(C_API_BATCH * n_out)).astype(np.float32).reshape(C_API_BATCH, n_out)
+    return x, y
+
+
+def test_c_api_example_matches_the_python_api(treadle_prefix, tmp_path):  # noqa: F811
+    import numpy as np
+
+    import treadle as tl
+
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler")
+    exe = build_host(treadle_prefix, ROOT / "examples" / "c_api", tmp_path / "build", "c_api_example")
+    tl.manual_seed(0)
+    net = tl.nn.Sequential(tl.nn.Linear(5, 16), tl.nn.Tanh(), tl.nn.LayerNorm(16), tl.nn.Linear(16, 3))
+    path = tmp_path / "model.safetensors"
+    tl.save(net, str(path))
+    proc = subprocess.run([str(exe), str(path), str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "model: (N, 5) -> (N, 3)" in proc.stdout
+    # Errors come back as status codes with messages naming the problem.
+    assert "bad description: status 1, message: treadle_model_from_json: unknown layer type 'Conv9d'" in proc.stdout
+    assert "predict into a short buffer: status 4 (treadle_model_predict: y holds 1 values, 2 needed)" in proc.stdout
+
+    # Same weights, same inputs: the C API's predictions are the Python API's, bit for bit.
+    x, y = c_api_inputs(5, 3)
+    predicted = np.fromfile(tmp_path / "predict.bin", dtype=np.float32).reshape(C_API_BATCH, 3)
+    np.testing.assert_array_equal(predicted, net.predict(x))
+
+    # The same training (Adam, lr 0.01, 25 steps) from the same file gives the same weights and losses.
+    twin = tl.load(str(path))
+    trainer = tl.Trainer(twin, tl.loss.MSE(), tl.optim.Adam(lr=0.01))
+    losses = [trainer.step(x, y) for _ in range(C_API_STEPS)]
+    c_losses = [float(v) for v in re.findall(r"^step \d+ loss " + FLOAT, proc.stdout, re.MULTILINE)]
+    assert c_losses == [float(f"{losses[0]:.8e}"), float(f"{losses[-1]:.8e}")], proc.stdout
+    assert losses[-1] < 0.5 * losses[0]
+    trained = tl.load(str(tmp_path / "trained.safetensors"))  # a C-written file loads in Python
+    for (name, a), (_, b) in zip(sorted(trained.state_dict().items()), sorted(twin.state_dict().items())):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
