@@ -163,3 +163,51 @@ def test_c_api_example_matches_the_python_api(treadle_prefix, tmp_path):  # noqa
     trained = tl.load(str(tmp_path / "trained.safetensors"))  # a C-written file loads in Python
     for (name, a), (_, b) in zip(sorted(trained.state_dict().items()), sorted(twin.state_dict().items())):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
+
+
+def test_c_api_phases_and_parameters_through_ctypes(treadle_prefix):  # noqa: F811
+    """The entry points the C example does not use: host-driven forward/backward/update, gradients,
+    get/set parameters, float64 models, and NULL handles reported as TREADLE_ERROR_ARGUMENT."""
+    import ctypes
+
+    import numpy as np
+
+    lib_path = sorted(p for p in treadle_prefix.glob("lib*/libtreadle.so*") if not p.is_symlink())[0]
+    lib = ctypes.CDLL(str(lib_path))
+    lib.treadle_last_error.restype = ctypes.c_char_p
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    shape = (ctypes.c_int64 * 2)(4, 3)
+    arg = lambda a: a.ctypes.data_as(ptr)  # noqa: E731
+    desc = (b'{"type":"Sequential","layers":[{"type":"Linear","config":{"in_features":3,"out_features":5}},'
+            b'{"type":"Tanh"},{"type":"Linear","config":{"in_features":5,"out_features":2}}]}')
+    model, trainer = ptr(), ptr()
+    assert lib.treadle_model_from_json(desc, 1, ctypes.c_uint64(0), ctypes.byref(model)) == 0, lib.treadle_last_error()
+    n = ctypes.c_int64()
+    assert lib.treadle_model_num_parameters(model, ctypes.byref(n)) == 0 and n.value >= 3 * 5 + 5 + 5 * 2 + 2  # + alignment padding
+    params = np.linspace(-1, 1, n.value)
+    assert lib.treadle_model_set_parameters(model, arg(params), i64(n.value)) == 0
+    back = np.zeros(n.value)
+    assert lib.treadle_model_get_parameters(model, arg(back), i64(n.value)) == 0
+    np.testing.assert_array_equal(back, params)
+    assert lib.treadle_trainer_create(model, b"mse", b"sgd", b'{"lr": 0.1}', ctypes.c_uint64(0),
+                                      ctypes.byref(trainer)) == 0, lib.treadle_last_error()
+    x = np.arange(12, dtype=np.float64).reshape(4, 3) / 10
+    out, grad = np.zeros((4, 2)), np.ones((4, 2))
+    assert lib.treadle_trainer_zero_grad(trainer) == 0
+    assert lib.treadle_trainer_forward(trainer, arg(x), 2, shape, arg(out), i64(8)) == 0, lib.treadle_last_error()
+    out_shape = (ctypes.c_int64 * 2)(4, 2)
+    assert lib.treadle_trainer_backward(trainer, arg(grad), 2, out_shape) == 0, lib.treadle_last_error()
+    grads = np.zeros(n.value)
+    assert lib.treadle_trainer_get_gradients(trainer, arg(grads), i64(n.value)) == 0
+    assert lib.treadle_trainer_update(trainer) == 0
+    after = np.zeros(n.value)
+    lib.treadle_model_get_parameters(model, arg(after), i64(n.value))
+    np.testing.assert_allclose(after, params - 0.1 * grads, rtol=1e-15, atol=1e-15)  # one SGD step
+    # The last Linear's bias gradient is the column sums of dL/d(output) (4 rows of ones): two 4.0s.
+    assert np.count_nonzero(grads == 4.0) >= 2 and np.count_nonzero(grads) > 20
+    assert lib.treadle_model_predict(None, arg(x), 2, shape, arg(out), i64(8)) == 4  # TREADLE_ERROR_ARGUMENT
+    assert b"model is NULL" in lib.treadle_last_error()
+    assert lib.treadle_trainer_create(model, b"mse", b"lbfgs", None, ctypes.c_uint64(0), ctypes.byref(trainer)) == 1
+    assert b"unknown optimizer 'lbfgs'" in lib.treadle_last_error()
+    lib.treadle_trainer_free(trainer)
+    lib.treadle_model_free(model)

@@ -61,7 +61,8 @@ TREADLE_C_API int treadle_model_save(const treadle_model* model, const char* pat
 TREADLE_C_API void treadle_model_free(treadle_model* model); /* NULL is fine */
 
 TREADLE_C_API int treadle_model_dtype(const treadle_model* model, treadle_dtype* out);
-/* Number of values in the flat parameter buffer (all parameters, frozen state included). */
+/* Number of values in the flat parameter buffer: all parameters in state_dict order, frozen state
+ * included, with alignment padding between tensors (so it can exceed the sum of their sizes). */
 TREADLE_C_API int treadle_model_num_parameters(const treadle_model* model, int64_t* out);
 /* Copies the flat parameters (state_dict order) into / from a buffer of `count` values. Not while
  * a trainer of this model is inside a call. */
