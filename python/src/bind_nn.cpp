@@ -79,7 +79,8 @@ void bind_nn(py::module_& m) {
       .def_property_readonly("in_features", &nn::Linear::in_features)
       .def_property_readonly("out_features", &nn::Linear::out_features);
   py::class_<nn::Activation, Module, std::shared_ptr<nn::Activation>>(m, "Activation")
-      .def(py::init<std::string, double, double>(), py::arg("kind"), py::arg("param") = 0.0, py::arg("param2") = 0.0);
+      .def(py::init<std::string, double, double>(), py::arg("kind"), py::arg("param") = nn::Activation::kDefault,
+           py::arg("param2") = nn::Activation::kDefault);
   py::class_<nn::Dropout, Module, std::shared_ptr<nn::Dropout>>(m, "Dropout").def(py::init<double>(), py::arg("p") = 0.5);
   py::class_<nn::Flatten, Module, std::shared_ptr<nn::Flatten>>(m, "Flatten")
       .def(py::init<int, int>(), py::arg("start_dim") = 1, py::arg("end_dim") = -1);

@@ -3,6 +3,7 @@
 // state_dict keys ("0.weight"), layouts follow PyTorch (Linear weight is (out, in)), and default
 // initialisation matches PyTorch's for each layer.
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
@@ -73,8 +74,11 @@ class TREADLE_API Linear : public Module {
 // A parameter-free module applying one activation op (ReLU, Tanh, GELU, ...).
 class TREADLE_API Activation : public Module {
  public:
-  // kind: relu, leaky_relu, elu, gelu, gelu_tanh, silu, tanh, sigmoid, softplus, softmax, log_softmax
-  explicit Activation(std::string kind, double param = 0.0, double param2 = 0.0);
+  // kind: relu, leaky_relu, elu, gelu, gelu_tanh, silu, tanh, sigmoid, softplus, softmax, log_softmax.
+  // param/param2: negative_slope (0.01), alpha (1), beta (1) and threshold (20), or the axis (-1) of
+  // softmax/log_softmax; NaN selects the PyTorch default shown.
+  explicit Activation(std::string kind, double param = kDefault, double param2 = kDefault);
+  static constexpr double kDefault = std::numeric_limits<double>::quiet_NaN();
   Value forward(Value x) override;
   std::string type_name() const override { return kind_; }
 

@@ -14,6 +14,7 @@ const OpRegistry& OpRegistry::instance() {
     register_softmax_ops(r);
     register_dropout_ops(r);
     register_loss_ops(r);
+    register_attention_ops(r);
     register_conv_ops(r);
     register_pool_ops(r);
     return r;

@@ -61,6 +61,7 @@ void register_activation_ops(OpRegistry& r);
 void register_softmax_ops(OpRegistry& r);
 void register_dropout_ops(OpRegistry& r);
 void register_loss_ops(OpRegistry& r);
+void register_attention_ops(OpRegistry& r);
 void register_conv_ops(OpRegistry& r);
 void register_pool_ops(OpRegistry& r);
 

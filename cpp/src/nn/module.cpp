@@ -106,21 +106,23 @@ Activation::Activation(std::string kind, double param, double param2)
 }
 
 Value Activation::forward(Value x) {
+  auto or_default = [](double v, double d) { return std::isnan(v) ? d : v; };
   if (kind_ == "relu") return ops::relu(x);
-  if (kind_ == "leaky_relu") return ops::leaky_relu(x, param_);
-  if (kind_ == "elu") return ops::elu(x, param_);
+  if (kind_ == "leaky_relu") return ops::leaky_relu(x, or_default(param_, 0.01));
+  if (kind_ == "elu") return ops::elu(x, or_default(param_, 1.0));
   if (kind_ == "gelu") return ops::gelu(x, false);
   if (kind_ == "gelu_tanh") return ops::gelu(x, true);
   if (kind_ == "silu") return ops::silu(x);
   if (kind_ == "tanh") return ops::tanh(x);
   if (kind_ == "sigmoid") return ops::sigmoid(x);
-  if (kind_ == "softplus") return ops::softplus(x, param_, param2_);
-  if (kind_ == "softmax") return ops::softmax(x, static_cast<int>(param_));
-  return ops::log_softmax(x, static_cast<int>(param_));
+  if (kind_ == "softplus") return ops::softplus(x, or_default(param_, 1.0), or_default(param2_, 20.0));
+  const int axis = static_cast<int>(or_default(param_, -1.0));
+  if (kind_ == "softmax") return ops::softmax(x, axis);
+  return ops::log_softmax(x, axis);
 }
 
 Dropout::Dropout(double p) : p_(p) {
-  if (!(p >= 0.0 && p < 1.0)) throw_value_error("Dropout: p must be in [0, 1), got ", p);
+  if (!(p >= 0.0 && p <= 1.0)) throw_value_error("Dropout: p must be in [0, 1], got ", p);
 }
 
 Sequential::Sequential(std::vector<std::shared_ptr<Module>> layers) {
