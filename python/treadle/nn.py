@@ -247,3 +247,6 @@ class Flatten(_NativeModule):
 class Identity(Module):
     def forward(self, x):
         return x
+
+
+from .nn_conv import *  # noqa
