@@ -86,7 +86,13 @@ void bind_nn(py::module_& m) {
       .def(py::init<int, int>(), py::arg("start_dim") = 1, py::arg("end_dim") = -1);
 
   py::class_<Model, std::shared_ptr<Model>>(m, "Model")
-      .def(py::init([](Model::ForwardFn fn, std::vector<NamedParameter> params) {
+      .def(py::init([](py::function trace, std::vector<NamedParameter> params) {
+             // Called while a plan is compiled (the GIL is re-acquired); the graph is lent by reference.
+             Model::ForwardFn fn = [trace](Graph& g, const std::vector<Value>& inputs) {
+               py::gil_scoped_acquire gil;
+               py::object out = trace(py::cast(&g, py::return_value_policy::reference), inputs);
+               return out.cast<std::vector<Value>>();
+             };
              return std::make_shared<Model>(std::move(fn), std::move(params));
            }),
            py::arg("forward"), py::arg("parameters"))

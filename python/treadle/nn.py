@@ -34,8 +34,8 @@ class Module:
     def forward(self, *inputs):
         raise NotImplementedError(f"{type(self).__name__}.forward is not implemented")
 
-    def __call__(self, *inputs):
-        return self.forward(*inputs)
+    def __call__(self, *inputs, **kwargs):
+        return self.forward(*inputs, **kwargs)
 
     # -- parameters -------------------------------------------------------------------------
     def _own_parameters(self):
@@ -56,7 +56,7 @@ class Module:
     def named_gradients(self):
         """Dict name -> writable numpy view of each parameter's gradient."""
         model = self._compiled()
-        return {n: model.gradient(n) for n, _ in model.layout}
+        return {name: model.gradient(name) for name, _shape, _offset in model.layout}
 
     def flat_parameters(self):
         """The one contiguous parameter buffer as a writable numpy view."""
@@ -247,6 +247,5 @@ class Flatten(_NativeModule):
 class Identity(Module):
     def forward(self, x):
         return x
-
-
-from .nn_conv import *  # noqa
+from .nn_attention import *  # noqa: E402,F401,F403
+from .nn_conv import *  # noqa: E402,F401,F403

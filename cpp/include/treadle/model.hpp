@@ -1,6 +1,7 @@
 #pragma once
 // A model: a traced forward (a module, or a function over symbolic values) plus its parameters
 // packed into one flat buffer, and a cache of plans compiled per input signature.
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -69,6 +70,8 @@ class TREADLE_API Model {
   // The plan for `key`, compiled on first request. Thread-safe.
   std::shared_ptr<const Plan> plan(const PlanKey& key, const Loss* loss = nullptr);
   std::size_t num_plans() const;
+  // Changes whenever compiled plans are dropped (dtype change, backend pin): caches compare it.
+  uint64_t generation() const { return generation_.load(); }
   // Checks inputs against the model's dtype and layout rules; builds the inference key.
   PlanKey infer_key(const std::vector<Tensor>& inputs) const;
 
@@ -87,6 +90,7 @@ class TREADLE_API Model {
   mutable std::mutex mutex_;  // guards plans_ and contexts_
   std::map<PlanKey, std::shared_ptr<const Plan>> plans_;
   std::vector<std::unique_ptr<Context>> free_contexts_;
+  std::atomic<uint64_t> generation_{0};
 };
 
 }  // namespace treadle

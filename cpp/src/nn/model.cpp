@@ -65,6 +65,7 @@ void Model::pack_parameters() {
   }
   std::lock_guard<std::mutex> lock(mutex_);
   plans_.clear();
+  ++generation_;
 }
 
 void Model::to(DType dtype) {
@@ -82,6 +83,7 @@ void Model::set_backend(const std::string& name) {
   std::lock_guard<std::mutex> lock(mutex_);
   backend_ = name;
   plans_.clear();
+  ++generation_;
 }
 
 std::vector<Value> Model::trace(Graph& g, const std::vector<Value>& inputs) const {
