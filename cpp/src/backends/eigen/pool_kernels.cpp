@@ -3,8 +3,10 @@
 // the host's executor; within a plane everything runs in a fixed order, so results never depend on
 // chunking (overlapping windows accumulate their gradients in output order).
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "backends/eigen/eigen_backend.hpp"
 #include "backends/eigen/eigen_common.hpp"
@@ -28,24 +30,24 @@ inline Taps taps(int64_t start, int64_t kernel, int64_t dilation, int64_t size) 
   return {std::min(lo, kernel), std::clamp(hi, std::min(lo, kernel), kernel)};
 }
 
-// Visits a KH x KW window lying inside the input, unrolled: with constant trip counts the compiler
-// keeps the max-pool selects branch-free; generic nested loops over 2-4 taps cost ~10x more.
-template <int KH, int KW, typename Visit>
-inline void visit_fixed(int64_t first, int64_t row_step, int64_t col_step, Visit&& visit) {
-  for (int kh = 0; kh < KH; ++kh)
-    for (int kw = 0; kw < KW; ++kw) visit(first + kh * row_step + kw * col_step);
+// Calls visit(input_index) for each tap of the window starting at (d0, h0, w0) that lies inside
+// the input, in PyTorch's scan order (d, then h, then w).
+template <typename Visit>
+inline void visit_window(const PoolGeometry& g, int64_t d0, int64_t h0, int64_t w0, const Taps& td, const Taps& th,
+                         Visit&& visit) {
+  const Taps tw = taps(w0, g.kernel[2], g.dilation[2], g.in[2]);
+  for (int64_t kd = td.lo; kd < td.hi; ++kd)
+    for (int64_t kh = th.lo; kh < th.hi; ++kh) {
+      const int64_t row = ((d0 + kd * g.dilation[0]) * g.in[1] + h0 + kh * g.dilation[1]) * g.in[2];
+      for (int64_t kw = tw.lo; kw < tw.hi; ++kw) visit(row + w0 + kw * g.dilation[2]);
+    }
 }
 
 // Calls f(plane, out_index, window_start, window) for every output position, planes split over
-// the executor; window(visit) calls visit(input_index) for each tap inside the input, in PyTorch's
-// scan order (d, then h, then w).
+// the executor; window(visit) runs visit_window for that output.
 template <typename F>
 void for_each_window(Executor& exec, const PoolGeometry& g, F&& f) {
   const int64_t work = std::max<int64_t>(1, g.out_volume() * g.kernel[0] * g.kernel[1] * g.kernel[2]);
-  // 2x2 and 3x3 windows (1-d: 1x2, 1x3) in one depth slice take the unrolled path when inside.
-  const int64_t kh = g.kernel[1], kw = g.kernel[2];
-  const int fixed = g.kernel[0] != 1 || kh > 3 || kw < 2 || kw > 3 || (kh != 1 && kh != kw) ? 0 : int(kh * 10 + kw);
-  const int64_t row_step = g.dilation[1] * g.in[2], col_step = g.dilation[2];
   parallel_chunks(exec, g.planes, std::max<int64_t>(1, kElementGrain / work), [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       int64_t o = 0;
@@ -54,25 +56,10 @@ void for_each_window(Executor& exec, const PoolGeometry& g, F&& f) {
         const Taps td = taps(d0, g.kernel[0], g.dilation[0], g.in[0]);
         for (int64_t oh = 0; oh < g.out[1]; ++oh) {
           const int64_t h0 = oh * g.stride[1] - g.pad[1];
-          const Taps th = taps(h0, kh, g.dilation[1], g.in[1]);
-          const bool rows_inside = td.lo == 0 && td.hi == g.kernel[0] && th.lo == 0 && th.hi == kh;
+          const Taps th = taps(h0, g.kernel[1], g.dilation[1], g.in[1]);
           for (int64_t ow = 0; ow < g.out[2]; ++ow, ++o) {
             const int64_t w0 = ow * g.stride[2] - g.pad[2];
-            const Taps tw = taps(w0, kw, g.dilation[2], g.in[2]);
-            const bool inside = rows_inside && tw.lo == 0 && tw.hi == kw;
-            auto window = [&](auto&& visit) {
-              const int64_t first = (d0 * g.in[1] + h0) * g.in[2] + w0;
-              if (inside && fixed == 12) return visit_fixed<1, 2>(first, row_step, col_step, visit);
-              if (inside && fixed == 13) return visit_fixed<1, 3>(first, row_step, col_step, visit);
-              if (inside && fixed == 22) return visit_fixed<2, 2>(first, row_step, col_step, visit);
-              if (inside && fixed == 33) return visit_fixed<3, 3>(first, row_step, col_step, visit);
-              for (int64_t kd = td.lo; kd < td.hi; ++kd)
-                for (int64_t k1 = th.lo; k1 < th.hi; ++k1) {
-                  const int64_t row = ((d0 + kd * g.dilation[0]) * g.in[1] + h0 + k1 * g.dilation[1]) * g.in[2];
-                  for (int64_t k2 = tw.lo; k2 < tw.hi; ++k2) visit(row + w0 + k2 * g.dilation[2]);
-                }
-            };
-            f(p, o, Dims3{d0, h0, w0}, window);
+            f(p, o, Dims3{d0, h0, w0}, [&](auto&& visit) { visit_window(g, d0, h0, w0, td, th, visit); });
           }
         }
       }
@@ -88,7 +75,85 @@ PoolGeometry backward_geometry(const std::string& kind, const KernelArgs& a, boo
   return pool_geometry(kind, *a.out[0].shape, a.attrs(), dilation);
 }
 
-// The first maximum of each window (NaN wins, as in PyTorch); its flat spatial index is kept.
+// take ? a : b through bit masks. On real data (ReLU outputs: many ties at zero) `v > best` is
+// unpredictable, and GCC turns a plain ?: into a branch whose mispredictions dominated max pooling.
+template <typename T>
+inline T select(bool take, T a, T b) {
+  using U = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+  const U mask = U(0) - U(take);
+  return std::bit_cast<T>(static_cast<U>((std::bit_cast<U>(a) & mask) | (std::bit_cast<U>(b) & ~mask)));
+}
+
+// The running first maximum of a window (NaN wins, as in PyTorch), without data-dependent branches.
+template <typename T>
+struct FirstMax {
+  T best = -std::numeric_limits<T>::infinity();
+  int64_t arg = -1;
+  inline void operator()(const T* xp, int64_t i) {
+    const T v = xp[i];
+    const bool take = (arg < 0) | (v > best) | (v != v);
+    best = select(take, v, best);
+    arg = select(take, i, arg);
+  }
+};
+
+// n consecutive outputs of one row whose KH x KW windows lie inside the input: constant trip
+// counts, no per-output tap arithmetic (the generic path costs ~5x more per output).
+template <typename T, int KH, int KW>
+void max_pool_row(const T* xp, int64_t first, int64_t step, int64_t row_step, int64_t col_step, int64_t n, T* y,
+                  int64_t* idx) {
+  for (int64_t j = 0; j < n; ++j, first += step) {
+    FirstMax<T> m;
+    for (int kh = 0; kh < KH; ++kh)
+      for (int kw = 0; kw < KW; ++kw) m(xp, first + kh * row_step + kw * col_step);
+    y[j] = m.best;
+    idx[j] = m.arg;
+  }
+}
+
+// Outputs [lo, hi) along w whose whole window lies inside the input.
+Taps interior_columns(const PoolGeometry& g) {
+  const int64_t s = g.stride[2], p = g.pad[2], last = g.in[2] - 1 - (g.kernel[2] - 1) * g.dilation[2] + p;
+  const int64_t lo = std::min((p + s - 1) / s, g.out[2]);
+  return {lo, last < 0 ? lo : std::clamp(last / s + 1, lo, g.out[2])};
+}
+
+// One plane: interior windows of 1x2, 1x3, 2x2 and 3x3 kernels (the usual pools) through
+// max_pool_row, every other window through visit_window.
+template <typename T>
+void max_pool_plane(const PoolGeometry& g, const T* xp, T* yp, int64_t* ip) {
+  const int64_t kh = g.kernel[1], kw = g.kernel[2];
+  const int fixed = g.kernel[0] != 1 || kh > 3 || kw < 2 || kw > 3 || (kh != 1 && kh != kw) ? 0 : int(kh * 10 + kw);
+  const Taps inner = fixed ? interior_columns(g) : Taps{0, 0};
+  const int64_t row_step = g.dilation[1] * g.in[2], col_step = g.dilation[2], step = g.stride[2];
+  int64_t o = 0;
+  for (int64_t od = 0; od < g.out[0]; ++od) {
+    const int64_t d0 = od * g.stride[0] - g.pad[0];
+    const Taps td = taps(d0, g.kernel[0], g.dilation[0], g.in[0]);
+    for (int64_t oh = 0; oh < g.out[1]; ++oh, o += g.out[2]) {
+      const int64_t h0 = oh * g.stride[1] - g.pad[1];
+      const Taps th = taps(h0, kh, g.dilation[1], g.in[1]);
+      const bool fast = fixed && td.lo == 0 && td.hi == 1 && th.lo == 0 && th.hi == kh;
+      const Taps mid = fast ? inner : Taps{g.out[2], g.out[2]};
+      auto generic = [&](int64_t ow) {
+        FirstMax<T> m;
+        visit_window(g, d0, h0, ow * step - g.pad[2], td, th, [&](int64_t i) { m(xp, i); });
+        yp[o + ow] = m.best;
+        ip[o + ow] = m.arg;
+      };
+      for (int64_t ow = 0; ow < mid.lo; ++ow) generic(ow);
+      const int64_t first = (d0 * g.in[1] + h0) * g.in[2] + mid.lo * step - g.pad[2], n = mid.hi - mid.lo;
+      T* y = yp + o + mid.lo;
+      int64_t* idx = ip + o + mid.lo;
+      if (fast && fixed == 12) max_pool_row<T, 1, 2>(xp, first, step, row_step, col_step, n, y, idx);
+      if (fast && fixed == 13) max_pool_row<T, 1, 3>(xp, first, step, row_step, col_step, n, y, idx);
+      if (fast && fixed == 22) max_pool_row<T, 2, 2>(xp, first, step, row_step, col_step, n, y, idx);
+      if (fast && fixed == 33) max_pool_row<T, 3, 3>(xp, first, step, row_step, col_step, n, y, idx);
+      for (int64_t ow = mid.hi; ow < g.out[2]; ++ow) generic(ow);
+    }
+  }
+}
+
 template <typename T>
 void max_pool_kernel(const KernelArgs& a) {
   const PoolGeometry g = forward_geometry("max", a, true);
@@ -96,20 +161,9 @@ void max_pool_kernel(const KernelArgs& a) {
   T* y = a.out[0].ptr<T>();
   int64_t* idx = a.out[1].ptr<int64_t>();
   const int64_t iv = g.in_volume(), ov = g.out_volume();
-  for_each_window(a.exec, g, [&](int64_t p, int64_t o, const Dims3&, auto&& window) {
-    const T* xp = x + p * iv;
-    T best = -std::numeric_limits<T>::infinity();
-    int64_t arg = -1;
-    // Branch-free selects: on real data `v > best` is unpredictable, and mispredictions would
-    // dominate the cost of the pool.
-    window([&](int64_t i) {
-      const T v = xp[i];
-      const bool take = (arg < 0) | (v > best) | (v != v);
-      best = take ? v : best;
-      arg = take ? i : arg;
-    });
-    y[p * ov + o] = best;
-    idx[p * ov + o] = arg;
+  const int64_t work = std::max<int64_t>(1, ov * g.kernel[0] * g.kernel[1] * g.kernel[2]);
+  parallel_chunks(a.exec, g.planes, std::max<int64_t>(1, kElementGrain / work), [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) max_pool_plane(g, x + p * iv, y + p * ov, idx + p * ov);
   });
 }
 
