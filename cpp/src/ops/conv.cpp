@@ -47,11 +47,19 @@ Dims3 spatial_of(const Shape& s, int nd) {
 
 Shape shape_of(const Dims3& d, int nd) { return Shape(d.begin() + (3 - nd), d.end()); }
 
-std::string conv_label(int nd) { return "conv" + std::to_string(nd) + "d"; }
+const char* conv_label(int nd) {
+  static const char* const names[] = {"conv", "conv1d", "conv2d", "conv3d"};
+  return names[nd >= 1 && nd <= 3 ? nd : 0];
+}
+
+const char* conv_transpose_label(int nd) {
+  static const char* const names[] = {"conv_transpose", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"};
+  return names[nd >= 1 && nd <= 3 ? nd : 0];
+}
 
 }  // namespace
 
-Dims3 read_dims(const std::string& op, const Attrs& attrs, const char* name, int nd, int64_t dflt, int64_t min_value) {
+Dims3 read_dims(const char* op, const Attrs& attrs, const char* name, int nd, int64_t dflt, int64_t min_value) {
   Dims3 d{1, 1, 1};
   if (!attrs.has(name)) {
     for (int i = 0; i < nd; ++i) d[3 - nd + i] = dflt;
@@ -71,7 +79,7 @@ Dims3 read_dims(const std::string& op, const Attrs& attrs, const char* name, int
   return d;
 }
 
-void read_conv_window(const std::string& op, const Attrs& attrs, ConvGeometry& g) {
+void read_conv_window(const char* op, const Attrs& attrs, ConvGeometry& g) {
   const int nd = g.nd;
   g.stride = read_dims(op, attrs, "stride", nd, 1, 1);
   g.dilation = read_dims(op, attrs, "dilation", nd, 1, 1);
@@ -98,7 +106,7 @@ void read_conv_window(const std::string& op, const Attrs& attrs, ConvGeometry& g
 
 namespace {
 
-void check_rank(const std::string& op, const char* what, const Shape& s) {
+void check_rank(const char* op, const char* what, const Shape& s) {
   if (s.size() < 3 || s.size() > 5)
     throw_value_error(op, ": ", what, " must be (N, C, *spatial) with 1 to 3 spatial dimensions, got ", shape_str(s));
 }
@@ -109,7 +117,7 @@ ConvGeometry conv_geometry_forward(const Shape& x, const Shape& w, const Attrs& 
   check_rank("conv", "input", x);
   ConvGeometry g;
   g.nd = static_cast<int>(x.size()) - 2;
-  const std::string op = conv_label(g.nd);
+  const char* op = conv_label(g.nd);
   if (w.size() != x.size())
     throw_value_error(op, ": weight must be (out_channels, in_channels/groups, *kernel) with ", g.nd,
                       " kernel dimensions, got ", shape_str(w));
@@ -131,7 +139,7 @@ ConvGeometry conv_geometry_backward_data(const Shape& dy, const Shape& w, const 
   ConvGeometry g;
   g.nd = static_cast<int>(dy.size()) - 2;
   check_rank("conv_transpose", "input", dy);
-  const std::string op = "conv_transpose" + std::to_string(g.nd) + "d";
+  const char* op = conv_transpose_label(g.nd);
   if (w.size() != dy.size())
     throw_value_error(op, ": weight must be (in_channels, out_channels/groups, *kernel) with ", g.nd,
                       " kernel dimensions, got ", shape_str(w));
@@ -152,7 +160,7 @@ ConvGeometry conv_geometry_backward_data(const Shape& dy, const Shape& w, const 
 }
 
 ConvGeometry conv_geometry_backward_weight(const Shape& x, const Shape& dy, const Attrs& attrs) {
-  const std::string op = "conv_backward_weight";
+  const char* op = "conv_backward_weight";
   check_rank(op, "input", x);
   if (dy.size() != x.size() || dy[0] != x[0])
     throw_value_error(op, ": output gradient ", shape_str(dy), " does not match input ", shape_str(x));
@@ -249,7 +257,7 @@ std::vector<TensorMeta> infer_conv(const std::vector<TensorMeta>& in, Attrs& att
 std::vector<TensorMeta> infer_conv_backward_data(const std::vector<TensorMeta>& in, Attrs& attrs) {
   check_inputs("conv_backward_data", in, 2, 3);
   ConvGeometry g = conv_geometry_backward_data(in[0].shape, in[1].shape, attrs);
-  check_bias("conv_transpose" + std::to_string(g.nd) + "d", in, g.channels);
+  check_bias(conv_transpose_label(g.nd), in, g.channels);
   normalise_window(attrs, g);
   Shape out{g.batch, g.channels};
   for (int64_t s : shape_of(g.in, g.nd)) out.push_back(s);
@@ -364,7 +372,7 @@ Value conv(Value x, Value weight, Value bias, const Shape& stride, const Shape& 
 Value conv_transpose(Value x, Value weight, Value bias, const Shape& stride, const Shape& padding,
                      const Shape& output_padding, const Shape& dilation, int64_t groups) {
   const int nd = x.ndim() - 2;
-  const std::string op = "conv_transpose" + std::to_string(nd) + "d";
+  const char* op = conv_transpose_label(nd);
   if (nd < 1 || nd > 3 || weight.ndim() != x.ndim())
     throw_value_error(op, ": expected input (N, C, *spatial) and weight (C, out/groups, *kernel), got ",
                       shape_str(x.shape()), " and ", shape_str(weight.shape()));

@@ -1,6 +1,7 @@
 #pragma once
 // Geometry of an N-d convolution or pooling window, shared by the op definitions (shape checks,
-// workspace sizes) and the Eigen kernels. 1-d and 2-d problems are stored as 3-d ones with leading
+// workspace sizes) and the Eigen kernels. The kernels recompute it on every run, so nothing here
+// allocates unless it throws (op names are string literals, never built strings). 1-d and 2-d problems are stored as 3-d ones with leading
 // unit dimensions, so one implementation serves all three.
 #include <array>
 #include <cstdint>
@@ -37,12 +38,12 @@ int64_t window_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t p
 
 // Reads an integer-list attribute of length 1 (all dimensions) or nd; `dflt` when absent.
 // Values must be >= `min_value`. Throws ValueError naming `op` and `name`.
-Dims3 read_dims(const std::string& op, const Attrs& attrs, const char* name, int nd, int64_t dflt, int64_t min_value);
+Dims3 read_dims(const char* op, const Attrs& attrs, const char* name, int nd, int64_t dflt, int64_t min_value);
 
 // Fills the window attributes (stride, padding, padding_end, dilation, groups) of `g` from `attrs`
 // and computes g.out from g.in and g.kernel. g.nd, channel counts and sizes must already be set.
 // Throws ValueError when the window does not fit (spatial size too small for the kernel).
-void read_conv_window(const std::string& op, const Attrs& attrs, ConvGeometry& g);
+void read_conv_window(const char* op, const Attrs& attrs, ConvGeometry& g);
 
 // How the Eigen kernels split a convolution: work units are (sample, group) pairs handed out
 // round-robin to a fixed number of slots that run in parallel; each slot owns an im2col buffer of
@@ -80,6 +81,6 @@ int64_t pool_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad
 // `x` is the pooled input (N, C, *spatial); reads kernel_size, stride (default kernel_size),
 // padding, dilation (only when `allow_dilation`) and ceil_mode. Output sizes follow PyTorch,
 // including its rule that a ceil-mode window must start inside the input or its left padding.
-PoolGeometry pool_geometry(const std::string& op, const Shape& x, const Attrs& attrs, bool allow_dilation);
+PoolGeometry pool_geometry(const char* kind, const Shape& x, const Attrs& attrs, bool allow_dilation);
 
 }  // namespace treadle

@@ -4,6 +4,7 @@
 // formula start = floor(o*I/O), end = ceil((o+1)*I/O)). Average pools are linear, so the gradient of
 // each backward op is the forward op again.
 #include <algorithm>
+#include <string_view>
 
 #include "core/op_registry.hpp"
 #include "ops/conv_geometry.hpp"
@@ -13,7 +14,11 @@
 namespace treadle {
 namespace {
 
-std::string pool_label(const std::string& kind, int nd) { return kind + "_pool" + std::to_string(nd) + "d"; }
+const char* pool_label(const char* kind, int nd) {
+  static const char* const max_names[] = {"max_pool1d", "max_pool2d", "max_pool3d"};
+  static const char* const avg_names[] = {"avg_pool1d", "avg_pool2d", "avg_pool3d"};
+  return (std::string_view(kind) == "max" ? max_names : avg_names)[std::clamp(nd, 1, 3) - 1];
+}
 
 std::string dims_text(const Dims3& d, int nd) {
   return shape_str(Shape(d.begin() + (3 - nd), d.end()));
@@ -35,13 +40,13 @@ int64_t pool_output_size(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d,
   return out;
 }
 
-PoolGeometry pool_geometry(const std::string& kind, const Shape& x, const Attrs& attrs, bool allow_dilation) {
+PoolGeometry pool_geometry(const char* kind, const Shape& x, const Attrs& attrs, bool allow_dilation) {
   if (x.size() < 3 || x.size() > 5)
     throw_value_error(kind, "_pool: expected input (N, C, *spatial) with 1 to 3 spatial dimensions, got ",
                       shape_str(x));
   PoolGeometry g;
   g.nd = static_cast<int>(x.size()) - 2;
-  const std::string op = pool_label(kind, g.nd);
+  const char* op = pool_label(kind, g.nd);
   g.planes = x[0] * x[1];
   for (int i = 0; i < g.nd; ++i) g.in[3 - g.nd + i] = x[2 + i];
   if (!attrs.has("kernel_size")) throw_value_error(op, ": kernel_size is required");
@@ -82,7 +87,7 @@ Shape spatial(const Shape& s) { return Shape(s.begin() + 2, s.end()); }
 
 // The backward ops receive the pooled input's spatial size as "input_size" and check that pooling
 // an input of that size gives the shape of the incoming gradient.
-PoolGeometry backward_geometry(const std::string& kind, const Shape& dy, const Attrs& attrs, bool dilation) {
+PoolGeometry backward_geometry(const char* kind, const Shape& dy, const Attrs& attrs, bool dilation) {
   if (!attrs.has("input_size")) throw_value_error(kind, "_pool_backward: input_size is required");
   if (dy.size() < 3) throw_value_error(kind, "_pool_backward: expected (N, C, *spatial), got ", shape_str(dy));
   const Shape x = with_spatial(dy, attrs.ints("input_size"));

@@ -67,11 +67,11 @@ void for_each_window(Executor& exec, const PoolGeometry& g, F&& f) {
   });
 }
 
-PoolGeometry forward_geometry(const std::string& kind, const KernelArgs& a, bool dilation) {
+PoolGeometry forward_geometry(const char* kind, const KernelArgs& a, bool dilation) {
   return pool_geometry(kind, *a.in[0].shape, a.attrs(), dilation);
 }
 
-PoolGeometry backward_geometry(const std::string& kind, const KernelArgs& a, bool dilation) {
+PoolGeometry backward_geometry(const char* kind, const KernelArgs& a, bool dilation) {
   return pool_geometry(kind, *a.out[0].shape, a.attrs(), dilation);
 }
 
@@ -188,8 +188,12 @@ void max_pool_backward_kernel(const KernelArgs& a) {
 struct AvgRule {
   int64_t divisor_override;
   bool include_pad;
-  explicit AvgRule(const Attrs& a)
-      : divisor_override(a.i_or("divisor_override", 0)), include_pad(a.i_or("count_include_pad", 1) != 0) {}
+  explicit AvgRule(const Attrs& a) {
+    // Keys longer than the small-string buffer: static, so a kernel run never allocates.
+    static const std::string divisor_key = "divisor_override", include_key = "count_include_pad";
+    divisor_override = a.i_or(divisor_key, 0);
+    include_pad = a.i_or(include_key, 1) != 0;
+  }
 };
 int64_t avg_divisor(const PoolGeometry& g, const Dims3& start, const AvgRule& rule) {
   if (rule.divisor_override) return rule.divisor_override;
