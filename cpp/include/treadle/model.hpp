@@ -62,6 +62,10 @@ class TREADLE_API Model {
   // Inference on shared weights; thread-safe (each call takes its own context unless given one).
   std::vector<Tensor> predict(const std::vector<Tensor>& inputs, Context* ctx = nullptr);
   Tensor predict(const Tensor& x, Context* ctx = nullptr) { return predict(std::vector<Tensor>{x}, ctx).at(0); }
+  // The allocation-free form: writes into caller-owned outputs of the right shapes and dtypes
+  // (output_shapes() tells them). Thread-safe like predict.
+  void predict_into(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs, Context* ctx = nullptr);
+  std::vector<std::pair<Shape, DType>> output_shapes(const std::vector<Tensor>& inputs);
 
   // Copies of the parameters by name (PyTorch state_dict keys), and loading them back.
   std::map<std::string, Tensor> state_dict() const;
@@ -91,6 +95,16 @@ class TREADLE_API Model {
   std::map<PlanKey, std::shared_ptr<const Plan>> plans_;
   std::vector<std::unique_ptr<Context>> free_contexts_;
   std::atomic<uint64_t> generation_{0};
+  // The inference plan used last, answered without building a key (guarded by mutex_).
+  std::shared_ptr<const Plan> infer_plan(const std::vector<Tensor>& inputs);
+  struct LastInfer {
+    uint64_t generation = ~uint64_t{0};
+    std::vector<Shape> shapes;
+    std::vector<DType> dtypes;
+    std::shared_ptr<const Plan> plan;
+  } last_infer_;
+  std::unique_ptr<Context> take_context();
+  void return_context(std::unique_ptr<Context> c);
 };
 
 }  // namespace treadle

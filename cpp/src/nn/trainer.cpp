@@ -83,6 +83,7 @@ double Trainer::run_loss_plan(const Tensor& x, const Tensor& y, PlanMode mode) {
   void* in_ptr[1] = {xc.data()};
   void* tgt_ptr[1] = {yc.data()};
   Bindings b{model_->flat_parameters().data(), in_ptr, tgt_ptr, {}};
+  pending_.reset();  // this run reuses the context's activation memory: a pending backward is void
   p->run(ctx_, b, 0, p->num_steps());
   if (mode == PlanMode::train_loss) {
     p->accumulate_param_grads(ctx_, b, model_->flat_gradients().data());

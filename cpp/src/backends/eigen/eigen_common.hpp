@@ -27,8 +27,10 @@ template <typename F>
 void parallel_chunks(Executor& exec, int64_t n, int64_t grain, F&& body) {
   if (n <= 0) return;
   const int64_t chunks = (n + grain - 1) / grain;
+  // The same fixed chunks run serially or in parallel: GEMM-based kernels round differently for
+  // different block shapes, so chunk boundaries must not depend on the number of workers.
   if (chunks <= 1 || exec.num_workers() <= 1) {
-    body(int64_t{0}, n);
+    for (int64_t c = 0; c < chunks; ++c) body(c * grain, std::min(n, (c + 1) * grain));
     return;
   }
   // One captured pointer keeps the std::function inside its small buffer: no allocation per call.
