@@ -15,9 +15,9 @@ namespace treadle {
 namespace {
 
 const char* pool_label(const char* kind, int nd) {
-  static const char* const max_names[] = {"max_pool1d", "max_pool2d", "max_pool3d"};
-  static const char* const avg_names[] = {"avg_pool1d", "avg_pool2d", "avg_pool3d"};
-  return (std::string_view(kind) == "max" ? max_names : avg_names)[std::clamp(nd, 1, 3) - 1];
+  static const char* const names[2][3] = {{"max_pool1d", "max_pool2d", "max_pool3d"},
+                                          {"avg_pool1d", "avg_pool2d", "avg_pool3d"}};
+  return names[std::string_view(kind) == "max" ? 0 : 1][nd < 1 ? 0 : nd > 3 ? 2 : nd - 1];
 }
 
 std::string dims_text(const Dims3& d, int nd) {
