@@ -321,6 +321,41 @@ def test_functional_pools_in_a_forward():
     np.testing.assert_allclose(net.predict(x), expected, **tol(np.float64))
 
 
+class TwoInputs(tl.nn.Module):
+    """forward(x, w) -> a functional op of both: exercises tl.functional.conv*d on symbolic inputs."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x, w):
+        return self.fn(x, w)
+
+
+@pytest.mark.parametrize("name, x_shape, w_shape, kwargs", [
+    ("conv1d", (2, 4, 9), (6, 2, 3), dict(stride=2, padding=1, groups=2)),
+    ("conv2d", (2, 3, 7, 6), (4, 3, 4, 3), dict(padding="same", dilation=(1, 2))),
+    ("conv2d", (2, 3, 7, 6), (4, 3, 3, 3), dict(padding="valid", stride=(2, 1))),
+    ("conv3d", (1, 2, 4, 5, 5), (3, 2, 2, 3, 3), dict(padding=(0, 1, 1))),
+    ("conv_transpose2d", (2, 4, 4, 5), (4, 3, 3, 3), dict(stride=2, padding=1, output_padding=1)),
+])
+def test_functional_conv_matches_torch(name, x_shape, w_shape, kwargs):
+    x, w = sample(x_shape, np.float64, 0), sample(w_shape, np.float64, 1)
+    ours = getattr(tl.functional, name)
+    net = TwoInputs(lambda a, b: ours(a, b, **kwargs)).to("float64")
+    expected = getattr(F, name)(torch.tensor(x), torch.tensor(w), **kwargs).numpy()
+    np.testing.assert_allclose(net.predict([x, w]), expected, **tol(np.float64))
+
+
+def test_functional_errors():
+    net = TwoInputs(lambda a, b: tl.functional.conv2d(a, b, stride=2, padding="same")).to("float64")
+    with pytest.raises(ValueError, match="conv2d: padding='same' is not supported for strided convolutions"):
+        net.predict([np.zeros((1, 2, 5, 5)), np.zeros((2, 2, 3, 3))])
+    net = TwoInputs(lambda a, b: tl.functional.conv2d(a, b)).to("float64")
+    with pytest.raises(ValueError, match=r"conv2d: expected a batched input with 2 spatial dimensions"):
+        net.predict([np.zeros((2, 5, 5)), np.zeros((2, 2, 3, 3))])
+
+
 # ---- module-level bad input ---------------------------------------------------------------------
 
 def test_wrong_channel_count_names_layer_and_shapes():

@@ -89,58 +89,79 @@ Value conv_nd(int nd, Value x, Value w, std::optional<Value> b, const py::object
   return ops::conv(x, w, optional(b), s, begin, d, groups, end);
 }
 
+Value conv_transpose_nd(int nd, Value x, Value w, std::optional<Value> b, const py::object& stride,
+                        const py::object& padding, const py::object& output_padding, int64_t groups,
+                        const py::object& dilation) {
+  const std::string fn = "conv_transpose" + std::to_string(nd) + "d";
+  check_rank(fn, x, nd);
+  return ops::conv_transpose(x, w, optional(b), to_dims(stride, fn, "stride"), to_dims(padding, fn, "padding"),
+                             to_dims(output_padding, fn, "output_padding"), to_dims(dilation, fn, "dilation"), groups);
+}
+
+Value max_pool_nd(int nd, Value x, const py::object& k, const py::object& stride, const py::object& padding,
+                  const py::object& dilation, bool ceil_mode) {
+  const std::string fn = "max_pool" + std::to_string(nd) + "d";
+  check_rank(fn, x, nd);
+  Shape s = stride.is_none() ? Shape{} : to_dims(stride, fn, "stride");
+  return ops::max_pool(x, to_dims(k, fn, "kernel_size"), s, to_dims(padding, fn, "padding"),
+                       to_dims(dilation, fn, "dilation"), ceil_mode);
+}
+
+Value avg_pool_nd(int nd, Value x, const py::object& k, const py::object& stride, const py::object& padding,
+                  bool ceil_mode, bool count_include_pad, std::optional<int64_t> divisor) {
+  const std::string fn = "avg_pool" + std::to_string(nd) + "d";
+  check_rank(fn, x, nd);
+  if (divisor && *divisor <= 0) throw_value_error(fn, ": divisor_override must be positive, got ", *divisor);
+  Shape s = stride.is_none() ? Shape{} : to_dims(stride, fn, "stride");
+  return ops::avg_pool(x, to_dims(k, fn, "kernel_size"), s, to_dims(padding, fn, "padding"), ceil_mode,
+                       count_include_pad, divisor.value_or(0));
+}
+
+// output_size: an int, or a tuple whose None entries keep that input dim (PyTorch).
+Value adaptive_avg_pool_nd(int nd, Value x, const py::object& size) {
+  const std::string fn = "adaptive_avg_pool" + std::to_string(nd) + "d";
+  check_rank(fn, x, nd);
+  py::list items = py::isinstance<py::tuple>(size) || py::isinstance<py::list>(size) ? py::list(size) : py::list();
+  if (items.empty()) items.append(size);
+  if (items.size() != 1 && items.size() != static_cast<std::size_t>(nd))
+    throw_value_error(fn, ": output_size must have 1 or ", nd, " values");
+  Shape out;
+  for (int i = 0; i < nd; ++i) {
+    py::object v = items[items.size() == 1 ? 0 : i];
+    out.push_back(v.is_none() ? x.dim(2 + i) : v.cast<int64_t>());
+  }
+  return ops::adaptive_avg_pool(x, out);
+}
+
+// conv1d ... adaptive_avg_pool3d with PyTorch's names, arguments and defaults.
 void bind_conv_functional(py::module_& m) {
   py::module_ f = m.attr("functional").cast<py::module_>();
   for (int nd = 1; nd <= 3; ++nd) {
     const std::string sfx = std::to_string(nd) + "d";
-    f.def(("conv" + sfx).c_str(), [nd](Value x, Value w, std::optional<Value> b, py::object stride, py::object padding,
-                                       py::object dilation, int64_t groups) {
-      return conv_nd(nd, x, w, b, stride, padding, dilation, groups);
-    }, py::arg("input"), py::arg("weight"), py::arg("bias") = py::none(), py::arg("stride") = 1,
+    f.def(("conv" + sfx).c_str(),
+          [nd](Value x, Value w, std::optional<Value> b, py::object s, py::object p, py::object d, int64_t groups) {
+            return conv_nd(nd, x, w, b, s, p, d, groups);
+          },
+          py::arg("input"), py::arg("weight"), py::arg("bias") = py::none(), py::arg("stride") = 1,
           py::arg("padding") = 0, py::arg("dilation") = 1, py::arg("groups") = 1);
-    f.def(("conv_transpose" + sfx).c_str(), [nd](Value x, Value w, std::optional<Value> b, py::object stride,
-                                                 py::object padding, py::object output_padding, int64_t groups,
-                                                 py::object dilation) {
-      const std::string fn = "conv_transpose" + std::to_string(nd) + "d";
-      check_rank(fn, x, nd);
-      return ops::conv_transpose(x, w, optional(b), to_dims(stride, fn, "stride"), to_dims(padding, fn, "padding"),
-                                 to_dims(output_padding, fn, "output_padding"), to_dims(dilation, fn, "dilation"),
-                                 groups);
-    }, py::arg("input"), py::arg("weight"), py::arg("bias") = py::none(), py::arg("stride") = 1,
+    f.def(("conv_transpose" + sfx).c_str(),
+          [nd](Value x, Value w, std::optional<Value> b, py::object s, py::object p, py::object op, int64_t groups,
+               py::object d) { return conv_transpose_nd(nd, x, w, b, s, p, op, groups, d); },
+          py::arg("input"), py::arg("weight"), py::arg("bias") = py::none(), py::arg("stride") = 1,
           py::arg("padding") = 0, py::arg("output_padding") = 0, py::arg("groups") = 1, py::arg("dilation") = 1);
-    f.def(("max_pool" + sfx).c_str(), [nd](Value x, py::object k, py::object stride, py::object padding,
-                                           py::object dilation, bool ceil_mode) {
-      const std::string fn = "max_pool" + std::to_string(nd) + "d";
-      check_rank(fn, x, nd);
-      Shape s = stride.is_none() ? Shape{} : to_dims(stride, fn, "stride");
-      return ops::max_pool(x, to_dims(k, fn, "kernel_size"), s, to_dims(padding, fn, "padding"),
-                           to_dims(dilation, fn, "dilation"), ceil_mode);
-    }, py::arg("input"), py::arg("kernel_size"), py::arg("stride") = py::none(), py::arg("padding") = 0,
+    f.def(("max_pool" + sfx).c_str(),
+          [nd](Value x, py::object k, py::object s, py::object p, py::object d, bool ceil_mode) {
+            return max_pool_nd(nd, x, k, s, p, d, ceil_mode);
+          },
+          py::arg("input"), py::arg("kernel_size"), py::arg("stride") = py::none(), py::arg("padding") = 0,
           py::arg("dilation") = 1, py::arg("ceil_mode") = false);
-    f.def(("avg_pool" + sfx).c_str(), [nd](Value x, py::object k, py::object stride, py::object padding,
-                                           bool ceil_mode, bool count_include_pad, std::optional<int64_t> divisor) {
-      const std::string fn = "avg_pool" + std::to_string(nd) + "d";
-      check_rank(fn, x, nd);
-      if (divisor && *divisor <= 0) throw_value_error(fn, ": divisor_override must be positive, got ", *divisor);
-      Shape s = stride.is_none() ? Shape{} : to_dims(stride, fn, "stride");
-      return ops::avg_pool(x, to_dims(k, fn, "kernel_size"), s, to_dims(padding, fn, "padding"), ceil_mode,
-                           count_include_pad, divisor.value_or(0));
-    }, py::arg("input"), py::arg("kernel_size"), py::arg("stride") = py::none(), py::arg("padding") = 0,
+    f.def(("avg_pool" + sfx).c_str(),
+          [nd](Value x, py::object k, py::object s, py::object p, bool ceil_mode, bool include_pad,
+               std::optional<int64_t> divisor) { return avg_pool_nd(nd, x, k, s, p, ceil_mode, include_pad, divisor); },
+          py::arg("input"), py::arg("kernel_size"), py::arg("stride") = py::none(), py::arg("padding") = 0,
           py::arg("ceil_mode") = false, py::arg("count_include_pad") = true, py::arg("divisor_override") = py::none());
-    f.def(("adaptive_avg_pool" + sfx).c_str(), [nd](Value x, py::object size) {
-      const std::string fn = "adaptive_avg_pool" + std::to_string(nd) + "d";
-      check_rank(fn, x, nd);
-      Shape out;
-      py::list items = py::isinstance<py::tuple>(size) || py::isinstance<py::list>(size) ? py::list(size) : py::list();
-      if (items.empty()) items.append(size);
-      if (items.size() != 1 && items.size() != static_cast<std::size_t>(nd))
-        throw_value_error(fn, ": output_size must have 1 or ", nd, " values");
-      for (int i = 0; i < nd; ++i) {
-        py::object v = items[items.size() == 1 ? 0 : i];
-        out.push_back(v.is_none() ? x.dim(2 + i) : v.cast<int64_t>());
-      }
-      return ops::adaptive_avg_pool(x, out);
-    }, py::arg("input"), py::arg("output_size"));
+    f.def(("adaptive_avg_pool" + sfx).c_str(), [nd](Value x, py::object size) { return adaptive_avg_pool_nd(nd, x, size); },
+          py::arg("input"), py::arg("output_size"));
   }
 }
 
