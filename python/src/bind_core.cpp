@@ -107,7 +107,8 @@ void bind_core(py::module_& m) {
   m.def("run_op", &run_op_py, py::arg("op"), py::arg("inputs"), py::arg("attrs"), py::arg("grad_outputs") = py::none(),
         py::arg("backend") = "", py::arg("training") = true, py::arg("seed") = 0);
   py::class_<Context>(m, "Context", "Per-caller activations, RNG and the host's executor.")
-      .def(py::init([](uint64_t seed) { return new Context(nullptr, seed); }), py::arg("seed") = 0)
+      .def(py::init([](uint64_t seed, Executor* executor) { return new Context(executor, seed); }), py::arg("seed") = 0,
+           py::arg("executor") = nullptr, py::keep_alive<1, 3>())
       .def_property_readonly("seed", &Context::seed)
       .def_property_readonly("rng_counter", &Context::rng_counter)
       .def("set_rng_state", &Context::set_rng_state)

@@ -5,11 +5,13 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "treadle's compiled core";
   py::register_exception<treadle::ValueError>(m, "_ValueError", PyExc_ValueError);
   py::register_exception<treadle::TypeError>(m, "_TypeError", PyExc_TypeError);
+  treadle::py_bind::bind_executor(m);
   treadle::py_bind::bind_core(m);
   treadle::py_bind::bind_nn(m);
   treadle::py_bind::bind_optim(m);
   treadle::py_bind::bind_train(m);
   treadle::py_bind::bind_loss(m);
   treadle::py_bind::bind_attention(m);
+  treadle::py_bind::bind_layers(m);
   treadle::py_bind::bind_conv(m);
 }

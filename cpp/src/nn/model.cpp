@@ -98,8 +98,10 @@ PlanKey Model::infer_key(const std::vector<Tensor>& inputs) const {
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& t = inputs[i];
     if (!t.defined()) throw_value_error("model: input ", i, " is undefined");
-    if (t.dtype() != dtype_)
-      throw_type_error("model: expected input of dtype ", dtype_name(dtype_), ", got ", dtype_name(t.dtype()));
+    // Integer inputs are indices (e.g. for an Embedding); an op that needs floats rejects them when traced.
+    if (t.dtype() != dtype_ && !is_integer(t.dtype()))
+      throw_type_error("model: expected input of dtype ", dtype_name(dtype_), " (or integer indices), got ",
+                       dtype_name(t.dtype()));
     if (t.ndim() == 0) throw_value_error("model: input ", i, " is a scalar; expected a batch");
     if (t.dim(0) == 0) throw_value_error("model: empty batch (input of shape ", shape_str(t.shape()), ")");
     key.input_shapes.push_back(t.shape());
@@ -226,7 +228,9 @@ void Model::load_state_dict(const std::map<std::string, Tensor>& state, bool str
     if (it->second.shape() != p->value().shape())
       throw_value_error("load_state_dict: '", name, "' has shape ", shape_str(it->second.shape()), ", expected ",
                         shape_str(p->value().shape()));
-    if (!is_floating(it->second.dtype()))
+    // Integers load only into non-trained state (a counter such as torch's int64 num_batches_tracked).
+    const DType dt = it->second.dtype();
+    if (!is_floating(dt) && !(is_integer(dt) && !p->requires_grad()))
       throw_type_error("load_state_dict: '", name, "' has dtype ", dtype_name(it->second.dtype()));
   }
   if (strict)

@@ -14,6 +14,9 @@ class EigenBackend final : public Backend {
     register_eigen_dropout(table_);
     register_eigen_loss(table_);
     register_eigen_attention(table_);
+    register_eigen_norm(table_);
+    register_eigen_embedding(table_);
+    register_eigen_misc(table_);
     register_eigen_conv(table_);
     register_eigen_pool(table_);
   }
