@@ -432,3 +432,27 @@ def test_small_cnn_trains_like_torch(optimizer):
         ours.append(trainer.step(x, y))
     np.testing.assert_allclose(ours, theirs, rtol=1e-9, atol=1e-12)
     assert theirs[-1] < theirs[0]
+
+
+def test_parallel_executor_gives_bitwise_serial_results():
+    """Work split over a host's workers (conv slots, pool planes) must not change a single bit."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def run(executor):
+        tl.manual_seed(3)
+        nn = tl.nn
+        model = nn.Sequential(nn.Conv2d(2, 8, 3, padding=1, groups=2), nn.ReLU(), nn.MaxPool2d(2),
+                              nn.ConvTranspose2d(8, 4, 3, stride=2, padding=1, output_padding=1), nn.ReLU(),
+                              nn.AvgPool2d(3, stride=2, padding=1), nn.GlobalAvgPool2d(), nn.Linear(4, 3))
+        trainer = tl.Trainer(model, tl.loss.CrossEntropy(), tl.optim.Adam(lr=1e-2), executor=executor)
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((24, 2, 10, 10)).astype(np.float32)
+        y = rng.integers(0, 3, 24)
+        losses = [trainer.step(x, y) for _ in range(5)]
+        return losses, model.flat_parameters().copy()
+
+    serial = run(None)
+    with ThreadPoolExecutor(4) as pool:
+        parallel = run(tl.PoolExecutor(pool, 4))
+    assert serial[0] == parallel[0]
+    np.testing.assert_array_equal(serial[1], parallel[1])
