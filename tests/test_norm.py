@@ -480,8 +480,6 @@ def test_batchnorm_forward_phase_updates_running_stats_once():
     assert bn.num_batches_tracked == 1
 
 
-@pytest.mark.xfail(reason="core: the optimizer's fused update also decays requires_grad=False slots (running "
-                          "statistics) when weight_decay > 0; needs the lead's fix (see report)", strict=False)
 def test_batchnorm_running_stats_untouched_by_weight_decay():
     model, tmodel, xshape = bn_models("1d", np.float64)
     tmodel = tmodel.double()
@@ -500,9 +498,6 @@ def test_batchnorm_running_stats_untouched_by_weight_decay():
         np.testing.assert_allclose(ours[k], tmodel.state_dict()[k].numpy(), rtol=1e-9, err_msg=k)
 
 
-@pytest.mark.xfail(reason="core binding: load_state_dict passes entries through np.ascontiguousarray, which makes "
-                          "0-d arrays 1-d; needs np.asarray(x, order='C') in python/src/bind_nn.cpp (see report)",
-                   strict=False)
 def test_load_torch_batchnorm_state_dict():
     """torch's state_dict (int64 num_batches_tracked, 0-d) loads as is; ours loads back into torch."""
     tbn = randomize(torch.nn.BatchNorm2d(3))

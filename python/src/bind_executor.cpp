@@ -39,9 +39,10 @@ class PoolExecutor final : public Executor {
         if (!error) error = std::current_exception();
       }
     };
-    py::list futures;
     {
+      // Every Python object lives inside this block, with the GIL held; chunks run without it.
       py::gil_scoped_acquire gil;
+      py::list futures;
       for (int64_t b = size; b < n; b += size) {
         const int64_t e = std::min(n, b + size);
         futures.append(pool_.attr("submit")(py::cpp_function([&run, b, e] {
@@ -49,12 +50,11 @@ class PoolExecutor final : public Executor {
           run(b, e);
         })));
       }
-    }
-    run(0, std::min(n, size));
-    {
-      py::gil_scoped_acquire gil;
+      {
+        py::gil_scoped_release release;
+        run(0, std::min(n, size));
+      }
       for (auto f : futures) f.attr("result")();
-      futures = py::list();
     }
     if (error) std::rethrow_exception(error);
   }

@@ -72,7 +72,8 @@ class Module:
         return self._compiled().flat_gradients()
 
     def num_parameters(self):
-        return sum(int(np.prod(p.shape)) for _, p in self._unique_parameter_objects())
+        """Number of trainable values (like sum(p.numel() for p in torch_module.parameters()))."""
+        return sum(int(np.prod(p.shape)) for _, p in self._unique_parameter_objects() if p.requires_grad)
 
     def state_dict(self):
         """Dict name -> numpy copy of each parameter, with PyTorch's keys and layouts."""
