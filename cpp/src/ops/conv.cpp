@@ -185,20 +185,43 @@ constexpr int64_t kColumnBudget = 1 << 17;      // elements of one slot's im2col
 constexpr int64_t kAccumulatorBudget = 1 << 22;  // elements of all weight-gradient accumulators
 }  // namespace
 
+namespace {
+
+// The wide path trades one short copy per (im2col row, output row) for one per (output channel,
+// output row) plus a few extra GEMM columns: it pays when there are more im2col rows than channels.
+bool wide_applies(const ConvGeometry& g) {
+  if (g.pointwise() || g.rows() <= g.out_group() || g.in[0] != 1 || g.kernel[0] != 1 || g.pad_begin[0] != 0 || g.pad_end[0] != 0) return false;
+  for (int i = 1; i < 3; ++i)
+    if (g.stride[i] != 1 || g.pad_begin[i] < 0 || g.pad_end[i] < 0) return false;
+  return true;
+}
+
+}  // namespace
+
 ConvWorkPlan conv_work_plan(const ConvGeometry& g, ConvPass pass) {
   ConvWorkPlan p;
   const int64_t units = g.batch * g.groups;
   p.slots = std::clamp<int64_t>(units, 1, kMaxSlots);
   p.needs_columns = !g.pointwise();
-  // Whole output rows per tile where they fit, so the im2col loops run over long contiguous rows.
-  const int64_t row_len = g.out[2], l = g.out_volume();
+  p.wide = wide_applies(g);
   const int64_t max_cols = std::max<int64_t>(1, kColumnBudget / std::max<int64_t>(1, g.rows()));
-  p.tile = max_cols >= row_len ? std::min(l, max_cols / row_len * row_len) : std::min(l, std::max<int64_t>(max_cols, 64));
+  if (p.wide) {
+    // Whole wide rows per tile.
+    p.padded_row = g.in[2] + g.pad_begin[2] + g.pad_end[2];
+    const int64_t padded_rows = g.in[1] + g.pad_begin[1] + g.pad_end[1];
+    p.padded_elements = g.in_group() * padded_rows * p.padded_row + (g.kernel[2] - 1) * g.dilation[2];
+    p.tile = std::clamp<int64_t>(max_cols / p.padded_row, 1, g.out[1]) * p.padded_row;
+    p.slot_elements = p.padded_elements + (g.rows() + g.out_group()) * p.tile;
+  } else {
+    // Whole output rows per tile where they fit, so the im2col loops run over long contiguous rows.
+    const int64_t row_len = g.out[2], l = g.out_volume();
+    p.tile = max_cols >= row_len ? std::min(l, max_cols / row_len * row_len)
+                                 : std::min(l, std::max<int64_t>(max_cols, 64));
+    p.slot_elements = p.needs_columns ? g.rows() * p.tile : 0;
+  }
   if (pass == ConvPass::backward_weight) {
     const int64_t w_numel = g.out_channels * g.rows();
     p.acc_slots = std::clamp<int64_t>(kAccumulatorBudget / std::max<int64_t>(1, w_numel), 1, p.slots);
-  } else {
-    p.acc_slots = 1;
   }
   return p;
 }
@@ -206,7 +229,7 @@ ConvWorkPlan conv_work_plan(const ConvGeometry& g, ConvPass pass) {
 int64_t conv_workspace_elements(const ConvGeometry& g, ConvPass pass) {
   const ConvWorkPlan p = conv_work_plan(g, pass);
   const int64_t slots = pass == ConvPass::backward_weight ? p.acc_slots : p.slots;
-  int64_t n = p.needs_columns ? slots * g.rows() * p.tile : 0;
+  int64_t n = slots * p.slot_elements;
   if (pass == ConvPass::backward_weight) n += (p.acc_slots - 1) * g.out_channels * g.rows();
   return n;
 }

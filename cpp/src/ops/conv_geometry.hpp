@@ -54,11 +54,19 @@ struct ConvWorkPlan {
   int64_t tile = 1;        // output positions per im2col tile
   int64_t acc_slots = 1;   // slots for the weight gradient (bounded by accumulator memory)
   bool needs_columns = true;
+  // Stride-1 convolutions with a unit depth (all 1-d and 2-d ones) run on a zero-padded copy of
+  // each input: every im2col row is then one contiguous slice ("wide" rows of padded_row outputs,
+  // the extra ones discarded), instead of one short copy per output row.
+  bool wide = false;
+  int64_t padded_row = 0;       // Wp = W + padding
+  int64_t padded_elements = 0;  // C/groups * Hp * Wp plus the slack the last slice reads
+  int64_t slot_elements = 0;    // workspace per slot
 };
 enum class ConvPass { forward, backward_data, backward_weight };
 ConvWorkPlan conv_work_plan(const ConvGeometry& g, ConvPass pass);
 // Elements (of the op's dtype) of workspace the kernel for `pass` uses; matches the kernels' layout:
-// [slots x rows x tile columns][(acc_slots - 1) x weight accumulators].
+// [slots x slot_elements][(acc_slots - 1) x weight accumulators], a slot being [rows x tile] or, on
+// the wide path, [padded input][rows x tile][out_channels/groups x tile].
 int64_t conv_workspace_elements(const ConvGeometry& g, ConvPass pass);
 
 // Geometry of the three convolution ops from their inputs' shapes (validated by the ops' infer).

@@ -112,32 +112,198 @@ void add_channel_bias(T* y, const T* bias, int64_t channels, int64_t len) {
   for (int64_t c = 0; c < channels; ++c) VecMap<T>(y + c * len, len) += bias[c];
 }
 
+// ---- the wide path (stride 1, unit depth): im2col rows are contiguous slices of a padded copy ----
+
+// Layout of one slot on the wide path: [padded input][rows x tile columns][out/groups x tile].
+template <typename T>
+struct WideSlot {
+  T* pad;
+  T* col;
+  T* buf;
+  WideSlot(const ConvGeometry& g, const ConvWorkPlan& p, T* base)
+      : pad(base), col(base + p.padded_elements), buf(base + p.padded_elements + g.rows() * p.tile) {}
+};
+
+int64_t padded_plane(const ConvGeometry& g, const ConvWorkPlan& p) {
+  return (g.in[1] + g.pad_begin[1] + g.pad_end[1]) * p.padded_row;
+}
+
+// The group's input channels into the zeroed padded buffer.
+template <typename T>
+void pad_input(const ConvGeometry& g, const ConvWorkPlan& p, const T* x, T* pad) {
+  const int64_t H = g.in[1], W = g.in[2], Wp = p.padded_row, plane = padded_plane(g, p);
+  std::fill(pad, pad + p.padded_elements, T(0));
+  for (int64_t c = 0; c < g.in_group(); ++c)
+    for (int64_t ih = 0; ih < H; ++ih)
+      std::copy(x + (c * H + ih) * W, x + (c * H + ih + 1) * W, pad + c * plane + (ih + g.pad_begin[1]) * Wp + g.pad_begin[2]);
+}
+
+// Row (c, kh, kw) of the wide im2col tile starting at output row `line0`: one slice of the padded input.
+template <typename F>
+void for_each_wide_row(const ConvGeometry& g, const ConvWorkPlan& p, int64_t line0, F&& row) {
+  const int64_t Wp = p.padded_row, plane = padded_plane(g, p);
+  int64_t r = 0;
+  for (int64_t c = 0; c < g.in_group(); ++c)
+    for (int64_t kh = 0; kh < g.kernel[1]; ++kh)
+      for (int64_t kw = 0; kw < g.kernel[2]; ++kw, ++r)
+        row(r, c * plane + (line0 + kh * g.dilation[1]) * Wp + kw * g.dilation[2]);
+}
+
+template <typename T>
+void im2col_wide(const ConvGeometry& g, const ConvWorkPlan& p, const T* pad, int64_t line0, int64_t cols, T* col) {
+  for_each_wide_row(g, p, line0, [&](int64_t r, int64_t at) { std::copy(pad + at, pad + at + cols, col + r * cols); });
+}
+
+template <typename T>
+void col2im_wide_add(const ConvGeometry& g, const ConvWorkPlan& p, const T* col, int64_t line0, int64_t cols, T* pad) {
+  for_each_wide_row(g, p, line0, [&](int64_t r, int64_t at) {
+    VecMap<T>(pad + at, cols) += ConstVecMap<T>(col + r * cols, cols);
+  });
+}
+
+// Output rows [line0, line0 + lines) of `channels` channels between the compact layout (rows of OW)
+// and the wide one (rows of Wp; the extra columns are zero going in and dropped coming out).
+template <typename T>
+void compact_to_wide(const ConvGeometry& g, const ConvWorkPlan& p, const T* y, int64_t line0, int64_t lines,
+                     int64_t channels, T* wide) {
+  const int64_t OW = g.out[2], Wp = p.padded_row, L = g.out_volume(), cols = lines * Wp;
+  for (int64_t o = 0; o < channels; ++o)
+    for (int64_t l = 0; l < lines; ++l) {
+      T* dst = wide + o * cols + l * Wp;
+      std::copy(y + o * L + (line0 + l) * OW, y + o * L + (line0 + l + 1) * OW, dst);
+      std::fill(dst + OW, dst + Wp, T(0));
+    }
+}
+
+template <typename T>
+void wide_to_compact(const ConvGeometry& g, const ConvWorkPlan& p, const T* wide, int64_t line0, int64_t lines,
+                     int64_t channels, T* y) {
+  const int64_t OW = g.out[2], Wp = p.padded_row, L = g.out_volume(), cols = lines * Wp;
+  for (int64_t o = 0; o < channels; ++o)
+    for (int64_t l = 0; l < lines; ++l)
+      std::copy(wide + o * cols + l * Wp, wide + o * cols + l * Wp + OW, y + o * L + (line0 + l) * OW);
+}
+
+// ---- one (sample, group) unit per pass ------------------------------------------------------
+
+// Where one (sample, group) unit starts: its group, and element offsets of its slice of the
+// convolution's input (C/groups channels) and output (out/groups channels).
+struct UnitOffsets {
+  int64_t grp, x, y;
+};
+UnitOffsets unit_offsets(const ConvGeometry& g, int64_t u) {
+  const int64_t n = u / g.groups, grp = u % g.groups;
+  return {grp, (n * g.channels + grp * g.in_group()) * g.in_volume(),
+          (n * g.out_channels + grp * g.out_group()) * g.out_volume()};
+}
+
+template <typename T>
+void forward_unit(const ConvGeometry& g, const ConvWorkPlan& p, const T* xg, const T* wg, T* yg, T* slot) {
+  const int64_t K = g.rows(), L = g.out_volume(), cout = g.out_group();
+  ConstMapR<T> W(wg, cout, K);
+  if (p.wide) {
+    WideSlot<T> s(g, p, slot);
+    pad_input(g, p, xg, s.pad);
+    const int64_t lines_per_tile = p.tile / p.padded_row;
+    for (int64_t line0 = 0; line0 < g.out[1]; line0 += lines_per_tile) {
+      const int64_t lines = std::min(lines_per_tile, g.out[1] - line0), cols = lines * p.padded_row;
+      im2col_wide(g, p, s.pad, line0, cols, s.col);
+      MapR<T>(s.buf, cout, cols).noalias() = W * ConstMapR<T>(s.col, K, cols);
+      wide_to_compact(g, p, s.buf, line0, lines, cout, yg);
+    }
+    return;
+  }
+  for (int64_t l0 = 0; l0 < L; l0 += p.tile) {
+    const int64_t cols = std::min(p.tile, L - l0);
+    StrideMapR<T> Y(yg + l0, cout, cols, Eigen::OuterStride<>(L));
+    if (p.needs_columns) {
+      im2col(g, xg, l0, l0 + cols, slot);
+      Y.noalias() = W * ConstMapR<T>(slot, K, cols);
+    } else {
+      Y.noalias() = W * ConstStrideMapR<T>(xg + l0, K, cols, Eigen::OuterStride<>(L));
+    }
+  }
+}
+
+template <typename T>
+void backward_data_unit(const ConvGeometry& g, const ConvWorkPlan& p, const T* dyg, const T* wg, T* dxg, T* slot) {
+  const int64_t K = g.rows(), L = g.out_volume(), cin = g.in_group(), cout = g.out_group(), in_vol = g.in_volume();
+  ConstMapR<T> W(wg, cout, K);
+  if (p.wide) {
+    WideSlot<T> s(g, p, slot);
+    std::fill(s.pad, s.pad + p.padded_elements, T(0));
+    const int64_t lines_per_tile = p.tile / p.padded_row;
+    for (int64_t line0 = 0; line0 < g.out[1]; line0 += lines_per_tile) {
+      const int64_t lines = std::min(lines_per_tile, g.out[1] - line0), cols = lines * p.padded_row;
+      compact_to_wide(g, p, dyg, line0, lines, cout, s.buf);
+      MapR<T>(s.col, K, cols).noalias() = W.transpose() * ConstMapR<T>(s.buf, cout, cols);
+      col2im_wide_add(g, p, s.col, line0, cols, s.pad);
+    }
+    const int64_t H = g.in[1], W_in = g.in[2], plane = padded_plane(g, p);
+    for (int64_t c = 0; c < cin; ++c)
+      for (int64_t ih = 0; ih < H; ++ih) {
+        const T* src = s.pad + c * plane + (ih + g.pad_begin[1]) * p.padded_row + g.pad_begin[2];
+        std::copy(src, src + W_in, dxg + (c * H + ih) * W_in);
+      }
+    return;
+  }
+  if (p.needs_columns) std::fill(dxg, dxg + cin * in_vol, T(0));
+  for (int64_t l0 = 0; l0 < L; l0 += p.tile) {
+    const int64_t cols = std::min(p.tile, L - l0);
+    ConstStrideMapR<T> DY(dyg + l0, cout, cols, Eigen::OuterStride<>(L));
+    if (p.needs_columns) {
+      MapR<T>(slot, K, cols).noalias() = W.transpose() * DY;
+      col2im_add(g, slot, l0, l0 + cols, dxg);
+    } else {
+      StrideMapR<T>(dxg + l0, K, cols, Eigen::OuterStride<>(L)).noalias() = W.transpose() * DY;
+    }
+  }
+}
+
+// Adds this unit's dy * im2col(x)^T into dw (the group's rows).
+template <typename T>
+void backward_weight_unit(const ConvGeometry& g, const ConvWorkPlan& p, const T* xg, const T* dyg, T* dwg, T* slot) {
+  const int64_t K = g.rows(), L = g.out_volume(), cout = g.out_group();
+  MapR<T> DW(dwg, cout, K);
+  if (p.wide) {
+    WideSlot<T> s(g, p, slot);
+    pad_input(g, p, xg, s.pad);
+    const int64_t lines_per_tile = p.tile / p.padded_row;
+    for (int64_t line0 = 0; line0 < g.out[1]; line0 += lines_per_tile) {
+      const int64_t lines = std::min(lines_per_tile, g.out[1] - line0), cols = lines * p.padded_row;
+      im2col_wide(g, p, s.pad, line0, cols, s.col);
+      compact_to_wide(g, p, dyg, line0, lines, cout, s.buf);
+      DW.noalias() += ConstMapR<T>(s.buf, cout, cols) * ConstMapR<T>(s.col, K, cols).transpose();
+    }
+    return;
+  }
+  for (int64_t l0 = 0; l0 < L; l0 += p.tile) {
+    const int64_t cols = std::min(p.tile, L - l0);
+    ConstStrideMapR<T> DY(dyg + l0, cout, cols, Eigen::OuterStride<>(L));
+    if (p.needs_columns) {
+      im2col(g, xg, l0, l0 + cols, slot);
+      DW.noalias() += DY * ConstMapR<T>(slot, K, cols).transpose();
+    } else {
+      DW.noalias() += DY * ConstStrideMapR<T>(xg + l0, K, cols, Eigen::OuterStride<>(L)).transpose();
+    }
+  }
+}
+
+// ---- kernels --------------------------------------------------------------------------------
+
 template <typename T>
 void conv_forward_kernel(const KernelArgs& a) {
   const ConvGeometry g = conv_geometry_forward(*a.in[0].shape, *a.in[1].shape, a.attrs());
   const ConvWorkPlan p = conv_work_plan(g, ConvPass::forward);
   const T *x = a.in[0].ptr<T>(), *w = a.in[1].ptr<T>(), *bias = a.num_in == 3 ? a.in[2].ptr<T>() : nullptr;
   T* y = a.out[0].ptr<T>();
-  const int64_t K = g.rows(), L = g.out_volume(), cin = g.in_group(), cout = g.out_group();
-  const int64_t units = g.batch * g.groups;
+  const int64_t units = g.batch * g.groups, cout = g.out_group();
   run_slots(a.exec, p.slots, [&](int64_t slot) {
-    T* col = static_cast<T*>(a.workspace) + slot * K * p.tile;
     for (int64_t u = slot; u < units; u += p.slots) {
-      const int64_t n = u / g.groups, grp = u % g.groups;
-      const T* xg = x + (n * g.channels + grp * cin) * g.in_volume();
-      T* yg = y + (n * g.out_channels + grp * cout) * L;
-      ConstMapR<T> W(w + grp * cout * K, cout, K);
-      for (int64_t l0 = 0; l0 < L; l0 += p.tile) {
-        const int64_t cols = std::min(p.tile, L - l0);
-        StrideMapR<T> Y(yg + l0, cout, cols, Eigen::OuterStride<>(L));
-        if (p.needs_columns) {
-          im2col(g, xg, l0, l0 + cols, col);
-          Y.noalias() = W * ConstMapR<T>(col, K, cols);
-        } else {
-          Y.noalias() = W * ConstStrideMapR<T>(xg + l0, K, cols, Eigen::OuterStride<>(L));
-        }
-      }
-      if (bias) add_channel_bias(yg, bias + grp * cout, cout, L);
+      const UnitOffsets at = unit_offsets(g, u);
+      forward_unit(g, p, x + at.x, w + at.grp * cout * g.rows(), y + at.y,
+                   static_cast<T*>(a.workspace) + slot * p.slot_elements);
+      if (bias) add_channel_bias(y + at.y, bias + at.grp * cout, cout, g.out_volume());
     }
   });
 }
@@ -149,27 +315,13 @@ void conv_backward_data_kernel(const KernelArgs& a) {
   const ConvWorkPlan p = conv_work_plan(g, ConvPass::backward_data);
   const T *dy = a.in[0].ptr<T>(), *w = a.in[1].ptr<T>(), *bias = a.num_in == 3 ? a.in[2].ptr<T>() : nullptr;
   T* dx = a.out[0].ptr<T>();
-  const int64_t K = g.rows(), L = g.out_volume(), cin = g.in_group(), cout = g.out_group();
-  const int64_t units = g.batch * g.groups, in_vol = g.in_volume();
+  const int64_t units = g.batch * g.groups, cin = g.in_group();
   run_slots(a.exec, p.slots, [&](int64_t slot) {
-    T* col = static_cast<T*>(a.workspace) + slot * K * p.tile;
     for (int64_t u = slot; u < units; u += p.slots) {
-      const int64_t n = u / g.groups, grp = u % g.groups;
-      const T* dyg = dy + (n * g.out_channels + grp * cout) * L;
-      T* dxg = dx + (n * g.channels + grp * cin) * in_vol;
-      ConstMapR<T> W(w + grp * cout * K, cout, K);
-      if (p.needs_columns) std::fill(dxg, dxg + cin * in_vol, T(0));
-      for (int64_t l0 = 0; l0 < L; l0 += p.tile) {
-        const int64_t cols = std::min(p.tile, L - l0);
-        ConstStrideMapR<T> DY(dyg + l0, cout, cols, Eigen::OuterStride<>(L));
-        if (p.needs_columns) {
-          MapR<T>(col, K, cols).noalias() = W.transpose() * DY;
-          col2im_add(g, col, l0, l0 + cols, dxg);
-        } else {
-          StrideMapR<T>(dxg + l0, K, cols, Eigen::OuterStride<>(L)).noalias() = W.transpose() * DY;
-        }
-      }
-      if (bias) add_channel_bias(dxg, bias + grp * cin, cin, in_vol);
+      const UnitOffsets at = unit_offsets(g, u);
+      backward_data_unit(g, p, dy + at.y, w + at.grp * g.out_group() * g.rows(), dx + at.x,
+                         static_cast<T*>(a.workspace) + slot * p.slot_elements);
+      if (bias) add_channel_bias(dx + at.x, bias + at.grp * cin, cin, g.in_volume());
     }
   });
 }
@@ -182,29 +334,16 @@ void conv_backward_weight_kernel(const KernelArgs& a) {
   const ConvWorkPlan p = conv_work_plan(g, ConvPass::backward_weight);
   const T *x = a.in[0].ptr<T>(), *dy = a.in[1].ptr<T>();
   T* dw = a.out[0].ptr<T>();
-  const int64_t K = g.rows(), L = g.out_volume(), cin = g.in_group(), cout = g.out_group();
-  const int64_t units = g.batch * g.groups, w_numel = g.out_channels * K, slots = p.acc_slots;
+  const int64_t units = g.batch * g.groups, w_numel = g.out_channels * g.rows(), slots = p.acc_slots;
   T* ws = static_cast<T*>(a.workspace);
-  T* acc_base = ws + (p.needs_columns ? slots * K * p.tile : 0);
+  T* acc_base = ws + slots * p.slot_elements;
   run_slots(a.exec, slots, [&](int64_t slot) {
     T* acc = slot == 0 ? dw : acc_base + (slot - 1) * w_numel;
-    T* col = ws + slot * K * p.tile;
     std::fill(acc, acc + w_numel, T(0));
     for (int64_t u = slot; u < units; u += slots) {
-      const int64_t n = u / g.groups, grp = u % g.groups;
-      const T* xg = x + (n * g.channels + grp * cin) * g.in_volume();
-      const T* dyg = dy + (n * g.out_channels + grp * cout) * L;
-      MapR<T> DW(acc + grp * cout * K, cout, K);
-      for (int64_t l0 = 0; l0 < L; l0 += p.tile) {
-        const int64_t cols = std::min(p.tile, L - l0);
-        ConstStrideMapR<T> DY(dyg + l0, cout, cols, Eigen::OuterStride<>(L));
-        if (p.needs_columns) {
-          im2col(g, xg, l0, l0 + cols, col);
-          DW.noalias() += DY * ConstMapR<T>(col, K, cols).transpose();
-        } else {
-          DW.noalias() += DY * ConstStrideMapR<T>(xg + l0, K, cols, Eigen::OuterStride<>(L)).transpose();
-        }
-      }
+      const UnitOffsets at = unit_offsets(g, u);
+      backward_weight_unit(g, p, x + at.x, dy + at.y, acc + at.grp * g.out_group() * g.rows(),
+                           ws + slot * p.slot_elements);
     }
   });
   if (slots > 1)
