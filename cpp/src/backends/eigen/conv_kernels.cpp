@@ -1,6 +1,8 @@
 // Reference convolution kernels: im2col + Eigen GEMM for the forward pass, the data gradient
 // (GEMM + col2im) and the weight gradient (GEMM on the same im2col panels). 1-d and 2-d problems are
-// 3-d ones with unit leading dims (see ops/conv_geometry.hpp).
+// 3-d ones with unit leading dims (see ops/conv_geometry.hpp). Stride-1 convolutions of unit depth
+// take the "wide" path: on a zero-padded copy of the input every im2col row is one contiguous
+// slice, at the price of Wp - OW discarded columns per output row (see ConvWorkPlan).
 //
 // Work is split into (sample, group) units handed round-robin to a fixed number of slots; each slot
 // owns a slice of the planned workspace (its im2col tile and, for the weight gradient, its own
