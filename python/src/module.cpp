@@ -13,5 +13,6 @@ PYBIND11_MODULE(_core, m) {
   treadle::py_bind::bind_loss(m);
   treadle::py_bind::bind_attention(m);
   treadle::py_bind::bind_layers(m);
+  treadle::py_bind::bind_serialize(m);
   treadle::py_bind::bind_conv(m);
 }

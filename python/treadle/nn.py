@@ -254,6 +254,7 @@ class Dropout(_NativeModule):
 class Flatten(_NativeModule):
     def __init__(self, start_dim=1, end_dim=-1):
         super().__init__(_core.Flatten(int(start_dim), int(end_dim)))
+        self.start_dim, self.end_dim = int(start_dim), int(end_dim)
 
 
 class Identity(Module):
