@@ -81,6 +81,14 @@ class _ConvNd(_WeightedModule):
         self.padding = pad if isinstance(pad, str) else tuple(pad)
         self.padding_mode = padding_mode
 
+    def config(self):
+        """Constructor arguments (tl.save / tl.load rebuild the layer from them)."""
+        return {"in_channels": int(self.in_channels), "out_channels": int(self.out_channels),
+                "kernel_size": list(self.kernel_size), "stride": list(self.stride),
+                "padding": self.padding if isinstance(self.padding, str) else list(self.padding),
+                "dilation": list(self.dilation), "groups": int(self.groups),
+                "bias": any(n == "bias" for n, _ in self._native.named_parameters())}
+
     def extra_repr(self):
         text = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
         if self.padding != (0,) * self._nd:
@@ -130,6 +138,12 @@ class _ConvTransposeNd(_WeightedModule):
         self.kernel_size, self.stride, self.padding = tuple(k), tuple(s), tuple(p)
         self.output_padding, self.dilation = tuple(op), tuple(d)
 
+    def config(self):
+        return {"in_channels": int(self.in_channels), "out_channels": int(self.out_channels),
+                "kernel_size": list(self.kernel_size), "stride": list(self.stride), "padding": list(self.padding),
+                "output_padding": list(self.output_padding), "groups": int(self.groups),
+                "bias": any(n == "bias" for n, _ in self._native.named_parameters()), "dilation": list(self.dilation)}
+
     def extra_repr(self):
         text = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
         for name, default in (("padding", 0), ("output_padding", 0), ("dilation", 1)):
@@ -171,6 +185,10 @@ class _MaxPoolNd(_NativeModule):
         self.kernel_size, self.stride = kernel_size, kernel_size if stride is None else stride
         self.padding, self.dilation, self.ceil_mode = padding, dilation, ceil_mode
 
+    def config(self):
+        return {"kernel_size": self.kernel_size, "stride": self.stride, "padding": self.padding,
+                "dilation": self.dilation, "ceil_mode": bool(self.ceil_mode)}
+
     def extra_repr(self):
         return (f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
                 f"dilation={self.dilation}, ceil_mode={self.ceil_mode}")
@@ -205,6 +223,13 @@ class _AvgPoolNd(_NativeModule):
         self.padding, self.ceil_mode, self.count_include_pad = padding, ceil_mode, count_include_pad
         self.divisor_override = divisor_override
 
+    def config(self):
+        cfg = {"kernel_size": self.kernel_size, "stride": self.stride, "padding": self.padding,
+               "ceil_mode": bool(self.ceil_mode), "count_include_pad": bool(self.count_include_pad)}
+        if self.divisor_override is not None:
+            cfg["divisor_override"] = int(self.divisor_override)
+        return cfg
+
     def extra_repr(self):
         return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
 
@@ -233,6 +258,9 @@ class _AdaptiveAvgPoolNd(_NativeModule):
         super().__init__(_core.AdaptiveAvgPool(nd, [-1 if v is None else v for v in size]))
         self.output_size = output_size
 
+    def config(self):
+        return {"output_size": self.output_size}
+
     def extra_repr(self):
         return f"output_size={self.output_size}"
 
@@ -251,6 +279,9 @@ class AdaptiveAvgPool3d(_AdaptiveAvgPoolNd):
 
 class GlobalAvgPool2d(_NativeModule):
     """Mean over H and W, returned flat as (N, C): AdaptiveAvgPool2d(1) followed by Flatten()."""
+
+    def config(self):
+        return {}
 
     def __init__(self):
         super().__init__(_core.GlobalAvgPool2d())
