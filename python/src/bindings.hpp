@@ -29,5 +29,6 @@ void bind_nn(py::module_& m);
 void bind_optim(py::module_& m);
 void bind_train(py::module_& m);
 void bind_loss(py::module_& m);
+void bind_recurrent(py::module_& m);
 
 }  // namespace treadle::py_bind

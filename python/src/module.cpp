@@ -10,4 +10,5 @@ PYBIND11_MODULE(_core, m) {
   treadle::py_bind::bind_optim(m);
   treadle::py_bind::bind_train(m);
   treadle::py_bind::bind_loss(m);
+  treadle::py_bind::bind_recurrent(m);
 }

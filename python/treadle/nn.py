@@ -247,3 +247,4 @@ class Flatten(_NativeModule):
 class Identity(Module):
     def forward(self, x):
         return x
+from .nn_recurrent import *  # noqa

@@ -14,5 +14,6 @@ void register_eigen_activation(KernelTable& t);
 void register_eigen_softmax(KernelTable& t);
 void register_eigen_dropout(KernelTable& t);
 void register_eigen_loss(KernelTable& t);
+void register_eigen_recurrent(KernelTable& t);
 
 }  // namespace treadle
