@@ -95,7 +95,8 @@ PlanKey Model::infer_key(const std::vector<Tensor>& inputs) const {
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& t = inputs[i];
     if (!t.defined()) throw_value_error("model: input ", i, " is undefined");
-    if (t.dtype() != dtype_)
+    // Integer inputs (sequence lengths, indices) pass through; the ops that take them check them.
+    if (t.dtype() != dtype_ && !is_integer(t.dtype()))
       throw_type_error("model: expected input of dtype ", dtype_name(dtype_), ", got ", dtype_name(t.dtype()));
     if (t.ndim() == 0) throw_value_error("model: input ", i, " is a scalar; expected a batch");
     if (t.dim(0) == 0) throw_value_error("model: empty batch (input of shape ", shape_str(t.shape()), ")");

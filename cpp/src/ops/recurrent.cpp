@@ -4,8 +4,8 @@
 // order LSTM i, f, g, o; GRU r, z, n with n = tanh(W_in x + b_in + r * (W_hn h + b_hn))).
 //
 // Attributes: batch_first (0/1), reverse (0/1: run each sample from its last valid step back to
-// step 0), nonlinearity ("tanh"/"relu", rnn_layer only), name (the layer named in error messages),
-// and need_dx (backward only: 0 skips the input gradient, whose output is then empty).
+// step 0), nonlinearity ("tanh"/"relu", rnn_layer only) and name (the layer named in error
+// messages).
 #include "ops/recurrent.hpp"
 
 #include <variant>
@@ -53,38 +53,33 @@ struct SeqDims {
   int64_t T, N, I, H;
 };
 
-// Checks x, states, weights, biases and lengths of a layer (forward or backward op alike).
-SeqDims check_layer(const std::string& name, const CellInfo& ci, const std::vector<TensorMeta>& in, int x, int h0,
-                    int c0, int w_ih, int w_hh, int b_ih, int b_hh, int lengths, bool batch_first) {
-  const TensorMeta& xm = in[x];
-  check_floating(name, xm);
+// Every input but the lengths shares the first input's floating dtype.
+void check_dtypes(const std::string& name, const std::vector<TensorMeta>& in, int lengths) {
+  check_floating(name, in[0]);
   for (std::size_t k = 0; k < in.size(); ++k)
-    if (static_cast<int>(k) != lengths && in[k].dtype != xm.dtype)
-      throw_type_error(name, ": inputs must share one dtype, got ", dtype_name(xm.dtype), " and ",
+    if (static_cast<int>(k) != lengths && in[k].dtype != in[0].dtype)
+      throw_type_error(name, ": inputs must share one dtype, got ", dtype_name(in[0].dtype), " and ",
                        dtype_name(in[k].dtype));
-  const Shape& ws = in[w_hh].shape;
+  if (lengths >= 0 && in[lengths].dtype != DType::i64)
+    throw_type_error(name, ": lengths must be int64, got ", dtype_name(in[lengths].dtype));
+}
+
+// Returns the hidden size that weight_hh (G*H, H) implies.
+int64_t check_weight_hh(const std::string& name, const CellInfo& ci, const TensorMeta& w) {
+  const Shape& ws = w.shape;
   if (ws.size() != 2 || ws[1] <= 0 || ws[0] != ci.gates * ws[1])
     throw_value_error(name, ": weight_hh must have shape (", ci.gates, " * hidden_size, hidden_size), got ", shape_str(ws));
-  const int64_t H = ws[1], GH = ws[0];
-  const Shape& wi = in[w_ih].shape;
-  if (wi.size() != 2 || wi[0] != GH || wi[1] <= 0)
-    throw_value_error(name, ": weight_ih must have shape (", GH, ", input_size), got ", shape_str(wi));
-  const int64_t I = wi[1];
-  const Shape& xs = xm.shape;
-  const char* layout = batch_first ? "(N, T, " : "(T, N, ";
-  if (xs.size() != 3 || xs[2] != I || xs[0] <= 0 || xs[1] <= 0)
-    throw_value_error(name, ": expected input of shape ", layout, I, ") with N, T >= 1, got ", shape_str(xs));
-  SeqDims d{batch_first ? xs[1] : xs[0], batch_first ? xs[0] : xs[1], I, H};
-  expect_shape(name, "h0", in[h0], {d.N, H});
-  if (c0 >= 0) expect_shape(name, "c0", in[c0], {d.N, H});
-  if (b_ih >= 0) expect_shape(name, "bias_ih", in[b_ih], {GH});
-  if (b_hh >= 0) expect_shape(name, "bias_hh", in[b_hh], {GH});
-  if (lengths >= 0) {
-    if (in[lengths].dtype != DType::i64)
-      throw_type_error(name, ": lengths must be int64, got ", dtype_name(in[lengths].dtype));
-    expect_shape(name, "lengths", in[lengths], {d.N});
-  }
-  return d;
+  return ws[1];
+}
+
+// T and N of a sequence tensor of width `width` (x or y), in the layer's layout.
+SeqDims check_sequence(const std::string& name, const char* what, const TensorMeta& m, int64_t width,
+                       bool batch_first) {
+  const Shape& xs = m.shape;
+  if (xs.size() != 3 || xs[2] != width || xs[0] <= 0 || xs[1] <= 0)
+    throw_value_error(name, ": expected ", what, " of shape ", batch_first ? "(N, T, " : "(T, N, ", width,
+                      ") with N, T >= 1, got ", shape_str(xs));
+  return {batch_first ? xs[1] : xs[0], batch_first ? xs[0] : xs[1], 0, 0};
 }
 
 Shape seq_shape(const SeqDims& d, int64_t width, bool batch_first) {
@@ -99,11 +94,23 @@ std::vector<TensorMeta> infer_forward(Cell c, const std::vector<TensorMeta>& in,
   const bool bf = flag_attr(name, attrs, "batch_first", false);
   flag_attr(name, attrs, "reverse", false);
   check_nonlinearity(name, c, attrs);
-  const SeqDims d = check_layer(name, ci, in, s.x, s.h0, s.c0, s.w_ih, s.w_hh, s.b_ih, s.b_hh, s.lengths, bf);
+  check_dtypes(name, in, s.lengths);
+  const int64_t H = check_weight_hh(name, ci, in[s.w_hh]), GH = ci.gates * H;
+  const Shape& wi = in[s.w_ih].shape;
+  if (wi.size() != 2 || wi[0] != GH || wi[1] <= 0)
+    throw_value_error(name, ": weight_ih must have shape (", GH, ", input_size), got ", shape_str(wi));
+  SeqDims d = check_sequence(name, "input", in[s.x], wi[1], bf);
+  d.I = wi[1];
+  d.H = H;
+  expect_shape(name, "h0", in[s.h0], {d.N, H});
+  if (s.c0 >= 0) expect_shape(name, "c0", in[s.c0], {d.N, H});
+  if (s.b_ih >= 0) expect_shape(name, "bias_ih", in[s.b_ih], {GH});
+  if (s.b_hh >= 0) expect_shape(name, "bias_hh", in[s.b_hh], {GH});
+  if (s.lengths >= 0) expect_shape(name, "lengths", in[s.lengths], {d.N});
   const DType dt = in[0].dtype;
-  std::vector<TensorMeta> out{{seq_shape(d, d.H, bf), dt}, {{d.N, d.H}, dt}};
-  if (ci.has_cell_state) out.push_back({{d.N, d.H}, dt});
-  if (ci.saved_width > 0) out.push_back({seq_shape(d, ci.saved_width * d.H, bf), dt});
+  std::vector<TensorMeta> out{{seq_shape(d, H, bf), dt}, {{d.N, H}, dt}};
+  if (ci.has_cell_state) out.push_back({{d.N, H}, dt});
+  if (ci.saved_width > 0) out.push_back({seq_shape(d, ci.saved_width * H, bf), dt});
   return out;
 }
 
@@ -114,22 +121,23 @@ std::vector<TensorMeta> infer_backward(Cell c, const std::vector<TensorMeta>& in
   if (!s.valid) throw_value_error(name, ": unexpected number of inputs (", in.size(), ")");
   const bool bf = flag_attr(name, attrs, "batch_first", false);
   flag_attr(name, attrs, "reverse", false);
-  const bool need_dx = flag_attr(name, attrs, "need_dx", true);
   check_nonlinearity(name, c, attrs);
-  const SeqDims d = check_layer(name, ci, in, s.x, s.h0, s.c0, s.w_ih, s.w_hh, -1, -1, s.lengths, bf);
-  expect_shape(name, "y", in[s.y], seq_shape(d, d.H, bf));
-  expect_shape(name, "dy", in[s.dy], seq_shape(d, d.H, bf));
-  if (s.saved >= 0) expect_shape(name, "saved", in[s.saved], seq_shape(d, ci.saved_width * d.H, bf));
-  expect_shape(name, "dh_n", in[s.dh_n], {d.N, d.H});
-  if (s.dc_n >= 0) expect_shape(name, "dc_n", in[s.dc_n], {d.N, d.H});
+  check_dtypes(name, in, s.lengths);
+  const int64_t H = check_weight_hh(name, ci, in[s.w_hh]), GH = ci.gates * H;
+  const SeqDims d = check_sequence(name, "y", in[s.y], H, bf);
+  expect_shape(name, "dy", in[s.dy], seq_shape(d, H, bf));
+  if (s.saved >= 0) expect_shape(name, "saved", in[s.saved], seq_shape(d, ci.saved_width * H, bf));
+  expect_shape(name, "h0", in[s.h0], {d.N, H});
+  expect_shape(name, "dh_n", in[s.dh_n], {d.N, H});
+  if (s.c0 >= 0) expect_shape(name, "c0", in[s.c0], {d.N, H});
+  if (s.dc_n >= 0) expect_shape(name, "dc_n", in[s.dc_n], {d.N, H});
+  if (s.lengths >= 0) expect_shape(name, "lengths", in[s.lengths], {d.N});
   const DType dt = in[0].dtype;
-  const int64_t GH = ci.gates * d.H;
-  std::vector<TensorMeta> out{{need_dx ? in[s.x].shape : Shape{0}, dt}, {{d.N, d.H}, dt}};
-  if (ci.has_cell_state) out.push_back({{d.N, d.H}, dt});
-  out.push_back({{GH, d.I}, dt});
-  out.push_back({{GH, d.H}, dt});
-  out.push_back({{GH}, dt});
-  out.push_back({{GH}, dt});
+  std::vector<TensorMeta> out{{seq_shape(d, GH, bf), dt}};
+  if (c == Cell::gru) out.push_back({seq_shape(d, GH, bf), dt});
+  out.push_back({seq_shape(d, H, bf), dt});
+  out.push_back({{d.N, H}, dt});
+  if (ci.has_cell_state) out.push_back({{d.N, H}, dt});
   return out;
 }
 
@@ -137,16 +145,16 @@ Value zeros_like(Graph& g, const Value& v) {
   return g.apply1("constant", {}, {{"shape", v.shape()}, {"value", 0.0}, {"dtype", std::string(dtype_name(v.dtype()))}});
 }
 
-// One backward op for the whole layer; gradients of unused outputs enter as zeros.
+// The time loop as one backward op, then the weight, bias and input gradients as one matmul or
+// reduction each over the whole sequence (rows in x's layout, viewed as 2-D without a copy).
 std::vector<Value> grad_layer(Cell c, const GradContext& ctx) {
   const CellInfo ci = rnn::cell_info(c);
   const rnn::ForwardSlots s = rnn::forward_slots(ci, static_cast<int>(ctx.inputs.size()));
   auto grad_or_zeros = [&](int k) {
     return ctx.grad_outputs[k].defined() ? ctx.grad_outputs[k] : zeros_like(ctx.graph, ctx.outputs[k]);
   };
-  std::vector<Value> in{ctx.inputs[s.x], ctx.inputs[s.h0]};
+  std::vector<Value> in{ctx.inputs[s.h0]};
   if (s.c0 >= 0) in.push_back(ctx.inputs[s.c0]);
-  in.push_back(ctx.inputs[s.w_ih]);
   in.push_back(ctx.inputs[s.w_hh]);
   in.push_back(ctx.outputs[0]);
   if (ci.saved_width > 0) in.push_back(ctx.outputs.back());
@@ -154,19 +162,22 @@ std::vector<Value> grad_layer(Cell c, const GradContext& ctx) {
   in.push_back(grad_or_zeros(1));
   if (ci.has_cell_state) in.push_back(grad_or_zeros(2));
   if (s.lengths >= 0) in.push_back(ctx.inputs[s.lengths]);
-  Attrs attrs = ctx.node.attrs;
-  attrs.set("need_dx", int64_t{ctx.needs_grad[s.x]});
-  std::vector<Value> g = ctx.graph.apply(std::string(rnn::layer_op_name(c)) + "_backward", in, attrs);
-  std::vector<Value> out(ctx.inputs.size());
+  std::vector<Value> g = ctx.graph.apply(std::string(rnn::layer_op_name(c)) + "_backward", in, ctx.node.attrs);
+
+  Value x = ctx.inputs[s.x], w_ih = ctx.inputs[s.w_ih];
+  const int64_t GH = w_ih.dim(0), rows = x.dim(0) * x.dim(1);
   int k = 0;
-  if (ctx.needs_grad[s.x]) out[s.x] = g[k];
-  ++k;
+  Value dg_ih = ops::reshape(g[k++], {rows, GH});
+  Value dg_hh = c == Cell::gru ? ops::reshape(g[k++], {rows, GH}) : dg_ih;
+  Value h_prev = ops::reshape(g[k++], {rows, ctx.inputs[s.w_hh].dim(1)});
+  std::vector<Value> out(ctx.inputs.size());
   out[s.h0] = g[k++];
   if (s.c0 >= 0) out[s.c0] = g[k++];
-  out[s.w_ih] = g[k++];
-  out[s.w_hh] = g[k++];
-  if (s.b_ih >= 0) out[s.b_ih] = g[k];
-  if (s.b_hh >= 0) out[s.b_hh] = g[k + 1];
+  if (ctx.needs_grad[s.x]) out[s.x] = ops::reshape(ops::matmul(dg_ih, w_ih), x.shape());
+  if (ctx.needs_grad[s.w_ih]) out[s.w_ih] = ops::matmul(dg_ih, ops::reshape(x, {rows, x.dim(2)}), true, false);
+  if (ctx.needs_grad[s.w_hh]) out[s.w_hh] = ops::matmul(dg_hh, h_prev, true, false);
+  if (s.b_ih >= 0 && ctx.needs_grad[s.b_ih]) out[s.b_ih] = ops::sum_to(dg_ih, {GH});
+  if (s.b_hh >= 0 && ctx.needs_grad[s.b_hh]) out[s.b_hh] = ops::sum_to(dg_hh, {GH});
   return out;
 }
 
@@ -176,21 +187,17 @@ void register_cell(OpRegistry& r, Cell c) {
   f.name = name;
   f.infer = [c](const std::vector<TensorMeta>& in, Attrs& a) { return infer_forward(c, in, a); };
   f.grad = [c](const GradContext& ctx) { return grad_layer(c, ctx); };
-  f.workspace = [c](const std::vector<TensorMeta>& in, const Attrs& a) {
-    const bool bf = a.i_or("batch_first", 0);
-    const Shape& x = in[0].shape;
-    return rnn::forward_workspace_bytes(rnn::cell_info(c), bf ? x[1] : x[0], bf ? x[0] : x[1], in[1].shape[1],
-                                        dtype_size(in[0].dtype));
+  f.workspace = [c](const std::vector<TensorMeta>& in, const Attrs&) {
+    const Shape& h0 = in[1].shape;  // (N, H)
+    return rnn::forward_workspace_bytes(rnn::cell_info(c), h0[0], h0[1], dtype_size(in[0].dtype));
   };
   r.add(std::move(f));
   OpDef b;
   b.name = name + "_backward";
   b.infer = [c](const std::vector<TensorMeta>& in, Attrs& a) { return infer_backward(c, in, a); };
-  b.workspace = [c](const std::vector<TensorMeta>& in, const Attrs& a) {
-    const bool bf = a.i_or("batch_first", 0);
-    const Shape& x = in[0].shape;
-    return rnn::backward_workspace_bytes(rnn::cell_info(c), bf ? x[1] : x[0], bf ? x[0] : x[1], in[1].shape[1],
-                                         dtype_size(in[0].dtype));
+  b.workspace = [c](const std::vector<TensorMeta>& in, const Attrs&) {
+    const Shape& h0 = in[0].shape;  // (N, H)
+    return rnn::backward_workspace_bytes(rnn::cell_info(c), h0[0], h0[1], dtype_size(in[0].dtype));
   };
   r.add(std::move(b));
 }

@@ -5,8 +5,14 @@
 //
 //   rnn_layer / gru_layer:  (x, h0,     w_ih, w_hh, [b_ih, b_hh], [lengths]) -> (y, h_n,      [saved])
 //   lstm_layer:             (x, h0, c0, w_ih, w_hh, [b_ih, b_hh], [lengths]) -> (y, h_n, c_n, saved)
-//   *_layer_backward:       (x, h0, [c0], w_ih, w_hh, y, [saved], dy, dh_n, [dc_n], [lengths])
-//                           -> (dx, dh0, [dc0], dw_ih, dw_hh, db_ih, db_hh)
+//   *_layer_backward:       (h0, [c0], w_hh, y, [saved], dy, dh_n, [dc_n], [lengths])
+//                           -> (dgates_ih, [dgates_hh], h_prev, dh0, [dc0])
+//
+// The backward op runs the time loop only. It returns, over the whole sequence in x's layout, the
+// gradients of the gate pre-activations on the input side (G*H wide) and, for GRU whose n gate
+// differs, on the hidden side, plus each step's previous hidden state (H wide; zeros past a
+// sample's length). The gradient rule turns these into dx, dW_ih, dW_hh and the biases with one
+// matmul or reduction each, so no op needs more than the plan's 16 operands.
 //
 // x and y are (T, N, F) or, with batch_first, (N, T, F); h0/h_n/c0/c_n are (N, H); lengths is int64
 // (N). Optional inputs are told apart by count (bias adds two, lengths one, always last).
@@ -67,15 +73,14 @@ inline ForwardSlots forward_slots(const CellInfo& ci, int num_inputs) {
 
 // Input positions of a backward layer op with `num_inputs` inputs.
 struct BackwardSlots {
-  int x = 0, h0 = 1, c0 = -1, w_ih, w_hh, y, saved = -1, dy, dh_n, dc_n = -1, lengths = -1;
+  int h0 = 0, c0 = -1, w_hh, y, saved = -1, dy, dh_n, dc_n = -1, lengths = -1;
   bool valid = true;
 };
 
 inline BackwardSlots backward_slots(const CellInfo& ci, int num_inputs) {
   BackwardSlots s;
-  int k = 2;
+  int k = 1;
   if (ci.has_cell_state) s.c0 = k++;
-  s.w_ih = k++;
   s.w_hh = k++;
   s.y = k++;
   if (ci.saved_width > 0) s.saved = k++;
@@ -89,19 +94,14 @@ inline BackwardSlots backward_slots(const CellInfo& ci, int num_inputs) {
 
 // Scratch layouts, in elements of the compute type after a leading int64 permutation of N rows.
 // Forward: state h (N*H), state c (N*H), per-step gate block (N*G*H).
-inline std::size_t forward_workspace_bytes(const CellInfo& ci, int64_t T, int64_t N, int64_t H, std::size_t esize) {
-  (void)T;
+inline std::size_t forward_workspace_bytes(const CellInfo& ci, int64_t N, int64_t H, std::size_t esize) {
   const int64_t elems = 2 * N * H + N * ci.gates * H;
   return static_cast<std::size_t>(N) * sizeof(int64_t) + static_cast<std::size_t>(elems) * esize;
 }
 
-// Backward: dh (N*H), dc (N*H), per-step gate gradients (N*G*H), then in x's layout over the whole
-// sequence: input-side gate gradients (T*N*G*H), previous states (T*N*H) and, for GRU only,
-// hidden-side gate gradients (T*N*G*H, they differ from the input side in the n gate).
-inline std::size_t backward_workspace_bytes(const CellInfo& ci, int64_t T, int64_t N, int64_t H, std::size_t esize) {
-  const int64_t GH = ci.gates * H;
-  int64_t elems = 2 * N * H + N * GH + T * N * GH + T * N * H;
-  if (ci.cell == Cell::gru) elems += T * N * GH;
+// Backward: dh (N*H), dc (N*H), per-step hidden-side gate gradients (N*G*H).
+inline std::size_t backward_workspace_bytes(const CellInfo& ci, int64_t N, int64_t H, std::size_t esize) {
+  const int64_t elems = 2 * N * H + N * ci.gates * H;
   return static_cast<std::size_t>(N) * sizeof(int64_t) + static_cast<std::size_t>(elems) * esize;
 }
 

@@ -3,8 +3,8 @@
 // Forward: one GEMM projects the whole input sequence (x @ W_ih^T + b_ih) into the output or the
 // saved buffer; then each step does one GEMM h @ W_hh^T over the samples still running and the
 // gate arithmetic row by row, in place. Backward walks the steps in reverse with one GEMM per step
-// (dgates @ W_hh) and collects the gate gradients and previous states over the whole sequence, so
-// dW_ih, dW_hh, the biases and dx are each one GEMM (or reduction) at the end.
+// (dgates @ W_hh) and returns the gate gradients and previous states over the whole sequence; the
+// gradient rule makes dW_ih, dW_hh, the biases and dx one matmul (or reduction) each from them.
 //
 // Variable lengths: samples are run in order of decreasing length (ties by index), so the samples
 // still running at step s are the prefix [0, active) of the run order and each step's GEMM touches
@@ -41,9 +41,10 @@ struct Dims {
   int64_t row(int64_t t, int64_t n) const { return batch_first ? n * T + t : t * N + n; }
 };
 
-Dims dims_of(const KernelArgs& a, int x, int w_hh) {
+// `seq` is a sequence input (x for forward, y for backward).
+Dims dims_of(const KernelArgs& a, int seq, int w_hh) {
   const bool bf = a.attrs().i("batch_first") != 0;
-  const TensorRef& xr = a.in[x];
+  const TensorRef& xr = a.in[seq];
   return {bf ? xr.dim(1) : xr.dim(0), bf ? xr.dim(0) : xr.dim(1), xr.dim(2), a.in[w_hh].dim(1), bf,
           a.attrs().i("reverse") != 0};
 }
@@ -92,21 +93,6 @@ void gemm_nt(Executor& exec, const T* in, int64_t rows, int64_t k, const T* w, i
     O.noalias() = ConstMapR<T>(in + r0 * k, r1 - r0, k) * W.transpose();
     if (bias) O.rowwise() += RowVec<T>(bias, n);
   });
-}
-
-// out(m x n) = g(rows x m)^T @ v(rows x n), output rows split over the executor (a reduction over
-// `rows` that each chunk does whole, so the result does not depend on the chunking).
-template <typename T>
-void gemm_tn(Executor& exec, const T* g, int64_t rows, int64_t m, const T* v, int64_t n, T* out) {
-  ConstMapR<T> G(g, rows, m), V(v, rows, n);
-  parallel_chunks(exec, m, row_grain(rows * n), [&](int64_t r0, int64_t r1) {
-    MapR<T>(out + r0 * n, r1 - r0, n).noalias() = G.middleCols(r0, r1 - r0).transpose() * V;
-  });
-}
-
-template <typename T>
-void column_sums(const T* g, int64_t rows, int64_t m, T* out) {
-  MapR<T>(out, 1, m).noalias() = ConstMapR<T>(g, rows, m).colwise().sum();
 }
 
 template <typename T>
@@ -282,31 +268,33 @@ void rnn_back(const BackwardStep<T>& st, int64_t k, int64_t H, bool relu, const 
   copy_row(dgi, st.dg + k * H, H);
 }
 
-// Scratch of the backward kernel, carved as ops/recurrent.hpp sizes it.
+// Where the backward kernel writes: scratch carved as ops/recurrent.hpp sizes it, and the
+// whole-sequence outputs.
 template <typename T>
-struct BackwardScratch {
+struct BackwardBuffers {
   int64_t* perm;
-  T *dh, *dc, *dg, *dgi_all, *hprev_all, *dgh_all;
+  T *dh, *dc, *dg;              // scratch: (N, H), (N, H), (N, G*H)
+  T *dg_ih, *dg_hh, *h_prev;    // outputs over the whole sequence, in x's layout
 };
 
 template <typename T>
-BackwardScratch<T> carve(void* ws, const CellInfo& ci, const Dims& d) {
-  const int64_t GH = ci.gates * d.H, TN = d.T * d.N;
-  BackwardScratch<T> b;
-  b.perm = static_cast<int64_t*>(ws);
+BackwardBuffers<T> backward_buffers(const KernelArgs& a, Cell cell, const Dims& d) {
+  BackwardBuffers<T> b;
+  b.perm = static_cast<int64_t*>(a.workspace);
   b.dh = reinterpret_cast<T*>(b.perm + d.N);
   b.dc = b.dh + d.N * d.H;
   b.dg = b.dc + d.N * d.H;
-  b.dgi_all = b.dg + d.N * GH;
-  b.hprev_all = b.dgi_all + TN * GH;
-  b.dgh_all = ci.cell == Cell::gru ? b.hprev_all + TN * d.H : b.dgi_all;
+  int o = 0;
+  b.dg_ih = a.out[o++].ptr<T>();
+  b.dg_hh = cell == Cell::gru ? a.out[o++].ptr<T>() : b.dg_ih;
+  b.h_prev = a.out[o++].ptr<T>();
   return b;
 }
 
-// The time loop of backward: fills dh/dc (run order) and the whole-sequence scratch.
+// The time loop of backward: fills dh/dc (run order) and the whole-sequence outputs.
 template <typename T, Cell C>
 void backward_steps(const KernelArgs& a, const rnn::BackwardSlots& s, const Dims& d, const Schedule& sch,
-                    const BackwardScratch<T>& b) {
+                    const BackwardBuffers<T>& b) {
   const CellInfo ci = rnn::cell_info(C);
   const int64_t H = d.H, GH = ci.gates * H, SW = ci.saved_width * H;
   const bool relu = C == Cell::rnn && a.attrs().s("nonlinearity") == "relu";
@@ -323,15 +311,15 @@ void backward_steps(const KernelArgs& a, const rnn::BackwardSlots& s, const Dims
       const int64_t n = b.perm[k], r = d.row(sch.time(step, n), n);
       const int64_t rp = step > 0 ? d.row(sch.time(step - 1, n), n) : -1;
       const T* h_prev = rp >= 0 ? y + rp * H : h0 + n * H;
-      copy_row(b.hprev_all + r * H, h_prev, H);
+      copy_row(b.h_prev + r * H, h_prev, H);
       if constexpr (C == Cell::lstm) {
         const T* c_prev = rp >= 0 ? saved + rp * SW + 4 * H : c0 + n * H;
-        lstm_back(st, k, H, saved + r * SW, c_prev, dy + r * H, b.dgi_all + r * GH);
+        lstm_back(st, k, H, saved + r * SW, c_prev, dy + r * H, b.dg_ih + r * GH);
       } else if constexpr (C == Cell::gru) {
-        gru_back(st, k, H, saved + r * SW, h_prev, dy + r * H, b.dgi_all + r * GH);
-        copy_row(b.dgh_all + r * GH, b.dg + k * GH, GH);
+        gru_back(st, k, H, saved + r * SW, h_prev, dy + r * H, b.dg_ih + r * GH);
+        copy_row(b.dg_hh + r * GH, b.dg + k * GH, GH);
       } else {
-        rnn_back(st, k, H, relu, y + r * H, dy + r * H, b.dgi_all + r * GH);
+        rnn_back(st, k, H, relu, y + r * H, dy + r * H, b.dg_ih + r * GH);
       }
     }
     MapR<T> dh(b.dh, active, H);
@@ -344,9 +332,9 @@ template <typename T, Cell C>
 void layer_backward(const KernelArgs& a) {
   const CellInfo ci = rnn::cell_info(C);
   const rnn::BackwardSlots s = rnn::backward_slots(ci, a.num_in);
-  const Dims d = dims_of(a, s.x, s.w_hh);
-  const int64_t H = d.H, GH = ci.gates * H, TN = d.T * d.N;
-  const BackwardScratch<T> b = carve<T>(a.workspace, ci, d);
+  const Dims d = dims_of(a, s.y, s.w_hh);
+  const int64_t H = d.H, GH = ci.gates * H;
+  const BackwardBuffers<T> b = backward_buffers<T>(a, C, d);
   const Schedule sch = make_schedule(a, s.lengths, d, b.perm);
 
   const T* dh_n = a.in[s.dh_n].ptr<T>();
@@ -355,34 +343,22 @@ void layer_backward(const KernelArgs& a) {
     copy_row(b.dh + k * H, dh_n + b.perm[k] * H, H);
     if (dc_n) copy_row(b.dc + k * H, dc_n + b.perm[k] * H, H);
   }
-  if (sch.len)  // rows past a sample's length take part in the final GEMMs as zeros
+  if (sch.len)  // rows past a sample's length enter the weight gradients as zeros
     for (int64_t n = 0; n < d.N; ++n)
       for (int64_t t = sch.len[n]; t < d.T; ++t) {
         const int64_t r = d.row(t, n);
-        std::fill_n(b.dgi_all + r * GH, GH, T(0));
-        std::fill_n(b.hprev_all + r * H, H, T(0));
-        if (C == Cell::gru) std::fill_n(b.dgh_all + r * GH, GH, T(0));
+        std::fill_n(b.dg_ih + r * GH, GH, T(0));
+        std::fill_n(b.h_prev + r * H, H, T(0));
+        if (C == Cell::gru) std::fill_n(b.dg_hh + r * GH, GH, T(0));
       }
   backward_steps<T, C>(a, s, d, sch, b);
 
-  int o = 0;
-  T* dx = a.out[o++].ptr<T>();
-  T* dh0 = a.out[o++].ptr<T>();
-  T* dc0 = ci.has_cell_state ? a.out[o++].ptr<T>() : nullptr;
+  const int first_state = C == Cell::gru ? 3 : 2;
+  T* dh0 = a.out[first_state].ptr<T>();
+  T* dc0 = ci.has_cell_state ? a.out[first_state + 1].ptr<T>() : nullptr;
   for (int64_t k = 0; k < d.N; ++k) {
     copy_row(dh0 + b.perm[k] * H, b.dh + k * H, H);
     if (dc0) copy_row(dc0 + b.perm[k] * H, b.dc + k * H, H);
-  }
-  const T* x = a.in[s.x].ptr<T>();
-  gemm_tn(a.exec, b.dgi_all, TN, GH, x, d.I, a.out[o++].ptr<T>());            // dW_ih
-  gemm_tn(a.exec, b.dgh_all, TN, GH, b.hprev_all, H, a.out[o++].ptr<T>());  // dW_hh
-  column_sums(b.dgi_all, TN, GH, a.out[o++].ptr<T>());                      // db_ih
-  column_sums(b.dgh_all, TN, GH, a.out[o++].ptr<T>());                      // db_hh
-  if (a.out[0].numel > 0) {  // dx = dgates_in @ W_ih
-    ConstMapR<T> W_ih(a.in[s.w_ih].ptr<T>(), GH, d.I);
-    parallel_chunks(a.exec, TN, row_grain(GH * d.I), [&](int64_t r0, int64_t r1) {
-      MapR<T>(dx + r0 * d.I, r1 - r0, d.I).noalias() = ConstMapR<T>(b.dgi_all + r0 * GH, r1 - r0, GH) * W_ih;
-    });
   }
 }
 
