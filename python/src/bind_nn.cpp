@@ -22,25 +22,36 @@ std::vector<Tensor> tensors_from(const py::handle& xs, const char* what) {
   return out;
 }
 
+// Results are written straight into numpy arrays (fresh ones, or the caller's `out`).
 py::object predict_py(Model& model, const py::handle& xs, Context* ctx, const py::object& out) {
   std::vector<Tensor> in = tensors_from(xs, "predict");
-  std::vector<Tensor> result;
+  std::vector<std::pair<Shape, DType>> shapes;
+  {
+    py::gil_scoped_release release;  // may compile, which re-acquires the GIL to trace
+    shapes = model.output_shapes(in);
+  }
+  std::vector<Tensor> dst;
+  py::list arrays;
+  if (!out.is_none()) {
+    if (shapes.size() != 1) throw_value_error("predict: out= needs a single-output model");
+    dst.push_back(tensor_from_numpy(out, "predict(out=...)", /*writable=*/true));
+    if (dst[0].shape() != shapes[0].first || dst[0].dtype() != shapes[0].second)
+      throw_value_error("predict: out must be ", dtype_name(shapes[0].second), shape_str(shapes[0].first), ", got ",
+                        dtype_name(dst[0].dtype()), shape_str(dst[0].shape()));
+    arrays.append(out);
+  } else {
+    for (auto& [shape, dtype] : shapes) {
+      py::array a(numpy_dtype(dtype), std::vector<py::ssize_t>(shape.begin(), shape.end()));
+      dst.push_back(tensor_from_numpy(a, "predict"));
+      arrays.append(a);
+    }
+  }
   {
     py::gil_scoped_release release;
-    result = model.predict(in, ctx);
+    model.predict_into(in, dst, ctx);
   }
-  if (!out.is_none()) {
-    Tensor dst = tensor_from_numpy(out, "predict(out=...)", /*writable=*/true);
-    if (result.size() != 1 || dst.shape() != result[0].shape() || dst.dtype() != result[0].dtype())
-      throw_value_error("predict: out must be ", dtype_name(result[0].dtype()), shape_str(result[0].shape()), ", got ",
-                        dtype_name(dst.dtype()), shape_str(dst.shape()));
-    dst.copy_from(result[0]);
-    return out;
-  }
-  if (result.size() == 1) return numpy_copy(result[0]);
-  py::list l;
-  for (const Tensor& t : result) l.append(numpy_copy(t));
-  return py::tuple(l);
+  if (arrays.size() == 1) return arrays[0];
+  return py::tuple(arrays);
 }
 
 std::map<std::string, Tensor> state_from_dict(const py::dict& d) {
@@ -86,7 +97,13 @@ void bind_nn(py::module_& m) {
       .def(py::init<int, int>(), py::arg("start_dim") = 1, py::arg("end_dim") = -1);
 
   py::class_<Model, std::shared_ptr<Model>>(m, "Model")
-      .def(py::init([](Model::ForwardFn fn, std::vector<NamedParameter> params) {
+      .def(py::init([](py::function trace, std::vector<NamedParameter> params) {
+             // Called while a plan is compiled (the GIL is re-acquired); the graph is lent by reference.
+             Model::ForwardFn fn = [trace](Graph& g, const std::vector<Value>& inputs) {
+               py::gil_scoped_acquire gil;
+               py::object out = trace(py::cast(&g, py::return_value_policy::reference), inputs);
+               return out.cast<std::vector<Value>>();
+             };
              return std::make_shared<Model>(std::move(fn), std::move(params));
            }),
            py::arg("forward"), py::arg("parameters"))
@@ -114,7 +131,7 @@ void bind_nn(py::module_& m) {
       .def("predict", &predict_py, py::arg("x"), py::arg("ctx") = nullptr, py::arg("out") = py::none())
       .def("state_dict", [](const Model& mm) {
         py::dict d;
-        for (const auto& [name, t] : mm.state_dict()) d[py::str(name)] = numpy_copy(t);
+        for (const auto& [name, p] : mm.named_parameters()) d[py::str(name)] = numpy_copy(p->value());  // torch order
         return d;
       })
       .def("load_state_dict", [](Model& mm, const py::dict& d, bool strict) { mm.load_state_dict(state_from_dict(d), strict); },

@@ -11,4 +11,5 @@ PYBIND11_MODULE(_core, m) {
   treadle::py_bind::bind_train(m);
   treadle::py_bind::bind_loss(m);
   treadle::py_bind::bind_recurrent(m);
+  treadle::py_bind::bind_attention(m);
 }

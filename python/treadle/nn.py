@@ -34,8 +34,8 @@ class Module:
     def forward(self, *inputs):
         raise NotImplementedError(f"{type(self).__name__}.forward is not implemented")
 
-    def __call__(self, *inputs):
-        return self.forward(*inputs)
+    def __call__(self, *inputs, **kwargs):
+        return self.forward(*inputs, **kwargs)
 
     # -- parameters -------------------------------------------------------------------------
     def _own_parameters(self):
@@ -51,12 +51,17 @@ class Module:
     def named_parameters(self):
         """Dict name -> writable numpy view of each parameter (in the model's flat buffer once compiled)."""
         self._compiled()
-        return {n: p.data for n, p in self.named_parameter_objects()}
+        return {n: p.data for n, p in self._unique_parameter_objects()}
+
+    def _unique_parameter_objects(self):
+        """Shared (tied) parameters once, under their first name, as torch's named_parameters."""
+        seen = set()
+        return [(n, p) for n, p in self.named_parameter_objects() if not (id(p) in seen or seen.add(id(p)))]
 
     def named_gradients(self):
         """Dict name -> writable numpy view of each parameter's gradient."""
         model = self._compiled()
-        return {n: model.gradient(n) for n, _ in model.layout}
+        return {name: model.gradient(name) for name, _shape, _offset in model.layout}
 
     def flat_parameters(self):
         """The one contiguous parameter buffer as a writable numpy view."""
@@ -67,7 +72,7 @@ class Module:
         return self._compiled().flat_gradients()
 
     def num_parameters(self):
-        return sum(int(np.prod(p.shape)) for _, p in self.named_parameter_objects())
+        return sum(int(np.prod(p.shape)) for _, p in self._unique_parameter_objects())
 
     def state_dict(self):
         """Dict name -> numpy copy of each parameter, with PyTorch's keys and layouts."""
@@ -75,7 +80,13 @@ class Module:
 
     def load_state_dict(self, state, strict=True):
         """Loads parameters from numpy arrays or torch tensors; validates everything before writing."""
-        self._compiled().load_state_dict(dict(state), strict)
+        objects = self.named_parameter_objects()  # kept alive: ids identify shared parameters
+        first = {}
+        for n, p in objects:
+            first.setdefault(id(p), n)
+        alias = {n: first[id(p)] for n, p in objects}
+        # torch's state_dict lists a tied parameter under every name; load it once, by its first name.
+        self._compiled().load_state_dict({k: v for k, v in dict(state).items() if alias.get(k, k) == k}, strict)
 
     # -- compilation and inference ------------------------------------------------------------
     def _invalidate(self):
@@ -247,4 +258,5 @@ class Flatten(_NativeModule):
 class Identity(Module):
     def forward(self, x):
         return x
-from .nn_recurrent import *  # noqa
+from .nn_attention import *  # noqa: E402,F401,F403
+from .nn_recurrent import *  # noqa: E402,F401,F403

@@ -68,9 +68,10 @@ struct Node {
 class TREADLE_API Value {
  public:
   Value() = default;
-  Value(Graph* g, int id) : graph_(g), id_(id) {}
+  Value(Graph* g, int id);
   bool defined() const { return graph_ != nullptr; }
-  Graph& graph() const { return *graph_; }
+  // Throws if the graph this value was recorded in is gone (a symbol kept past tracing).
+  Graph& graph() const;
   int id() const { return id_; }
   // By value: recording more ops may move the graph's value table.
   Shape shape() const;
@@ -80,12 +81,16 @@ class TREADLE_API Value {
 
  private:
   Graph* graph_ = nullptr;
+  std::weak_ptr<const int> life_;  // expires with the graph
   int id_ = -1;
 };
 
 class TREADLE_API Graph {
  public:
   explicit Graph(bool training = false) : training_(training) {}
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  const std::shared_ptr<const int>& life() const { return life_; }
 
   bool training() const { return training_; }
 
@@ -112,6 +117,7 @@ class TREADLE_API Graph {
  private:
   int new_value(Shape shape, DType dtype, ValueKind kind, int producer, int slot);
   bool training_;
+  std::shared_ptr<const int> life_ = std::make_shared<const int>(0);
   std::vector<ValueInfo> values_;
   std::vector<Node> nodes_;
   std::vector<std::shared_ptr<Parameter>> params_;

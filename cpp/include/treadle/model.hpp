@@ -1,6 +1,7 @@
 #pragma once
 // A model: a traced forward (a module, or a function over symbolic values) plus its parameters
 // packed into one flat buffer, and a cache of plans compiled per input signature.
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -61,6 +62,10 @@ class TREADLE_API Model {
   // Inference on shared weights; thread-safe (each call takes its own context unless given one).
   std::vector<Tensor> predict(const std::vector<Tensor>& inputs, Context* ctx = nullptr);
   Tensor predict(const Tensor& x, Context* ctx = nullptr) { return predict(std::vector<Tensor>{x}, ctx).at(0); }
+  // The allocation-free form: writes into caller-owned outputs of the right shapes and dtypes
+  // (output_shapes() tells them). Thread-safe like predict.
+  void predict_into(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs, Context* ctx = nullptr);
+  std::vector<std::pair<Shape, DType>> output_shapes(const std::vector<Tensor>& inputs);
 
   // Copies of the parameters by name (PyTorch state_dict keys), and loading them back.
   std::map<std::string, Tensor> state_dict() const;
@@ -69,6 +74,8 @@ class TREADLE_API Model {
   // The plan for `key`, compiled on first request. Thread-safe.
   std::shared_ptr<const Plan> plan(const PlanKey& key, const Loss* loss = nullptr);
   std::size_t num_plans() const;
+  // Changes whenever compiled plans are dropped (dtype change, backend pin): caches compare it.
+  uint64_t generation() const { return generation_.load(); }
   // Checks inputs against the model's dtype and layout rules; builds the inference key.
   PlanKey infer_key(const std::vector<Tensor>& inputs) const;
 
@@ -87,6 +94,17 @@ class TREADLE_API Model {
   mutable std::mutex mutex_;  // guards plans_ and contexts_
   std::map<PlanKey, std::shared_ptr<const Plan>> plans_;
   std::vector<std::unique_ptr<Context>> free_contexts_;
+  std::atomic<uint64_t> generation_{0};
+  // The inference plan used last, answered without building a key (guarded by mutex_).
+  std::shared_ptr<const Plan> infer_plan(const std::vector<Tensor>& inputs);
+  struct LastInfer {
+    uint64_t generation = ~uint64_t{0};
+    std::vector<Shape> shapes;
+    std::vector<DType> dtypes;
+    std::shared_ptr<const Plan> plan;
+  } last_infer_;
+  std::unique_ptr<Context> take_context();
+  void return_context(std::unique_ptr<Context> c);
 };
 
 }  // namespace treadle

@@ -25,6 +25,11 @@ TREADLE_API Value flatten(Value a, int start_dim = 1, int end_dim = -1);
 TREADLE_API Value concat(const std::vector<Value>& parts, int axis);
 TREADLE_API Value slice(Value a, int axis, int64_t start, int64_t stop);
 
+// Attention building blocks
+TREADLE_API Value bmm(Value a, Value b, bool trans_a = false, bool trans_b = false);  // (B, M, K) @ (B, K, N)
+TREADLE_API Value permute(Value a, const std::vector<int64_t>& dims);                  // like torch.permute
+TREADLE_API Value causal_mask(Graph& g, int64_t rows, int64_t cols, DType dtype);      // 0 on/below diagonal, -inf above
+
 // Activations
 TREADLE_API Value relu(Value x);
 TREADLE_API Value leaky_relu(Value x, double negative_slope = 0.01);

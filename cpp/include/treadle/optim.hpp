@@ -2,6 +2,7 @@
 // Optimizers update the model's one flat parameter buffer from its one flat gradient buffer in a
 // single fused pass; their state (momentum, moments, accumulators) lives in flat buffers of the
 // same layout. Formulas follow torch.optim exactly, so the same hyper-parameters give the same steps.
+// Only float32 and float64 buffers are supported; arithmetic runs in the buffers' dtype.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -27,25 +28,37 @@ class TREADLE_API Optimizer {
   virtual ~Optimizer() = default;
   virtual std::string name() const = 0;
 
-  // Allocates zeroed state for a flat buffer of `total` elements with this layout. Called by the
-  // trainer once (again after the model changes dtype).
+  // Allocates zeroed state for a flat buffer of `total` elements with this layout (slots must lie
+  // inside [0, total) without overlapping; elements between slots are padding). Called by the
+  // trainer once, and again after the model changes dtype: re-binding the same layout converts the
+  // existing state to the new dtype and keeps step_count(); a different layout starts afresh (t = 0).
   void bind(const std::vector<ParamSlot>& layout, int64_t total, DType dtype);
   bool bound() const { return bound_; }
+  int64_t numel() const { return total_; }
+  DType dtype() const { return dtype_; }
   // One update: params -= f(grads, state). `lr` is the learning rate for this step (after any
-  // schedule). Increments step_count().
+  // schedule). Increments step_count() first, so update t (1-based, as torch's `step`) is
+  // step_count() afterwards. Both buffers must be contiguous, on the CPU, of the bound dtype and
+  // size. Allocates nothing; big buffers are split over `exec` with results independent of chunking.
   void step(const Tensor& params, const Tensor& grads, double lr, Executor& exec);
 
   double lr() const { return lr_; }
   void set_lr(double lr) { lr_ = lr; }
   int64_t step_count() const { return t_; }
   void set_step_count(int64_t t) { t_ = t; }
-  // Named state buffers (each shaped like the flat parameter buffer), for checkpoints and tests.
+  // Named 1-D state buffers (torch's state keys: "momentum_buffer", "exp_avg", "sum", ...), for
+  // checkpoints and tests. Element-wise optimizers mirror the flat parameter buffer; row/column-wise
+  // AdaGrad keeps a compact buffer (see rowwise_adagrad). Writing into them is how a checkpoint is
+  // restored (with set_step_count).
   std::vector<std::pair<std::string, Tensor>>& state() { return state_; }
   const std::vector<ParamSlot>& layout() const { return layout_; }
 
  protected:
   virtual std::vector<std::string> state_names() const = 0;
-  virtual void initialize_state() {}  // after zero-allocation (e.g. AdaGrad's initial accumulator)
+  // Elements of state buffer i (layout_ and total_ are set when this is asked); default: total_.
+  virtual int64_t state_numel(int i) const { return total_; }
+  // After zero-allocation (e.g. AdaGrad's initial accumulator, per-slot tables, scratch space).
+  virtual void initialize_state() {}
   virtual void update(const Tensor& params, const Tensor& grads, double lr, Executor& exec) = 0;
   Tensor& state_buffer(int i) { return state_.at(i).second; }
 
@@ -53,6 +66,7 @@ class TREADLE_API Optimizer {
   int64_t t_ = 0;
   bool bound_ = false;
   DType dtype_ = DType::f32;
+  int64_t total_ = 0;
   std::vector<ParamSlot> layout_;
   std::vector<std::pair<std::string, Tensor>> state_;
 };
@@ -77,12 +91,17 @@ struct AdagradOptions {
 
 TREADLE_API std::shared_ptr<Optimizer> sgd(const SGDOptions& o);
 TREADLE_API std::shared_ptr<Optimizer> adam(const AdamOptions& o);
-// AdamW: decoupled weight decay (default 1e-2 as in torch.optim.AdamW).
+// AdamW: decoupled weight decay, p *= 1 - lr * weight_decay before the Adam step. AdamOptions'
+// weight_decay defaults to 0; torch.optim.AdamW's (and treadle.optim.AdamW's) default is 1e-2.
 TREADLE_API std::shared_ptr<Optimizer> adamw(const AdamOptions& o);
 TREADLE_API std::shared_ptr<Optimizer> rmsprop(const RMSpropOptions& o);
 TREADLE_API std::shared_ptr<Optimizer> adagrad(const AdagradOptions& o);
 // Matrix-aware AdaGrad: one accumulator per row (or column) of each 2-D weight, fed by the mean of
-// the squared gradients in that row (column); other tensors fall back to element-wise AdaGrad.
+// the squared gradients in that row (column); other tensors fall back to element-wise AdaGrad, bit
+// for bit. With g = grad + weight_decay * p and clr = lr / (1 + (t - 1) * lr_decay), for a (R, C)
+// slot: acc[r] += mean_c g[r, c]^2; p[r, c] -= clr * g[r, c] / (sqrt(acc[r]) + eps).
+// The state "sum" is compact: slot by slot in layout order, R (rows) or C (columns) entries for a
+// 2-D slot and numel entries otherwise; padding between slots is neither stored nor updated.
 TREADLE_API std::shared_ptr<Optimizer> rowwise_adagrad(const AdagradOptions& o);
 TREADLE_API std::shared_ptr<Optimizer> columnwise_adagrad(const AdagradOptions& o);
 
@@ -96,18 +115,30 @@ class TREADLE_API Schedule {
   virtual std::string name() const = 0;
 };
 
+// Each lr_at(t, base_lr) equals the lr torch's scheduler gives after t calls of .step() (one per
+// optimizer step), i.e. the lr of update t + 1; t < 0 is a ValueError.
 namespace schedule {
-TREADLE_API std::shared_ptr<Schedule> constant();
+// base_lr * factor for t < total_iters, then base_lr (torch's ConstantLR; the default is constant).
+TREADLE_API std::shared_ptr<Schedule> constant(double factor = 1.0, int64_t total_iters = 0);
+// base_lr * gamma^(t / step_size) (StepLR).
 TREADLE_API std::shared_ptr<Schedule> step(int64_t step_size, double gamma = 0.1);
+// base_lr * gamma^t (ExponentialLR).
 TREADLE_API std::shared_ptr<Schedule> exponential(double gamma);
+// eta_min + (base_lr - eta_min) * (1 + cos(pi * t / t_max)) / 2 (CosineAnnealingLR). As in torch,
+// the cosine is not clamped: past t_max the lr rises again (period 2 * t_max).
 TREADLE_API std::shared_ptr<Schedule> cosine(int64_t t_max, double eta_min = 0.0);
-// Linear warm-up from start_factor*lr to lr over `warmup` steps, then cosine to eta_min at `total`.
+// Linear warm-up from start_factor*lr to lr over `warmup` steps, then cosine to eta_min at `total`
+// (torch: SequentialLR of LinearLR(start_factor, total_iters=warmup) and
+// CosineAnnealingLR(T_max=total - warmup, eta_min) with milestone warmup; unclamped like cosine).
 TREADLE_API std::shared_ptr<Schedule> warmup_cosine(int64_t warmup, int64_t total, double eta_min = 0.0,
                                                     double start_factor = 0.0);
 }  // namespace schedule
 
 // Scales `grads` in place so that its global L2 norm is at most max_norm (torch's
 // clip_grad_norm_: coefficient max_norm / (norm + 1e-6), capped at 1). Returns the norm before clipping.
+// max_norm must be >= 0. A non-finite norm is returned as is and scales the gradients to NaN, as torch.
 TREADLE_API double clip_grad_norm(const Tensor& grads, double max_norm);
+// Same, split over `exec`; the result does not depend on the executor (fixed blocks, ordered sum).
+TREADLE_API double clip_grad_norm(const Tensor& grads, double max_norm, Executor& exec);
 
 }  // namespace treadle

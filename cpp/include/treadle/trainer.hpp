@@ -51,6 +51,17 @@ class TREADLE_API Trainer {
 
  private:
   double run_loss_plan(const Tensor& x, const Tensor& y, PlanMode mode);
+  // The plan for this mode and signature: a per-mode last-used entry answers repeated steps without
+  // building a key (so a step allocates nothing); a miss asks the model.
+  std::shared_ptr<const Plan> plan_for(PlanMode mode, const Tensor& x, const Tensor* y, bool input_grad);
+  struct CachedPlan {
+    uint64_t generation = ~uint64_t{0};
+    Shape x_shape, y_shape;
+    DType x_dtype = DType::f32, y_dtype = DType::f32;
+    bool input_grad = false;
+    std::shared_ptr<const Plan> plan;
+  };
+  CachedPlan cache_[4];
   void check_input(const Tensor& x, const char* what) const;
 
   std::shared_ptr<Model> model_;

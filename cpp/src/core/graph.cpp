@@ -58,11 +58,20 @@ const std::string& Attrs::s(const std::string& name) const {
   throw_type_error("attribute '", name, "' is not a string");
 }
 
-Shape Value::shape() const { return graph_->info(id_).shape; }
-int Value::ndim() const { return static_cast<int>(graph_->info(id_).shape.size()); }
-DType Value::dtype() const { return graph_->info(id_).dtype; }
+Value::Value(Graph* g, int id) : graph_(g), id_(id), life_(g ? g->life() : nullptr) {}
+
+Graph& Value::graph() const {
+  if (!graph_) throw_value_error("symbolic value is undefined");
+  if (life_.expired())
+    throw_value_error("symbolic value used after its graph was compiled (symbols exist only while a forward is traced)");
+  return *graph_;
+}
+
+Shape Value::shape() const { return graph().info(id_).shape; }
+int Value::ndim() const { return static_cast<int>(graph().info(id_).shape.size()); }
+DType Value::dtype() const { return graph().info(id_).dtype; }
 int64_t Value::dim(int i) const {
-  const Shape& s = graph_->info(id_).shape;
+  const Shape& s = graph().info(id_).shape;
   int k = i < 0 ? i + static_cast<int>(s.size()) : i;
   if (k < 0 || k >= static_cast<int>(s.size()))
     throw_value_error("dim ", i, " out of range for shape ", shape_str(s));

@@ -15,6 +15,7 @@ const OpRegistry& OpRegistry::instance() {
     register_dropout_ops(r);
     register_loss_ops(r);
     register_recurrent_ops(r);
+    register_attention_ops(r);
     return r;
   }();
   return registry;

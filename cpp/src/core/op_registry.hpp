@@ -62,6 +62,7 @@ void register_softmax_ops(OpRegistry& r);
 void register_dropout_ops(OpRegistry& r);
 void register_loss_ops(OpRegistry& r);
 void register_recurrent_ops(OpRegistry& r);
+void register_attention_ops(OpRegistry& r);
 
 // Helpers shared by op definitions.
 TensorMeta same_as(const TensorMeta& m);

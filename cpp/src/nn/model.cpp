@@ -1,5 +1,6 @@
 #include "treadle/model.hpp"
 
+#include <array>
 #include <cstring>
 #include <set>
 
@@ -65,6 +66,7 @@ void Model::pack_parameters() {
   }
   std::lock_guard<std::mutex> lock(mutex_);
   plans_.clear();
+  ++generation_;
 }
 
 void Model::to(DType dtype) {
@@ -82,6 +84,7 @@ void Model::set_backend(const std::string& name) {
   std::lock_guard<std::mutex> lock(mutex_);
   backend_ = name;
   plans_.clear();
+  ++generation_;
 }
 
 std::vector<Value> Model::trace(Graph& g, const std::vector<Value>& inputs) const {
@@ -128,37 +131,82 @@ std::size_t Model::num_plans() const {
   return plans_.size();
 }
 
-std::vector<Tensor> Model::predict(const std::vector<Tensor>& inputs, Context* ctx) {
+std::shared_ptr<const Plan> Model::infer_plan(const std::vector<Tensor>& inputs) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const LastInfer& c = last_infer_;
+    bool hit = c.plan && c.generation == generation_ && c.shapes.size() == inputs.size();
+    for (std::size_t i = 0; hit && i < inputs.size(); ++i)
+      hit = inputs[i].defined() && c.shapes[i] == inputs[i].shape() && c.dtypes[i] == inputs[i].dtype();
+    if (hit) return c.plan;
+  }
+  const uint64_t generation = generation_;
   PlanKey key = infer_key(inputs);
   std::shared_ptr<const Plan> p = plan(key);
-  std::unique_ptr<Context> pooled;
-  if (!ctx) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (!free_contexts_.empty()) {
-        pooled = std::move(free_contexts_.back());
-        free_contexts_.pop_back();
-      }
-    }
-    if (!pooled) pooled = std::make_unique<Context>();
-    ctx = pooled.get();
-  }
-  std::vector<Tensor> held;
-  std::vector<void*> ptrs;
-  for (const Tensor& t : inputs) held.push_back(t.is_contiguous() ? t : t.clone());
-  for (Tensor& t : held) ptrs.push_back(t.data());
-  Bindings b{flat_params_.data(), ptrs, {}, {}};
-  std::vector<Tensor> outs;
-  p->run(*ctx, b, 0, p->forward_end);
-  for (int id : p->outputs) {
-    Tensor t(p->graph.info(id).shape, p->graph.info(id).dtype);
-    std::memcpy(t.data(), p->address(*ctx, b, id), t.nbytes());
-    outs.push_back(std::move(t));
-  }
-  if (pooled) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  last_infer_ = LastInfer{generation, key.input_shapes, key.input_dtypes, p};
+  return p;
+}
+
+std::unique_ptr<Context> Model::take_context() {
+  {
     std::lock_guard<std::mutex> lock(mutex_);
-    free_contexts_.push_back(std::move(pooled));
+    if (!free_contexts_.empty()) {
+      std::unique_ptr<Context> c = std::move(free_contexts_.back());
+      free_contexts_.pop_back();
+      return c;
+    }
   }
+  return std::make_unique<Context>();
+}
+
+void Model::return_context(std::unique_ptr<Context> c) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  free_contexts_.push_back(std::move(c));
+}
+
+std::vector<std::pair<Shape, DType>> Model::output_shapes(const std::vector<Tensor>& inputs) {
+  std::shared_ptr<const Plan> p = infer_plan(inputs);
+  std::vector<std::pair<Shape, DType>> out;
+  for (int id : p->outputs) out.emplace_back(p->graph.info(id).shape, p->graph.info(id).dtype);
+  return out;
+}
+
+void Model::predict_into(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs, Context* ctx) {
+  std::shared_ptr<const Plan> p = infer_plan(inputs);
+  if (outputs.size() != p->outputs.size())
+    throw_value_error("predict: expected ", p->outputs.size(), " output buffers, got ", outputs.size());
+  for (std::size_t k = 0; k < outputs.size(); ++k) {
+    const ValueInfo& info = p->graph.info(p->outputs[k]);
+    if (!outputs[k].defined() || outputs[k].shape() != info.shape || outputs[k].dtype() != info.dtype ||
+        !outputs[k].is_contiguous())
+      throw_value_error("predict: output ", k, " must be a contiguous ", dtype_name(info.dtype), shape_str(info.shape),
+                        " buffer");
+  }
+  constexpr std::size_t kMaxInputs = 8;
+  if (inputs.size() > kMaxInputs) throw_value_error("predict: at most ", kMaxInputs, " inputs");
+  std::array<Tensor, kMaxInputs> copies;  // only for non-contiguous inputs
+  std::array<void*, kMaxInputs> ptrs{};
+  for (std::size_t i = 0; i < inputs.size(); ++i)
+    ptrs[i] = inputs[i].is_contiguous() ? inputs[i].data() : (copies[i] = inputs[i].clone()).data();
+  std::unique_ptr<Context> pooled = ctx ? nullptr : take_context();
+  Context& c = ctx ? *ctx : *pooled;
+  Bindings b{flat_params_.data(), std::span<void* const>(ptrs.data(), inputs.size()), {}, {}};
+  try {
+    p->run(c, b, 0, p->forward_end);
+    for (std::size_t k = 0; k < outputs.size(); ++k)
+      std::memcpy(outputs[k].data(), p->address(c, b, p->outputs[k]), outputs[k].nbytes());
+  } catch (...) {
+    if (pooled) return_context(std::move(pooled));
+    throw;
+  }
+  if (pooled) return_context(std::move(pooled));
+}
+
+std::vector<Tensor> Model::predict(const std::vector<Tensor>& inputs, Context* ctx) {
+  std::vector<Tensor> outs;
+  for (auto& [shape, dtype] : output_shapes(inputs)) outs.emplace_back(shape, dtype);
+  predict_into(inputs, outs, ctx);
   return outs;
 }
 

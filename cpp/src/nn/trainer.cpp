@@ -48,25 +48,42 @@ double Trainer::current_lr() const {
   return schedule_ ? schedule_->lr_at(optimizer_->step_count(), optimizer_->lr()) : optimizer_->lr();
 }
 
+std::shared_ptr<const Plan> Trainer::plan_for(PlanMode mode, const Tensor& x, const Tensor* y, bool input_grad) {
+  CachedPlan& c = cache_[static_cast<int>(mode)];
+  if (c.plan && c.generation == model_->generation() && c.x_shape == x.shape() && c.x_dtype == x.dtype() &&
+      c.input_grad == input_grad && (!y || (c.y_shape == y->shape() && c.y_dtype == y->dtype())))
+    return c.plan;
+  const uint64_t generation = model_->generation();
+  PlanKey key = model_->infer_key({x});
+  key.mode = mode;
+  key.input_grad = input_grad;
+  if (y) {
+    // The target's dtype is checked before compiling so the error names the loss, not an op.
+    if (y->dtype() != loss_.target_dtype(model_->dtype()))
+      throw_type_error(loss_.kind, ": expected target of dtype ", dtype_name(loss_.target_dtype(model_->dtype())),
+                       ", got ", dtype_name(y->dtype()));
+    key.loss_key = loss_.key();
+    key.target_shape = y->shape();
+    key.target_dtype = y->dtype();
+  }
+  c = CachedPlan{generation, x.shape(), y ? y->shape() : Shape{}, x.dtype(), y ? y->dtype() : DType::f32, input_grad,
+                 model_->plan(key, y ? &loss_ : nullptr)};
+  return c.plan;
+}
+
 double Trainer::run_loss_plan(const Tensor& x, const Tensor& y, PlanMode mode) {
   check_input(x, "input");
   check_input(y, "target");
-  PlanKey key = model_->infer_key({x});
-  key.mode = mode;
-  key.loss_key = loss_.key();
-  key.target_shape = y.shape();
-  key.target_dtype = y.dtype();
-  // The target's dtype is checked before compiling so the error names the loss, not an op.
-  if (y.dtype() != loss_.target_dtype(model_->dtype()))
-    throw_type_error(loss_.kind, ": expected target of dtype ", dtype_name(loss_.target_dtype(model_->dtype())),
-                     ", got ", dtype_name(y.dtype()));
-  std::shared_ptr<const Plan> p = model_->plan(key, &loss_);
+  std::shared_ptr<const Plan> p = plan_for(mode, x, &y, false);
   const ValueInfo& out = p->graph.info(p->outputs.at(0));
   loss_.check_target(out.shape, out.dtype, y);  // e.g. class indices in range, before any compute
-  Tensor xc = x.is_contiguous() ? x : x.clone(), yc = y.is_contiguous() ? y : y.clone();
+  Tensor x_copy, y_copy;  // only for non-contiguous inputs
+  const Tensor& xc = x.is_contiguous() ? x : (x_copy = x.clone());
+  const Tensor& yc = y.is_contiguous() ? y : (y_copy = y.clone());
   void* in_ptr[1] = {xc.data()};
   void* tgt_ptr[1] = {yc.data()};
   Bindings b{model_->flat_parameters().data(), in_ptr, tgt_ptr, {}};
+  pending_.reset();  // this run reuses the context's activation memory: a pending backward is void
   p->run(ctx_, b, 0, p->num_steps());
   if (mode == PlanMode::train_loss) {
     p->accumulate_param_grads(ctx_, b, model_->flat_gradients().data());
@@ -92,10 +109,7 @@ double Trainer::evaluate(const Tensor& x, const Tensor& y) { return run_loss_pla
 
 Tensor Trainer::forward(const Tensor& x, bool input_grad) {
   check_input(x, "input");
-  PlanKey key = model_->infer_key({x});
-  key.mode = PlanMode::train_seeded;
-  key.input_grad = input_grad;
-  std::shared_ptr<const Plan> p = model_->plan(key);
+  std::shared_ptr<const Plan> p = plan_for(PlanMode::train_seeded, x, nullptr, input_grad);
   // Keep a private copy of the input: backward needs it, and the host may reuse its array.
   if (!pending_input_.defined() || pending_input_.shape() != x.shape() || pending_input_.dtype() != x.dtype())
     pending_input_ = Tensor(x.shape(), x.dtype());
@@ -123,7 +137,8 @@ void Trainer::backward(const Tensor& grad_output, Tensor* input_grad) {
   if (input_grad && p->input_grads.empty())
     throw_value_error("Trainer.backward: input gradient requested but forward was called without input_grad=True");
   check_input(grad_output, "grad_output");
-  Tensor g = grad_output.is_contiguous() ? grad_output : grad_output.clone();
+  Tensor g_copy;
+  const Tensor& g = grad_output.is_contiguous() ? grad_output : (g_copy = grad_output.clone());
   void* in_ptr[1] = {pending_input_.data()};
   void* seed_ptr[1] = {g.data()};
   Bindings b{model_->flat_parameters().data(), in_ptr, {}, seed_ptr};
@@ -139,7 +154,7 @@ void Trainer::backward(const Tensor& grad_output, Tensor* input_grad) {
 
 void Trainer::update() {
   const Tensor& grads = model_->flat_gradients();
-  if (options_.clip_grad_norm > 0) clip_grad_norm(grads, options_.clip_grad_norm);
+  if (options_.clip_grad_norm > 0) clip_grad_norm(grads, options_.clip_grad_norm, ctx_.executor());
   optimizer_->step(model_->flat_parameters(), grads, current_lr(), ctx_.executor());
 }
 

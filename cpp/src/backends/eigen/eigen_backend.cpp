@@ -14,6 +14,7 @@ class EigenBackend final : public Backend {
     register_eigen_dropout(table_);
     register_eigen_loss(table_);
     register_eigen_recurrent(table_);
+    register_eigen_attention(table_);
   }
   const char* name() const override { return "eigen"; }
   KernelFn find(const Graph& g, const Node& node) const override {

@@ -15,5 +15,6 @@ void register_eigen_softmax(KernelTable& t);
 void register_eigen_dropout(KernelTable& t);
 void register_eigen_loss(KernelTable& t);
 void register_eigen_recurrent(KernelTable& t);
+void register_eigen_attention(KernelTable& t);
 
 }  // namespace treadle

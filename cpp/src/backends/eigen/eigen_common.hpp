@@ -27,12 +27,20 @@ template <typename F>
 void parallel_chunks(Executor& exec, int64_t n, int64_t grain, F&& body) {
   if (n <= 0) return;
   const int64_t chunks = (n + grain - 1) / grain;
+  // The same fixed chunks run serially or in parallel: GEMM-based kernels round differently for
+  // different block shapes, so chunk boundaries must not depend on the number of workers.
   if (chunks <= 1 || exec.num_workers() <= 1) {
-    body(int64_t{0}, n);
+    for (int64_t c = 0; c < chunks; ++c) body(c * grain, std::min(n, (c + 1) * grain));
     return;
   }
-  exec.parallel_for(chunks, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) body(c * grain, std::min(n, (c + 1) * grain));
+  // One captured pointer keeps the std::function inside its small buffer: no allocation per call.
+  struct Job {
+    F& body;
+    int64_t n, grain;
+  } job{body, n, grain};
+  const Job* j = &job;
+  exec.parallel_for(chunks, [j](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) j->body(c * j->grain, std::min(j->n, (c + 1) * j->grain));
   });
 }
 

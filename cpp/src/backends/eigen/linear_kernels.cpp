@@ -7,8 +7,11 @@ namespace treadle {
 namespace {
 using namespace eigen;
 
-// Rows per chunk: enough work per chunk (~64k multiply-adds) to amortise dispatch.
-int64_t row_grain(int64_t flops_per_row) { return std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, flops_per_row)); }
+// Rows per chunk: at least 128 (so each chunk is an efficient GEMM) and enough work per chunk
+// (~64k multiply-adds) to amortise dispatch. Depends on the problem only, never on the workers.
+int64_t row_grain(int64_t flops_per_row) {
+  return std::max<int64_t>(128, (1 << 16) / std::max<int64_t>(1, flops_per_row));
+}
 
 template <typename T>
 void linear_kernel(const KernelArgs& a) {

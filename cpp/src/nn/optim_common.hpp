@@ -1,0 +1,34 @@
+#pragma once
+// Helpers shared by the fused optimizer kernels (optimizers_basic.cpp, optimizers_adaptive.cpp).
+// Element loops call std::sqrt: it is the correctly rounded IEEE root (unlike Eigen's EIGEN_FAST_MATH
+// packet sqrt on AVX-512), and it vectorises when the build passes -fno-math-errno.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "treadle/error.hpp"
+
+namespace treadle::optim::detail {
+
+inline void require(bool ok, const char* who, const char* what, double value) {
+  if (!ok) throw_value_error(who, ": invalid ", what, " value: ", value);
+}
+
+// torch.lerp's formula (exact at both ends): start + w * (end - start), or from the end when w >= 0.5.
+template <typename T>
+inline T lerp(T start, T end, T w) {
+  return std::abs(w) < T(0.5) ? start + w * (end - start) : end - (end - start) * (T(1) - w);
+}
+
+// Calls f(std::bool_constant<b>{}): options become compile-time constants, so the element loops
+// are branch-free and vectorise.
+template <typename F>
+void dispatch(bool b, F&& f) {
+  if (b)
+    f(std::true_type{});
+  else
+    f(std::false_type{});
+}
+
+}  // namespace treadle::optim::detail

@@ -1,0 +1,206 @@
+// The C++ API as a host uses it: build a Sequential MLP, train it with treadle::Trainer, run inference
+// on a host executor that chunks work differently from the serial one, and get typed errors for bad
+// input. A plain executable: prints one line per check and exits non-zero if any check failed.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "treadle/treadle.hpp"
+
+namespace {
+
+int g_failures = 0;
+
+void check(bool ok, const std::string& what) {
+  std::printf("%s: %s\n", ok ? "ok  " : "FAIL", what.c_str());
+  if (!ok) ++g_failures;
+}
+
+// A host executor that splits [0, n) into up to `chunks` pieces and runs them serially in reverse
+// order: a stand-in for a worker team whose chunks finish in any order.
+class ReverseChunkExecutor final : public treadle::Executor {
+ public:
+  explicit ReverseChunkExecutor(int chunks) : chunks_(chunks) {}
+  int num_workers() const override { return chunks_; }
+  void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& body) override {
+    if (n <= 0) return;
+    ++calls_;
+    const int64_t pieces = std::min<int64_t>(n, chunks_);
+    const int64_t size = (n + pieces - 1) / pieces;
+    for (int64_t start = (n - 1) / size * size; start >= 0; start -= size) {
+      body(start, std::min(n, start + size));
+      ++chunks_run_;
+    }
+  }
+  int calls() const { return calls_; }
+  int chunks_run() const { return chunks_run_; }
+
+ private:
+  int chunks_;
+  int calls_ = 0, chunks_run_ = 0;
+};
+
+std::shared_ptr<treadle::Model> make_mlp(uint64_t seed, int64_t width = 64) {
+  using namespace treadle;
+  manual_seed(seed);
+  auto net = std::make_shared<nn::Sequential>();
+  net->add(std::make_shared<nn::Linear>(8, width));
+  net->add(std::make_shared<nn::Activation>("tanh"));
+  net->add(std::make_shared<nn::Linear>(width, width));
+  net->add(std::make_shared<nn::Activation>("tanh"));
+  net->add(std::make_shared<nn::Linear>(width, 1));
+  return std::make_shared<Model>(net);
+}
+
+// x ~ U(-1, 1)^(n x 8), y = sin(2 x0) + x1 x2: a smooth target an MLP fits quickly.
+void make_data(int64_t n, treadle::Tensor& x, treadle::Tensor& y, uint32_t seed) {
+  x = treadle::Tensor({n, 8}, treadle::DType::f32);
+  y = treadle::Tensor({n, 1}, treadle::DType::f32);
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  float* px = x.data_as<float>();
+  for (int64_t i = 0; i < n * 8; ++i) px[i] = u(gen);
+  for (int64_t i = 0; i < n; ++i) y.data_as<float>()[i] = std::sin(2 * px[i * 8]) + px[i * 8 + 1] * px[i * 8 + 2];
+}
+
+bool bitwise_equal(const treadle::Tensor& a, const treadle::Tensor& b) {
+  return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
+}
+
+void test_training_reduces_the_loss() {
+  using namespace treadle;
+  auto model = make_mlp(1);
+  optim::AdamOptions adam;
+  adam.lr = 1e-2;
+  Trainer trainer(model, loss::mse(), optim::adam(adam));
+  Tensor x, y;
+  make_data(256, x, y, 7);
+  const double first = trainer.step(x, y);
+  double last = first;
+  for (int i = 0; i < 199; ++i) last = trainer.step(x, y);
+  check(std::isfinite(first) && std::isfinite(last), "training losses are finite");
+  check(last < 0.2 * first, "200 Adam steps reduce the MSE at least 5x (" + std::to_string(first) + " -> " +
+                                std::to_string(last) + ")");
+  check(trainer.steps() == 200, "the optimizer counted 200 steps");
+  check(std::fabs(trainer.evaluate(x, y) - last) < 0.5 * last + 1e-6, "evaluate agrees with the last step's loss");
+}
+
+void test_chunked_executor_predict_is_bitwise_serial() {
+  using namespace treadle;
+  // Shapes where the kernels split rows over the executor: activations of 64k elements and more,
+  // and GEMMs whose chunks are not multiples of Eigen's register panels.
+  const std::pair<int64_t, int64_t> shapes[] = {{1024, 64}, {2000, 200}, {300, 700}};
+  for (const auto& [batch, width] : shapes) {
+    const std::string what = " (batch " + std::to_string(batch) + ", width " + std::to_string(width) + ")";
+    auto model = make_mlp(2, width);
+    Tensor x, y;
+    make_data(batch, x, y, 11);
+    Tensor serial = model->predict(x);
+    ReverseChunkExecutor exec(5);
+    Context ctx(&exec);
+    Tensor chunked = model->predict(x, &ctx);
+    check(exec.calls() > 0 && exec.chunks_run() > exec.calls(),
+          "predict split work over the host executor" + what + ": " + std::to_string(exec.calls()) + " calls, " +
+              std::to_string(exec.chunks_run()) + " chunks");
+    check(bitwise_equal(serial, chunked), "predict on a reverse-chunking executor is bitwise the serial result" + what);
+    Tensor again = model->predict(x, &ctx);
+    check(bitwise_equal(chunked, again), "a second run on the same context is bitwise the same" + what);
+  }
+}
+
+void test_chunked_executor_training_is_bitwise_serial() {
+  using namespace treadle;
+  auto a = make_mlp(3), b = make_mlp(3);
+  check(bitwise_equal(a->flat_parameters(), b->flat_parameters()), "manual_seed reproduces the initial weights");
+  ReverseChunkExecutor exec(3);
+  Trainer serial(a, loss::mse(), optim::adam({}));
+  Trainer chunked(b, loss::mse(), optim::adam({}), TrainerOptions{}, &exec);
+  Tensor x, y;
+  make_data(512, x, y, 13);
+  bool same_losses = true;
+  for (int i = 0; i < 20; ++i) same_losses = same_losses && serial.step(x, y) == chunked.step(x, y);
+  check(exec.calls() > 0, "training used the host executor");
+  check(same_losses, "20 training steps give bitwise the same losses on both executors");
+  check(bitwise_equal(a->flat_parameters(), b->flat_parameters()), "and bitwise the same weights");
+}
+
+// Checks that f() throws E (or a subclass) whose message contains `words`.
+template <typename E, typename F>
+void expect_throw(F&& f, const std::string& words, const std::string& what) {
+  std::string outcome = "no exception";
+  bool ok = false;
+  try {
+    f();
+  } catch (const E& e) {
+    outcome = e.what();
+    ok = outcome.find(words) != std::string::npos;
+  } catch (const std::exception& e) {
+    outcome = std::string("wrong exception type: ") + e.what();
+  }
+  check(ok, what + " [" + outcome + "]");
+}
+
+void test_bad_input_throws_typed_errors() {
+  using namespace treadle;
+  auto model = make_mlp(4);
+  Trainer trainer(model, loss::mse(), optim::sgd({}));
+  Tensor before = model->flat_parameters().clone();
+  Tensor wrong({4, 7}, DType::f32), x({4, 8}, DType::f32), y_bad({4, 2}, DType::f32), y_f64({4, 1}, DType::f64);
+  expect_throw<ValueError>([&] { model->predict(wrong); }, "(4, 7)",
+                           "predict with 7 features throws treadle::ValueError naming the shape");
+  expect_throw<ValueError>([&] { trainer.step(x, y_bad); }, "(4, 2)",
+                           "a target of the wrong shape throws treadle::ValueError");
+  expect_throw<TypeError>([&] { trainer.step(x, y_f64); }, "float64",
+                          "a float64 target for a float32 model throws treadle::TypeError");
+  expect_throw<ValueError>([&] { trainer.backward(Tensor({4, 1}, DType::f32)); }, "forward",
+                           "backward before forward throws treadle::ValueError");
+  expect_throw<ValueError>([&] { nn::Linear(0, 3); }, "positive", "Linear(0, 3) throws treadle::ValueError");
+  expect_throw<std::invalid_argument>([&] { model->predict(wrong); }, "linear",
+                                      "treadle::ValueError is a std::invalid_argument");
+  check(bitwise_equal(before, model->flat_parameters()) && trainer.steps() == 0,
+        "failed calls change neither the weights nor the step count");
+  Tensor ok_y({4, 1}, DType::f32);
+  check(std::isfinite(trainer.step(x, ok_y)) && trainer.steps() == 1, "the trainer still works afterwards");
+}
+
+}  // namespace
+
+// Usage: test_core [name...] runs the named groups (all by default); test_core --list names them.
+int main(int argc, char** argv) {
+  const std::pair<std::string, void (*)()> tests[] = {
+      {"training", test_training_reduces_the_loss},
+      {"chunked_predict", test_chunked_executor_predict_is_bitwise_serial},
+      {"chunked_training", test_chunked_executor_training_is_bitwise_serial},
+      {"bad_input", test_bad_input_throws_typed_errors},
+  };
+  std::vector<std::string> wanted(argv + 1, argv + argc);
+  if (wanted.size() == 1 && wanted[0] == "--list") {
+    for (const auto& t : tests) std::printf("%s\n", t.first.c_str());
+    return 0;
+  }
+  for (const std::string& w : wanted) {
+    bool known = false;
+    for (const auto& t : tests) known = known || t.first == w;
+    if (!known) {
+      std::fprintf(stderr, "test_core: unknown test group '%s' (--list names them)\n", w.c_str());
+      return 2;
+    }
+  }
+  for (const auto& [name, fn] : tests) {
+    if (!wanted.empty() && std::find(wanted.begin(), wanted.end(), name) == wanted.end()) continue;
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      check(false, std::string(name) + ": unexpected exception: " + e.what());
+    }
+  }
+  std::printf("%s: %d failure(s)\n", g_failures ? "FAILED" : "PASSED", g_failures);
+  return g_failures ? 1 : 0;
+}

@@ -1,0 +1,24 @@
+#include "bindings.hpp"
+#include "treadle/nn_attention.hpp"
+
+namespace treadle::py_bind {
+
+void bind_attention(py::module_& m) {
+  py::class_<nn::MultiheadAttention, Module, std::shared_ptr<nn::MultiheadAttention>>(m, "MultiheadAttention")
+      .def(py::init([](int64_t e, int64_t h, double dropout, bool bias, bool batch_first, const py::object& dtype) {
+             return std::make_shared<nn::MultiheadAttention>(e, h, dropout, bias, batch_first, dtype_from_py(dtype));
+           }),
+           py::arg("embed_dim"), py::arg("num_heads"), py::arg("dropout") = 0.0, py::arg("bias") = true,
+           py::arg("batch_first") = false, py::arg("dtype") = "float32")
+      .def("attend",
+           [](nn::MultiheadAttention& mha, Value q, Value k, Value v, std::optional<Value> kpm,
+              std::optional<Value> attn_mask, bool is_causal, bool need_weights) {
+             nn::AttentionMasks masks{kpm ? *kpm : Value(), attn_mask ? *attn_mask : Value(), is_causal};
+             auto [out, w] = mha.attend(q, k, v, masks, need_weights);
+             return py::make_tuple(out, w.defined() ? py::cast(w) : py::none());
+           },
+           py::arg("query"), py::arg("key"), py::arg("value"), py::arg("key_padding_mask") = py::none(),
+           py::arg("attn_mask") = py::none(), py::arg("is_causal") = false, py::arg("need_weights") = false);
+}
+
+}  // namespace treadle::py_bind
