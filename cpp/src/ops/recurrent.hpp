@@ -16,7 +16,7 @@
 //
 // x and y are (T, N, F) or, with batch_first, (N, T, F); h0/h_n/c0/c_n are (N, H); lengths is int64
 // (N). Optional inputs are told apart by count (bias adds two, lengths one, always last).
-// `saved` holds what backward needs per step, in x's layout: LSTM (i, f, g, o, c) = 5H, GRU
+// `saved` holds what backward needs per step, in x's layout: LSTM (i, f, g, o, c, tanh c) = 6H, GRU
 // (r, z, n, W_hn h + b_hn) = 4H; the plain RNN needs only y.
 #include <cstddef>
 #include <cstdint>
@@ -37,7 +37,7 @@ inline CellInfo cell_info(Cell c) {
   switch (c) {
     case Cell::rnn: return {c, 1, 0, false};
     case Cell::gru: return {c, 3, 4, false};
-    case Cell::lstm: return {c, 4, 5, true};
+    case Cell::lstm: return {c, 4, 6, true};
   }
   return {c, 1, 0, false};
 }
