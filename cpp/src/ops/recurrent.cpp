@@ -8,7 +8,6 @@
 // messages).
 #include "ops/recurrent.hpp"
 
-#include <variant>
 
 #include "core/op_registry.hpp"
 #include "treadle/error.hpp"

@@ -27,8 +27,6 @@ using rnn::CellInfo;
 template <typename T>
 using StridedMapR = Eigen::Map<MatrixR<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
 template <typename T>
-using ConstStridedMapR = Eigen::Map<const MatrixR<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
-template <typename T>
 using RowVec = Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>;
 
 // Rows per chunk of the whole-sequence input projection: as the linear kernels, at least 128 (an
