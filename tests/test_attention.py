@@ -189,3 +189,53 @@ def test_bad_shapes_raise():
     model = SelfAttention(tl.nn.MultiheadAttention(8, 2, batch_first=True))
     with pytest.raises(ValueError, match="MultiheadAttention: expected inputs of shape"):
         model.predict(np.zeros((2, 3, 7), np.float32))
+
+
+class Encoder(tl.nn.Module):
+    def __init__(self, layer, causal=False):
+        super().__init__()
+        self.layer, self.causal = layer, causal
+
+    def forward(self, x):
+        return F.mean(self.layer(x, is_causal=self.causal), 1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_transformer_encoder_layer_matches_torch(dtype, norm_first, activation):
+    d, h, ff, n, length = 16, 4, 32, 3, 6
+    torch.manual_seed(1)
+    ref = torch.nn.TransformerEncoderLayer(d, h, ff, dropout=0.0, activation=activation, batch_first=True,
+                                           norm_first=norm_first, dtype=getattr(torch, dtype))
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    layer = tl.nn.TransformerEncoderLayer(d, h, ff, dropout=0.0, activation=activation, batch_first=True,
+                                          norm_first=norm_first, dtype=dtype)
+    model = Encoder(layer)
+    state = {k: v.detach().numpy() for k, v in ref.state_dict().items()}
+    assert list(k[len("layer."):] for k in model.state_dict()) == list(state)
+    model.load_state_dict({"layer." + k: v for k, v in state.items()})
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((n, length, d)).astype(dtype)
+    tx = torch.tensor(x, requires_grad=True)
+    ty = ref(tx).mean(dim=1)
+    gy = rng.standard_normal(ty.shape).astype(dtype)
+    ty.backward(torch.tensor(gy))
+    tol = opcheck.tol(dtype)
+    trainer = tl.Trainer(model, tl.loss.MSE(), tl.optim.SGD(lr=0.0))
+    np.testing.assert_allclose(trainer.forward(x, input_grad=True), ty.detach().numpy(), **tol)
+    np.testing.assert_allclose(trainer.backward(gy, input_grad=True), tx.grad.numpy(), **tol)
+    grads = model.named_gradients()
+    for name, p in ref.named_parameters():
+        np.testing.assert_allclose(grads["layer." + name], p.grad.numpy(), **tol, err_msg=name)
+
+
+def test_mean_and_sum_ops():
+    class Reduce(tl.nn.Module):
+        def forward(self, x):
+            return F.mean(x, 1) + F.sum(x, -2, keepdim=False) * 0.5
+
+    x = np.random.default_rng(7).standard_normal((2, 5, 3)).astype(np.float32)  # no parameters: float32
+    np.testing.assert_allclose(Reduce().predict(x), x.mean(1) + 0.5 * x.sum(1), rtol=1e-6)

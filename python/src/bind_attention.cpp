@@ -19,6 +19,23 @@ void bind_attention(py::module_& m) {
            },
            py::arg("query"), py::arg("key"), py::arg("value"), py::arg("key_padding_mask") = py::none(),
            py::arg("attn_mask") = py::none(), py::arg("is_causal") = false, py::arg("need_weights") = false);
+  py::class_<nn::TransformerEncoderLayer, Module, std::shared_ptr<nn::TransformerEncoderLayer>>(
+      m, "TransformerEncoderLayer")
+      .def(py::init([](int64_t d, int64_t h, int64_t ff, double dropout, const std::string& act, double eps, bool bf,
+                       bool nf, bool bias, const py::object& dtype) {
+             return std::make_shared<nn::TransformerEncoderLayer>(d, h, ff, dropout, act, eps, bf, nf, bias,
+                                                                  dtype_from_py(dtype));
+           }),
+           py::arg("d_model"), py::arg("nhead"), py::arg("dim_feedforward") = 2048, py::arg("dropout") = 0.1,
+           py::arg("activation") = "relu", py::arg("layer_norm_eps") = 1e-5, py::arg("batch_first") = false,
+           py::arg("norm_first") = false, py::arg("bias") = true, py::arg("dtype") = "float32")
+      .def("encode",
+           [](nn::TransformerEncoderLayer& layer, Value src, std::optional<Value> mask, std::optional<Value> kpm,
+              bool is_causal) {
+             return layer.encode(src, nn::AttentionMasks{kpm ? *kpm : Value(), mask ? *mask : Value(), is_causal});
+           },
+           py::arg("src"), py::arg("src_mask") = py::none(), py::arg("src_key_padding_mask") = py::none(),
+           py::arg("is_causal") = false);
 }
 
 }  // namespace treadle::py_bind

@@ -78,6 +78,8 @@ void bind_functional(py::module_& m) {
   f.def("sub", &ops::sub);
   f.def("mul", &ops::mul);
   f.def("scale", &ops::scale);
+  f.def("sum", &ops::sum, py::arg("x"), py::arg("dim"), py::arg("keepdim") = false);
+  f.def("mean", &ops::mean, py::arg("x"), py::arg("dim"), py::arg("keepdim") = false);
   f.def("reshape", &ops::reshape);
   f.def("flatten", &ops::flatten, py::arg("x"), py::arg("start_dim") = 1, py::arg("end_dim") = -1);
   f.def("concat", &ops::concat, py::arg("parts"), py::arg("axis") = -1);
@@ -107,7 +109,8 @@ void bind_core(py::module_& m) {
   m.def("run_op", &run_op_py, py::arg("op"), py::arg("inputs"), py::arg("attrs"), py::arg("grad_outputs") = py::none(),
         py::arg("backend") = "", py::arg("training") = true, py::arg("seed") = 0);
   py::class_<Context>(m, "Context", "Per-caller activations, RNG and the host's executor.")
-      .def(py::init([](uint64_t seed) { return new Context(nullptr, seed); }), py::arg("seed") = 0)
+      .def(py::init([](uint64_t seed, Executor* executor) { return new Context(executor, seed); }), py::arg("seed") = 0,
+           py::arg("executor") = nullptr, py::keep_alive<1, 3>())
       .def_property_readonly("seed", &Context::seed)
       .def_property_readonly("rng_counter", &Context::rng_counter)
       .def("set_rng_state", &Context::set_rng_state)

@@ -61,7 +61,7 @@ std::map<std::string, Tensor> state_from_dict(const py::dict& d) {
     py::object arr = py::reinterpret_borrow<py::object>(v);
     if (!py::isinstance<py::array>(v) && py::hasattr(v, "detach"))  // a torch tensor
       arr = v.attr("detach")().attr("cpu")().attr("numpy")();
-    arr = py::module_::import("numpy").attr("ascontiguousarray")(arr);
+    arr = py::module_::import("numpy").attr("asarray")(arr, py::arg("order") = "C");  // keeps 0-d arrays 0-d
     state.emplace(name, tensor_from_numpy(arr, ("load_state_dict['" + name + "']").c_str()).clone());
   }
   return state;

@@ -13,11 +13,11 @@ void bind_train(py::module_& m) {
 
   py::class_<Trainer, std::shared_ptr<Trainer>>(m, "Trainer")
       .def(py::init([](std::shared_ptr<Model> model, const Loss& loss, std::shared_ptr<Optimizer> opt,
-                       TrainerOptions options, uint64_t seed) {
-             return std::make_shared<Trainer>(std::move(model), loss, std::move(opt), options, nullptr, seed);
+                       TrainerOptions options, uint64_t seed, Executor* executor) {
+             return std::make_shared<Trainer>(std::move(model), loss, std::move(opt), options, executor, seed);
            }),
            py::arg("model"), py::arg("loss"), py::arg("optimizer"), py::arg("options") = TrainerOptions(),
-           py::arg("seed") = 0, py::keep_alive<1, 2>())
+           py::arg("seed") = 0, py::arg("executor") = nullptr, py::keep_alive<1, 2>(), py::keep_alive<1, 7>())
       .def("step", [](Trainer& t, const py::handle& x, const py::handle& y) {
         Tensor tx = tensor_from_numpy(x, "step(x)"), ty = tensor_from_numpy(y, "step(y)");
         py::gil_scoped_release release;

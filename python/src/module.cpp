@@ -5,6 +5,7 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "treadle's compiled core";
   py::register_exception<treadle::ValueError>(m, "_ValueError", PyExc_ValueError);
   py::register_exception<treadle::TypeError>(m, "_TypeError", PyExc_TypeError);
+  treadle::py_bind::bind_executor(m);
   treadle::py_bind::bind_core(m);
   treadle::py_bind::bind_nn(m);
   treadle::py_bind::bind_optim(m);
@@ -12,4 +13,6 @@ PYBIND11_MODULE(_core, m) {
   treadle::py_bind::bind_loss(m);
   treadle::py_bind::bind_recurrent(m);
   treadle::py_bind::bind_attention(m);
+  treadle::py_bind::bind_layers(m);
+  treadle::py_bind::bind_serialize(m);
 }

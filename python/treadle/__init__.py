@@ -13,9 +13,10 @@ if _dev_build:
 
 from . import _core  # noqa: E402
 
-from . import functional, loss, nn, optim  # noqa: E402
-from ._core import Context, manual_seed  # noqa: E402
+from . import distributed, functional, loss, nn, optim  # noqa: E402
+from ._core import Context, PoolExecutor, manual_seed  # noqa: E402
 from .trainer import Trainer  # noqa: E402
+from .io import load, load_checkpoint, save, save_checkpoint  # noqa: E402
 
 __version__ = "0.1.0"
 float32, float64 = "float32", "float64"

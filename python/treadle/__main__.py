@@ -29,6 +29,11 @@ def _print_cmake_dir():
 def main(argv=None):
     from . import demo
 
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:  # the benchmark suite parses its own options
+        from . import bench
+
+        return bench.main(argv[1:])
     # `python -m treadle` or the `treadle` console script
     prog = os.path.basename(sys.argv[0]) if os.path.basename(sys.argv[0]) != "__main__.py" else "python -m treadle"
     parser = argparse.ArgumentParser(prog=prog, description=_DESCRIPTION,
@@ -42,6 +47,7 @@ def main(argv=None):
         "demo", help="a heat-equation simulation trains its own neural surrogate while it runs, then checks "
                      "it on held-out runs and verifies gradients (a few seconds)",
         description=demo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
+    commands.add_parser("bench", help="benchmarks against PyTorch (see `python -m treadle bench --help`)")
     args = parser.parse_args(argv)
     if args.cmake_dir:
         return _print_cmake_dir()

@@ -72,7 +72,8 @@ class Module:
         return self._compiled().flat_gradients()
 
     def num_parameters(self):
-        return sum(int(np.prod(p.shape)) for _, p in self._unique_parameter_objects())
+        """Number of trainable values (like sum(p.numel() for p in torch_module.parameters()))."""
+        return sum(int(np.prod(p.shape)) for _, p in self._unique_parameter_objects() if p.requires_grad)
 
     def state_dict(self):
         """Dict name -> numpy copy of each parameter, with PyTorch's keys and layouts."""
@@ -253,6 +254,7 @@ class Dropout(_NativeModule):
 class Flatten(_NativeModule):
     def __init__(self, start_dim=1, end_dim=-1):
         super().__init__(_core.Flatten(int(start_dim), int(end_dim)))
+        self.start_dim, self.end_dim = int(start_dim), int(end_dim)
 
 
 class Identity(Module):
@@ -260,3 +262,4 @@ class Identity(Module):
         return x
 from .nn_attention import *  # noqa: E402,F401,F403
 from .nn_recurrent import *  # noqa: E402,F401,F403
+from .nn_layers import *  # noqa

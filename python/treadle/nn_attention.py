@@ -2,7 +2,7 @@
 from . import _core
 from .nn import _NativeModule
 
-__all__ = ["MultiheadAttention"]
+__all__ = ["MultiheadAttention", "TransformerEncoderLayer"]
 
 
 class MultiheadAttention(_NativeModule):
@@ -18,6 +18,7 @@ class MultiheadAttention(_NativeModule):
         super().__init__(_core.MultiheadAttention(int(embed_dim), int(num_heads), float(dropout), bool(bias),
                                                   bool(batch_first), dtype))
         self.embed_dim, self.num_heads, self.batch_first = embed_dim, num_heads, batch_first
+        self.dropout, self.bias = float(dropout), bool(bias)
 
     def forward(self, query, key=None, value=None, key_padding_mask=None, need_weights=True, attn_mask=None,
                 is_causal=False):
@@ -27,3 +28,24 @@ class MultiheadAttention(_NativeModule):
 
     def extra_repr(self):
         return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, batch_first={self.batch_first}"
+
+
+class TransformerEncoderLayer(_NativeModule):
+    """torch.nn.TransformerEncoderLayer (self_attn, linear1, linear2, norm1, norm2; post-norm by default).
+
+    forward(src, src_mask=None, src_key_padding_mask=None, is_causal=False); masks are additive float
+    symbols as for MultiheadAttention. activation is "relu" or "gelu".
+    """
+
+    def __init__(self, d_model, nhead, dim_feedforward=2048, dropout=0.1, activation="relu", layer_norm_eps=1e-5,
+                 batch_first=False, norm_first=False, bias=True, dtype="float32"):
+        super().__init__(_core.TransformerEncoderLayer(int(d_model), int(nhead), int(dim_feedforward), float(dropout),
+                                                       str(activation), float(layer_norm_eps), bool(batch_first),
+                                                       bool(norm_first), bool(bias), dtype))
+        self.d_model, self.nhead, self.norm_first = d_model, nhead, norm_first
+
+    def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
+        return self._native.encode(src, src_mask, src_key_padding_mask, is_causal)
+
+    def extra_repr(self):
+        return f"d_model={self.d_model}, nhead={self.nhead}, norm_first={self.norm_first}"

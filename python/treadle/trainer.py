@@ -13,7 +13,8 @@ class Trainer:
     `zero_grad` and `update`, so the host can interleave its own work (e.g. an allreduce).
     """
 
-    def __init__(self, model, loss, optimizer, schedule=None, clip_grad_norm=None, check_finite=False, seed=0):
+    def __init__(self, model, loss, optimizer, schedule=None, clip_grad_norm=None, check_finite=False, seed=0,
+                 executor=None):
         options = _core.TrainerOptions()
         if clip_grad_norm is not None:
             if clip_grad_norm <= 0:
@@ -21,7 +22,8 @@ class Trainer:
             options.clip_grad_norm = float(clip_grad_norm)
         options.check_finite = bool(check_finite)
         self.model, self.loss, self.optimizer, self.schedule = model, loss, optimizer, schedule
-        self._native = _core.Trainer(model._compiled(), loss._native, optimizer._native, options, int(seed))
+        self.executor = executor  # a tl.PoolExecutor lending the host's workers, or None (calling thread only)
+        self._native = _core.Trainer(model._compiled(), loss._native, optimizer._native, options, int(seed), executor)
         if schedule is not None:
             self._native.set_schedule(schedule._native)
 

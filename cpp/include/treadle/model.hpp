@@ -51,6 +51,13 @@ class TREADLE_API Model {
   const std::vector<NamedParameter>& named_parameters() const { return params_; }
   const Tensor& flat_parameters() const { return flat_params_; }
   const Tensor& flat_gradients() const { return flat_grads_; }
+  // The trainable prefix of the flat buffers (parameters with requires_grad, packed first) and its
+  // layout: what optimizers, clipping and gradient allreduces work on. Frozen state (batch-norm
+  // running statistics, fixed output transforms) follows it.
+  const std::vector<ParamSlot>& trainable_layout() const { return trainable_layout_; }
+  int64_t num_trainable() const { return trainable_total_; }
+  const Tensor& trainable_parameters() const { return trainable_params_; }
+  const Tensor& trainable_gradients() const { return trainable_grads_; }
   // Converts parameters to `dtype` (f32 or f64); drops compiled plans.
   void to(DType dtype);
   void zero_grad();
@@ -86,8 +93,9 @@ class TREADLE_API Model {
   std::shared_ptr<Module> root_;
   ForwardFn forward_;
   std::vector<NamedParameter> params_;
-  std::vector<ParamSlot> layout_;
-  int64_t total_ = 0;
+  std::vector<ParamSlot> layout_, trainable_layout_;
+  int64_t total_ = 0, trainable_total_ = 0;
+  Tensor trainable_params_, trainable_grads_;
   DType dtype_ = DType::f32;
   Tensor flat_params_, flat_grads_;
   std::string backend_;

@@ -39,4 +39,26 @@ class TREADLE_API MultiheadAttention : public Module {
   std::shared_ptr<Module> out_proj_;
 };
 
+// torch.nn.TransformerEncoderLayer: self-attention and a feed-forward block, each with a residual
+// connection and LayerNorm, post-norm (norm_first=false, torch's default) or pre-norm.
+class TREADLE_API TransformerEncoderLayer : public Module {
+ public:
+  TransformerEncoderLayer(int64_t d_model, int64_t nhead, int64_t dim_feedforward = 2048, double dropout = 0.1,
+                          const std::string& activation = "relu", double layer_norm_eps = 1e-5,
+                          bool batch_first = false, bool norm_first = false, bool bias = true,
+                          DType dtype = DType::f32);
+  Value forward(Value x) override { return encode(x, {}); }
+  Value encode(Value src, const AttentionMasks& masks);
+  std::string type_name() const override { return "TransformerEncoderLayer"; }
+
+ private:
+  Value self_attention_block(Value x, const AttentionMasks& masks);
+  Value feed_forward_block(Value x);
+  double dropout_;
+  std::string activation_;
+  bool norm_first_;
+  std::shared_ptr<MultiheadAttention> self_attn_;
+  std::shared_ptr<Module> linear1_, linear2_, norm1_, norm2_;
+};
+
 }  // namespace treadle::nn

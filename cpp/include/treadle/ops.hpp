@@ -18,6 +18,8 @@ TREADLE_API Value sub(Value a, Value b);
 TREADLE_API Value mul(Value a, Value b);
 TREADLE_API Value scale(Value a, double alpha);  // alpha * a
 TREADLE_API Value sum_to(Value a, const Shape& shape);  // reduce broadcast dimensions back to `shape`
+TREADLE_API Value sum(Value a, int axis, bool keepdim = false);
+TREADLE_API Value mean(Value a, int axis, bool keepdim = false);
 
 // Shape
 TREADLE_API Value reshape(Value a, const Shape& shape);  // one entry may be -1

@@ -10,5 +10,6 @@
 #include "treadle/module.hpp"
 #include "treadle/ops.hpp"
 #include "treadle/optim.hpp"
+#include "treadle/serialize.hpp"
 #include "treadle/tensor.hpp"
 #include "treadle/trainer.hpp"

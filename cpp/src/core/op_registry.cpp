@@ -16,6 +16,9 @@ const OpRegistry& OpRegistry::instance() {
     register_loss_ops(r);
     register_recurrent_ops(r);
     register_attention_ops(r);
+    register_norm_ops(r);
+    register_embedding_ops(r);
+    register_misc_ops(r);
     return r;
   }();
   return registry;

@@ -37,6 +37,10 @@ struct OpDef {
   std::function<std::size_t(const std::vector<TensorMeta>& inputs, const Attrs& attrs)> workspace;
   int view_of = -1;          // output 0 shares the memory of this input (reshape-like ops)
   bool uses_rng = false;     // kernel draws from the context's counter-based RNG
+  // Inputs the kernel updates in place (e.g. BatchNorm's running statistics, which are parameters
+  // with requires_grad=false). Such ops may only appear in training plans; the planner refuses
+  // them elsewhere, so inference never writes to parameters.
+  std::vector<int> writes_inputs = {};
 };
 
 class OpRegistry {
@@ -63,6 +67,9 @@ void register_dropout_ops(OpRegistry& r);
 void register_loss_ops(OpRegistry& r);
 void register_recurrent_ops(OpRegistry& r);
 void register_attention_ops(OpRegistry& r);
+void register_norm_ops(OpRegistry& r);
+void register_embedding_ops(OpRegistry& r);
+void register_misc_ops(OpRegistry& r);
 
 // Helpers shared by op definitions.
 TensorMeta same_as(const TensorMeta& m);

@@ -68,6 +68,15 @@ void Plan::select_kernels(const std::string& backend) {
       for (int in : node.inputs) metas.push_back({graph.info(in).shape, graph.info(in).dtype});
       s.workspace = def.workspace(metas, node.attrs);
     }
+    // In-place updates (running statistics) belong to training plans only, and only to memory the
+    // host binds (parameters, inputs), never to a planned intermediate that another value may share.
+    for (int k : def.writes_inputs) {
+      if (!graph.training())
+        throw_runtime_error("plan: op '", def.name, "' updates its inputs in place; only training plans may hold it");
+      ValueKind kind = graph.info(node.inputs.at(k)).kind;
+      if (kind != ValueKind::parameter && kind != ValueKind::input)
+        throw_runtime_error("plan: op '", def.name, "' writes input ", k, ", which must be a parameter or an input");
+    }
     if (def.view_of >= 0) continue;
     for (const Backend* b : order) {
       if (KernelFn fn = b->find(graph, node)) {

@@ -109,3 +109,49 @@ std::pair<Value, Value> MultiheadAttention::attend(Value query, Value key, Value
 }
 
 }  // namespace treadle::nn
+
+#include "treadle/nn_layers.hpp"
+
+namespace treadle::nn {
+
+TransformerEncoderLayer::TransformerEncoderLayer(int64_t d_model, int64_t nhead, int64_t dim_feedforward,
+                                                 double dropout, const std::string& activation, double layer_norm_eps,
+                                                 bool batch_first, bool norm_first, bool bias, DType dtype)
+    : dropout_(dropout), activation_(activation), norm_first_(norm_first) {
+  if (activation != "relu" && activation != "gelu")
+    throw_value_error("TransformerEncoderLayer: activation must be 'relu' or 'gelu', got '", activation, "'");
+  if (dim_feedforward <= 0) throw_value_error("TransformerEncoderLayer: dim_feedforward must be positive");
+  // Registration order gives torch's state_dict order.
+  self_attn_ = std::make_shared<MultiheadAttention>(d_model, nhead, dropout, bias, batch_first, dtype);
+  register_module("self_attn", self_attn_);
+  linear1_ = std::make_shared<Linear>(d_model, dim_feedforward, bias, dtype);
+  register_module("linear1", linear1_);
+  linear2_ = std::make_shared<Linear>(dim_feedforward, d_model, bias, dtype);
+  register_module("linear2", linear2_);
+  norm1_ = std::make_shared<LayerNorm>(Shape{d_model}, layer_norm_eps, true, bias, dtype);
+  register_module("norm1", norm1_);
+  norm2_ = std::make_shared<LayerNorm>(Shape{d_model}, layer_norm_eps, true, bias, dtype);
+  register_module("norm2", norm2_);
+}
+
+Value TransformerEncoderLayer::self_attention_block(Value x, const AttentionMasks& masks) {
+  return ops::dropout(self_attn_->attend(x, x, x, masks).first, dropout_);
+}
+
+Value TransformerEncoderLayer::feed_forward_block(Value x) {
+  Value h = linear1_->forward(x);
+  h = activation_ == "relu" ? ops::relu(h) : ops::gelu(h, false);
+  return ops::dropout(linear2_->forward(ops::dropout(h, dropout_)), dropout_);
+}
+
+Value TransformerEncoderLayer::encode(Value src, const AttentionMasks& masks) {
+  Value x = src;
+  if (norm_first_) {
+    x = ops::add(x, self_attention_block(norm1_->forward(x), masks));
+    return ops::add(x, feed_forward_block(norm2_->forward(x)));
+  }
+  x = norm1_->forward(ops::add(x, self_attention_block(x, masks)));
+  return norm2_->forward(ops::add(x, feed_forward_block(x)));
+}
+
+}  // namespace treadle::nn

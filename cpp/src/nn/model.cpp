@@ -45,19 +45,30 @@ void Model::pack_parameters() {
       throw_value_error("Model: parameter '", name, "' already belongs to another model (a parameter lives in one ",
                         "model's flat buffer; build the model from the outermost module only)");
   if (!params_.empty()) dtype_ = params_[0].second->value().dtype();
-  layout_.clear();
-  total_ = 0;
-  for (auto& [name, p] : params_) {
+  for (auto& [name, p] : params_)
     if (p->value().dtype() != dtype_)
       throw_type_error("Model: all parameters must share one dtype; '", name, "' is ", dtype_name(p->value().dtype()),
                        ", '", params_[0].first, "' is ", dtype_name(dtype_));
-    ParamSlot s{name, p->value().shape(), total_, p->value().numel()};
-    layout_.push_back(s);
-    total_ += (s.numel + kSlotAlignElements - 1) / kSlotAlignElements * kSlotAlignElements;
-  }
+  // Trainable parameters first: the optimizer, clipping and the gradient allreduce see one
+  // contiguous prefix and never touch state such as batch-norm running statistics.
+  layout_.assign(params_.size(), ParamSlot{});
+  trainable_layout_.clear();
+  total_ = 0;
+  for (int pass = 0; pass < 2; ++pass)
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      const auto& [name, p] = params_[i];
+      if (p->requires_grad() != (pass == 0)) continue;
+      layout_[i] = ParamSlot{name, p->value().shape(), total_, p->value().numel()};
+      if (pass == 0) trainable_layout_.push_back(layout_[i]);
+      total_ += (layout_[i].numel + kSlotAlignElements - 1) / kSlotAlignElements * kSlotAlignElements;
+      if (pass == 0) trainable_total_ = total_;
+    }
+  if (trainable_layout_.empty()) trainable_total_ = 0;
   for (auto& np : params_) np.second->set_owner(this);  // only once every check has passed
   flat_params_ = Tensor({total_}, dtype_);
   flat_grads_ = Tensor({total_}, dtype_);
+  trainable_params_ = Tensor(flat_params_.storage(), 0, {trainable_total_}, dtype_);
+  trainable_grads_ = Tensor(flat_grads_.storage(), 0, {trainable_total_}, dtype_);
   const std::size_t es = dtype_size(dtype_);
   for (std::size_t i = 0; i < params_.size(); ++i) {
     Tensor view(flat_params_.storage(), layout_[i].offset * es, layout_[i].shape, dtype_);
@@ -98,9 +109,10 @@ PlanKey Model::infer_key(const std::vector<Tensor>& inputs) const {
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& t = inputs[i];
     if (!t.defined()) throw_value_error("model: input ", i, " is undefined");
-    // Integer inputs (sequence lengths, indices) pass through; the ops that take them check them.
+    // Integer inputs are indices (e.g. for an Embedding); an op that needs floats rejects them when traced.
     if (t.dtype() != dtype_ && !is_integer(t.dtype()))
-      throw_type_error("model: expected input of dtype ", dtype_name(dtype_), ", got ", dtype_name(t.dtype()));
+      throw_type_error("model: expected input of dtype ", dtype_name(dtype_), " (or integer indices), got ",
+                       dtype_name(t.dtype()));
     if (t.ndim() == 0) throw_value_error("model: input ", i, " is a scalar; expected a batch");
     if (t.dim(0) == 0) throw_value_error("model: empty batch (input of shape ", shape_str(t.shape()), ")");
     key.input_shapes.push_back(t.shape());
@@ -227,7 +239,9 @@ void Model::load_state_dict(const std::map<std::string, Tensor>& state, bool str
     if (it->second.shape() != p->value().shape())
       throw_value_error("load_state_dict: '", name, "' has shape ", shape_str(it->second.shape()), ", expected ",
                         shape_str(p->value().shape()));
-    if (!is_floating(it->second.dtype()))
+    // Integers load only into non-trained state (a counter such as torch's int64 num_batches_tracked).
+    const DType dt = it->second.dtype();
+    if (!is_floating(dt) && !(is_integer(dt) && !p->requires_grad()))
       throw_type_error("load_state_dict: '", name, "' has dtype ", dtype_name(it->second.dtype()));
   }
   if (strict)

@@ -33,8 +33,7 @@ Trainer::Trainer(std::shared_ptr<Model> model, Loss loss, std::shared_ptr<Optimi
       ctx_(executor, seed) {
   if (!model_) throw_value_error("Trainer: model is null");
   if (!optimizer_) throw_value_error("Trainer: optimizer is null");
-  if (!optimizer_->bound() || optimizer_->layout().size() != model_->layout().size())
-    optimizer_->bind(model_->layout(), model_->num_parameters(), model_->dtype());
+  optimizer_->bind(model_->trainable_layout(), model_->num_trainable(), model_->dtype());
 }
 
 Trainer::~Trainer() = default;
@@ -153,9 +152,13 @@ void Trainer::backward(const Tensor& grad_output, Tensor* input_grad) {
 }
 
 void Trainer::update() {
-  const Tensor& grads = model_->flat_gradients();
+  if (optimizer_->numel() != model_->num_trainable() || optimizer_->dtype() != model_->dtype())
+    throw_type_error("Trainer.update: the model changed (dtype ", dtype_name(model_->dtype()), ", ",
+                     model_->num_trainable(), " trainable values) since the optimizer was bound (",
+                     dtype_name(optimizer_->dtype()), ", ", optimizer_->numel(), "); create a new optimizer");
+  const Tensor& grads = model_->trainable_gradients();
   if (options_.clip_grad_norm > 0) clip_grad_norm(grads, options_.clip_grad_norm, ctx_.executor());
-  optimizer_->step(model_->flat_parameters(), grads, current_lr(), ctx_.executor());
+  optimizer_->step(model_->trainable_parameters(), grads, current_lr(), ctx_.executor());
 }
 
 }  // namespace treadle

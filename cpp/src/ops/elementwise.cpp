@@ -101,6 +101,21 @@ Value sum_to(Value a, const Shape& shape) {
   if (a.shape() == shape) return a;
   return a.graph().apply1("sum_to", {a}, {{"shape", shape}});
 }
+Value sum(Value a, int axis, bool keepdim) {
+  const int nd = a.ndim();
+  const int ax = normalize_axis("sum", axis, nd);
+  Shape kept = a.shape();
+  kept[ax] = 1;
+  Value s = sum_to(a, kept);
+  if (keepdim) return s;
+  Shape dropped = a.shape();
+  dropped.erase(dropped.begin() + ax);
+  return reshape(s, dropped);
+}
+Value mean(Value a, int axis, bool keepdim) {
+  const int ax = normalize_axis("mean", axis, a.ndim());
+  return scale(sum(a, ax, keepdim), 1.0 / static_cast<double>(a.dim(ax)));
+}
 }  // namespace ops
 
 }  // namespace treadle

@@ -16,5 +16,8 @@ void register_eigen_dropout(KernelTable& t);
 void register_eigen_loss(KernelTable& t);
 void register_eigen_recurrent(KernelTable& t);
 void register_eigen_attention(KernelTable& t);
+void register_eigen_norm(KernelTable& t);
+void register_eigen_embedding(KernelTable& t);
+void register_eigen_misc(KernelTable& t);
 
 }  // namespace treadle

@@ -1,0 +1,82 @@
+#pragma once
+// Data-parallel training over an MPI communicator that the host lends (optional component
+// treadle::distributed, built with -DTREADLE_WITH_MPI=ON; the core library never links MPI).
+//
+// treadle is a guest in the host's MPI job: it never calls MPI_Init/MPI_Finalize and never uses
+// MPI_COMM_WORLD on its own. Every member below except rank()/size() is collective over the
+// communicator: all of its ranks call it, in the same order.
+//
+//   treadle::DataParallel dp(trainer, comm);   // checks the setup, broadcasts root's state
+//   double loss = dp.step(x_local, y_local);   // global mean loss; same update on every rank
+//
+// Semantics match the Python treadle.distributed.DataParallel (see docs/distributed.md).
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "treadle/export.hpp"
+#include "treadle/trainer.hpp"
+
+namespace treadle {
+
+// Non-trained state that training changes (BatchNorm's running statistics: parameters with
+// requires_grad=false), which each rank updates from its own shard. After each gradient allreduce:
+// root: every rank takes the root's values (torch DDP's choice); average: the mean over the ranks;
+// local: left alone (replicas then differ in that state). Batch statistics used inside a step are
+// always the local shard's (there is no SyncBatchNorm).
+enum class BufferSync { root, average, local };
+
+class TREADLE_API DataParallel {
+ public:
+  // Collective. Checks that every rank holds the same parameter layout, dtype, loss, optimizer
+  // (name and lr) and clipping, else throws the same ValueError on every rank naming the first
+  // difference; then broadcasts root's parameters, optimizer state and step count. The trainer and
+  // the communicator must outlive this object; the communicator is used, never duplicated or freed.
+  DataParallel(Trainer& trainer, MPI_Comm comm, int root = 0, BufferSync buffers = BufferSync::root);
+
+  // zero_grad + compute_gradients on the local shard + allreduce_gradients + update. Shards may
+  // differ in size or be empty. If any rank throws (bad input, model error), no rank updates and
+  // every rank throws ValueError("DataParallel::step: rank R failed: ...").
+  double step(const Tensor& x, const Tensor& y);
+
+  // For a host running the phases itself: after compute_gradients (or forward + backward) on the
+  // local shard, sums the gradients into those of the global loss, then the host calls update().
+  // `count`: terms the local mean loss averaged over (0 for an empty shard); `loss`: the local loss;
+  // `error`: non-empty if this rank failed, making every rank throw. Returns the global loss.
+  double allreduce_gradients(int64_t count, double loss, const std::string& error = {});
+
+  // Copies root's parameters, optimizer state buffers and step count to every rank.
+  void broadcast_state();
+  // Makes the non-trained state agree as `buffers` says (step and allreduce_gradients call it).
+  void sync_buffers();
+  // Largest |p - p_root| over all parameters and ranks; 0 when the replicas are in sync.
+  double parameter_divergence();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int root() const { return root_; }
+  int64_t steps() const { return steps_; }
+  double allreduce_seconds() const { return allreduce_seconds_; }  // in the gradient allreduce, all steps
+
+ private:
+  double reduce(int64_t count, double loss, const std::string& error, const char* where);
+  void check_same_setup();
+  // Collective: throws the same ValueError on every rank if any rank passes a non-empty error.
+  [[noreturn]] void raise_failure(const std::string& error, const char* where);
+  void pack_buffers(Tensor& into) const;    // non-trained slots -> contiguous
+  void unpack_buffers(const Tensor& from);  // and back
+
+  Trainer& trainer_;
+  MPI_Comm comm_;
+  int rank_ = 0, size_ = 1, root_ = 0;
+  BufferSync buffers_ = BufferSync::root;
+  std::vector<std::pair<int64_t, int64_t>> buffer_spans_;  // (offset, elements) in the flat buffer
+  Tensor packed_, saved_;                                  // sized once: steps allocate nothing
+  int64_t steps_ = 0;
+  double allreduce_seconds_ = 0.0;
+};
+
+}  // namespace treadle

@@ -1,0 +1,323 @@
+// DataParallel over a host-lent MPI communicator: setup check, state broadcast, one small allreduce
+// (count, loss, error flag) and one in-place allreduce of the flat gradient buffer per step.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "treadle/distributed.hpp"
+#include "treadle/error.hpp"
+
+namespace treadle {
+namespace {
+
+// Communication failures are not the caller's mistake: runtime_error. (With MPI's default error
+// handler, MPI_ERRORS_ARE_FATAL, MPI aborts before we see them; a host may have set ERRORS_RETURN.)
+void check_mpi(int rc, const char* call) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  throw_runtime_error("DataParallel: ", call, " failed: ", std::string(text, len));
+}
+
+MPI_Datatype mpi_type(DType t, const char* what) {
+  if (t == DType::f32) return MPI_FLOAT;
+  if (t == DType::f64) return MPI_DOUBLE;
+  throw_type_error("DataParallel: ", what, " must be float32 or float64, got ", dtype_name(t));
+}
+
+int as_count(int64_t n) {  // MPI counts are int; buffers beyond 2^31 elements would need chunking
+  if (n > INT32_MAX) throw_value_error("DataParallel: buffer of ", n, " elements exceeds MPI's int count");
+  return static_cast<int>(n);
+}
+
+// (what, value) lines that must agree on every rank, parameters first.
+using Items = std::vector<std::pair<std::string, std::string>>;
+
+const char* buffer_sync_name(BufferSync b) {
+  return b == BufferSync::root ? "root" : b == BufferSync::average ? "average" : "local";
+}
+
+Items setup_items(Trainer& t, BufferSync buffers) {
+  Items items;
+  const Model& m = t.model();
+  std::string names;
+  for (const ParamSlot& s : m.layout()) {
+    items.emplace_back("parameter '" + s.name + "' shape", shape_str(s.shape));
+    names += (names.empty() ? "" : ", ") + s.name;
+  }
+  items.emplace_back("parameter names", "(" + names + ")");
+  items.emplace_back("parameter count", std::to_string(m.flat_parameters().numel()));
+  items.emplace_back("dtype", dtype_name(m.dtype()));
+  items.emplace_back("loss", t.loss().key());
+  std::ostringstream opt, state;
+  opt.precision(17);
+  opt << t.optimizer().name() << "(lr=" << t.optimizer().lr() << ")";
+  items.emplace_back("optimizer", opt.str());
+  for (auto& [name, buf] : t.optimizer().state()) state << name << ":" << buf.numel() << " ";
+  items.emplace_back("optimizer state", state.str());
+  std::ostringstream clip;
+  clip.precision(17);
+  clip << t.options().clip_grad_norm;
+  items.emplace_back("clip_grad_norm", clip.str());
+  items.emplace_back("buffers", buffer_sync_name(buffers));
+  return items;
+}
+
+std::string serialize(const Items& items) {
+  std::string s;
+  for (auto& [what, value] : items) s += what + '\t' + value + '\n';
+  return s;
+}
+
+Items parse(const std::string& s) {
+  Items items;
+  std::istringstream in(s);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto tab = line.find('\t');
+    items.emplace_back(line.substr(0, tab), line.substr(tab + 1));
+  }
+  return items;
+}
+
+uint64_t fnv1a(const std::string& s) {  // stable across processes and builds, unlike std::hash
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+std::vector<std::string> names_of(const Items& items) {
+  std::vector<std::string> names;
+  for (auto& [what, _] : items)
+    if (what.rfind("parameter '", 0) == 0) names.push_back(what.substr(11, what.size() - 11 - 7));
+  return names;
+}
+
+std::string first_difference(const Items& ref, int ref_rank, const Items& other, int rank) {
+  auto r = names_of(ref), o = names_of(other);
+  std::ostringstream msg;
+  for (std::size_t i = 0; i < std::max(r.size(), o.size()); ++i) {
+    std::string theirs = i < r.size() ? r[i] : "", mine = i < o.size() ? o[i] : "";
+    if (mine == theirs) continue;
+    if (!theirs.empty() && std::find(o.begin(), o.end(), theirs) == o.end())
+      msg << "rank " << rank << " lacks parameter '" << theirs << "' of root rank " << ref_rank;
+    else if (!mine.empty() && std::find(r.begin(), r.end(), mine) == r.end())
+      msg << "rank " << rank << " has parameter '" << mine << "' that root rank " << ref_rank << " lacks";
+    else
+      msg << "parameter #" << i << " is '" << mine << "' on rank " << rank << " but '" << theirs << "' on root rank "
+          << ref_rank;
+    return msg.str();
+  }
+  for (auto& [what, value] : other)
+    for (auto& [rwhat, rvalue] : ref)
+      if (rwhat == what && rvalue != value)
+        return what + " is " + value + " on rank " + std::to_string(rank) + " but " + rvalue + " on root rank " +
+               std::to_string(ref_rank);
+  return "rank " + std::to_string(rank) + " differs from root rank " + std::to_string(ref_rank);
+}
+
+std::vector<std::string> allgather_strings(MPI_Comm comm, const std::string& mine, int size) {
+  int len = as_count(static_cast<int64_t>(mine.size()));
+  std::vector<int> lens(size), offsets(size);
+  check_mpi(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm), "MPI_Allgather");
+  int total = 0;
+  for (int r = 0; r < size; ++r) offsets[r] = total, total += lens[r];
+  std::string all(static_cast<std::size_t>(total), '\0');
+  check_mpi(MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offsets.data(), MPI_CHAR, comm),
+            "MPI_Allgatherv");
+  std::vector<std::string> out;
+  for (int r = 0; r < size; ++r) out.push_back(all.substr(offsets[r], lens[r]));
+  return out;
+}
+
+template <typename T>
+void scale(const Tensor& t, double factor) {
+  T* p = t.data_as<T>();
+  const T f = static_cast<T>(factor);
+  for (int64_t i = 0, n = t.numel(); i < n; ++i) p[i] *= f;
+}
+
+}  // namespace
+
+DataParallel::DataParallel(Trainer& trainer, MPI_Comm comm, int root, BufferSync buffers)
+    : trainer_(trainer), comm_(comm), buffers_(buffers) {
+  if (comm == MPI_COMM_NULL) throw_value_error("DataParallel: comm is MPI_COMM_NULL (this rank is not in the group)");
+  int inter = 0;
+  check_mpi(MPI_Comm_test_inter(comm, &inter), "MPI_Comm_test_inter");
+  if (inter) throw_value_error("DataParallel: comm must be an intra-communicator");
+  check_mpi(MPI_Comm_rank(comm, &rank_), "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(comm, &size_), "MPI_Comm_size");
+  // Each rank checks its own root, then all agree, so one bad root never leaves the others waiting.
+  std::string error;
+  if (root < 0 || root >= size_)
+    error = "root must be a rank in [0, " + std::to_string(size_) + "), got " + std::to_string(root);
+  int failed = error.empty() ? 0 : 1;
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_SUM, comm_), "MPI_Allreduce");
+  if (failed) raise_failure(error, "DataParallel");
+  root_ = root;
+  check_same_setup();
+  broadcast_state();
+  // The non-trained slots, and buffers for them sized once.
+  const Model& model = trainer_.model();
+  int64_t total = 0;
+  for (const NamedParameter& np : model.named_parameters()) {
+    if (np.second->requires_grad()) continue;
+    for (const ParamSlot& s : model.layout())
+      if (s.name == np.first) buffer_spans_.emplace_back(s.offset, s.numel), total += s.numel;
+  }
+  if (total > 0) packed_ = Tensor({total}, model.dtype()), saved_ = Tensor({total}, model.dtype());
+}
+
+void DataParallel::pack_buffers(Tensor& into) const {
+  const std::size_t elem = dtype_size(into.dtype());
+  const char* src = static_cast<const char*>(trainer_.model().flat_parameters().data());
+  char* dst = static_cast<char*>(into.data());
+  for (auto [offset, n] : buffer_spans_) std::memcpy(dst, src + offset * elem, n * elem), dst += n * elem;
+}
+
+void DataParallel::unpack_buffers(const Tensor& from) {
+  const std::size_t elem = dtype_size(from.dtype());
+  char* dst = static_cast<char*>(trainer_.model().flat_parameters().data());
+  const char* src = static_cast<const char*>(from.data());
+  for (auto [offset, n] : buffer_spans_) std::memcpy(dst + offset * elem, src, n * elem), src += n * elem;
+}
+
+void DataParallel::sync_buffers() {
+  if (!packed_.defined() || buffers_ == BufferSync::local) return;
+  pack_buffers(packed_);
+  const MPI_Datatype type = mpi_type(packed_.dtype(), "buffers");
+  if (buffers_ == BufferSync::root) {
+    check_mpi(MPI_Bcast(packed_.data(), as_count(packed_.numel()), type, root_, comm_), "MPI_Bcast");
+  } else {
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, packed_.data(), as_count(packed_.numel()), type, MPI_SUM, comm_),
+              "MPI_Allreduce");
+    packed_.dtype() == DType::f32 ? scale<float>(packed_, 1.0 / size_) : scale<double>(packed_, 1.0 / size_);
+  }
+  unpack_buffers(packed_);
+}
+
+void DataParallel::check_same_setup() {
+  const std::string mine = serialize(setup_items(trainer_, buffers_));
+  uint64_t key[2] = {static_cast<uint64_t>(root_), fnv1a(mine)};
+  std::vector<uint64_t> all(2 * static_cast<std::size_t>(size_));
+  check_mpi(MPI_Allgather(key, 2, MPI_UINT64_T, all.data(), 2, MPI_UINT64_T, comm_), "MPI_Allgather");
+  for (int r = 1; r < size_; ++r)
+    if (all[2 * r] != all[0])
+      throw_value_error("DataParallel: root is ", all[2 * r], " on rank ", r, " but ", all[0], " on rank 0");
+  int bad = -1;
+  for (int r = 0; r < size_ && bad < 0; ++r)
+    if (all[2 * r + 1] != all[2 * root_ + 1]) bad = r;
+  if (bad < 0) return;
+  // Rare path, taken by every rank (all see the same hashes): exchange the descriptions so that
+  // every rank names the same first difference.
+  auto everyone = allgather_strings(comm_, mine, size_);
+  throw_value_error("DataParallel: ", first_difference(parse(everyone[root_]), root_, parse(everyone[bad]), bad));
+}
+
+void DataParallel::broadcast_state() {
+  const Tensor& params = trainer_.model().flat_parameters();
+  check_mpi(MPI_Bcast(params.data(), as_count(params.numel()), mpi_type(params.dtype(), "parameters"), root_, comm_),
+            "MPI_Bcast");
+  Optimizer& opt = trainer_.optimizer();
+  for (auto& [name, buf] : opt.state())
+    check_mpi(MPI_Bcast(buf.data(), as_count(buf.numel()), mpi_type(buf.dtype(), "optimizer state"), root_, comm_),
+              "MPI_Bcast");
+  int64_t steps = opt.step_count();
+  check_mpi(MPI_Bcast(&steps, 1, MPI_INT64_T, root_, comm_), "MPI_Bcast");
+  opt.set_step_count(steps);
+}
+
+double DataParallel::step(const Tensor& x, const Tensor& y) {
+  trainer_.zero_grad();
+  // A failed step must change nothing, but the forward pass on the ranks that did not fail updates
+  // their running statistics: keep a copy to put back.
+  if (saved_.defined()) pack_buffers(saved_);
+  int64_t count = 0;
+  double loss = 0.0;
+  std::string error;
+  try {
+    if (x.ndim() == 0 || y.ndim() == 0)
+      throw_value_error("x and y need a batch dimension, got shapes ", shape_str(x.shape()), " and ",
+                        shape_str(y.shape()));
+    if (x.dim(0) != y.dim(0)) throw_value_error("x has ", x.dim(0), " samples but y has ", y.dim(0));
+    count = y.numel();
+    if (count > 0) loss = trainer_.compute_gradients(x, y);
+  } catch (const std::exception& e) {  // reported to every rank, then thrown everywhere
+    error = *e.what() ? e.what() : "unknown error";
+    count = 0;
+  }
+  double global = 0.0;
+  try {
+    global = reduce(count, loss, error, "DataParallel::step");
+  } catch (const ValueError&) {
+    if (saved_.defined()) unpack_buffers(saved_);
+    throw;
+  }
+  trainer_.update();
+  return global;
+}
+
+double DataParallel::allreduce_gradients(int64_t count, double loss, const std::string& error) {
+  return reduce(count, loss, error, "DataParallel::allreduce_gradients");
+}
+
+double DataParallel::reduce(int64_t count, double loss, const std::string& given_error, const char* where) {
+  std::string error = given_error;
+  if (error.empty() && count < 0) error = "count must be non-negative, got " + std::to_string(count);
+  const bool mean = trainer_.loss().reduction == "mean";
+  // With "mean" the global loss is sum(count_r * loss_r) / sum(count_r); with "sum", sum(loss_r).
+  double head[3] = {0.0, 0.0, error.empty() ? 0.0 : 1.0};
+  if (error.empty() && count > 0) {
+    head[0] = static_cast<double>(count);
+    head[1] = mean ? loss * static_cast<double>(count) : loss;
+  }
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, head, 3, MPI_DOUBLE, MPI_SUM, comm_), "MPI_Allreduce");
+  if (head[2] > 0) raise_failure(error, where);
+  if (head[0] <= 0) throw_value_error(where, ": the global batch is empty (every rank passed count 0)");
+  const Tensor& grads = trainer_.model().flat_gradients();
+  if (mean && static_cast<double>(count) != head[0]) {
+    const double w = static_cast<double>(count) / head[0];
+    grads.dtype() == DType::f32 ? scale<float>(grads, w) : scale<double>(grads, w);
+  }
+  const double start = MPI_Wtime();
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, grads.data(), as_count(grads.numel()), mpi_type(grads.dtype(), "gradients"),
+                          MPI_SUM, comm_),
+            "MPI_Allreduce");
+  allreduce_seconds_ += MPI_Wtime() - start;
+  sync_buffers();
+  ++steps_;
+  return mean ? head[1] / head[0] : head[1];
+}
+
+void DataParallel::raise_failure(const std::string& error, const char* where) {
+  auto messages = allgather_strings(comm_, error.empty() ? std::string() : "!" + error, size_);
+  int first = -1, failed = 0;
+  for (int r = 0; r < size_; ++r)
+    if (!messages[r].empty()) failed++, first = first < 0 ? r : first;
+  std::string more;
+  if (failed > 1) more = " (and " + std::to_string(failed - 1) + " more rank" + (failed > 2 ? "s)" : ")");
+  throw_value_error(where, ": rank ", first, " failed", more, ": ", messages[first].substr(1));
+}
+
+double DataParallel::parameter_divergence() {
+  const Tensor& params = trainer_.model().flat_parameters();
+  Tensor ref = params.clone();
+  check_mpi(MPI_Bcast(ref.data(), as_count(ref.numel()), mpi_type(ref.dtype(), "parameters"), root_, comm_),
+            "MPI_Bcast");
+  double local = 0.0;
+  for (int64_t i = 0, n = params.numel(); i < n; ++i) {
+    double a = params.dtype() == DType::f32 ? params.data_as<float>()[i] : params.data_as<double>()[i];
+    double b = ref.dtype() == DType::f32 ? ref.data_as<float>()[i] : ref.data_as<double>()[i];
+    local = std::max(local, std::fabs(a - b));
+  }
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, &local, 1, MPI_DOUBLE, MPI_MAX, comm_), "MPI_Allreduce");
+  return local;
+}
+
+}  // namespace treadle

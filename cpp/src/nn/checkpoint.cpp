@@ -1,0 +1,222 @@
+// Model files and training checkpoints on top of the safetensors format (treadle/serialize.hpp).
+// Loading follows one rule: check the whole file against the model (and optimizer) first, then
+// write, so a file that does not fit changes nothing.
+#include <charconv>
+#include <cstring>
+#include <limits>
+#include <set>
+
+#include "nn/serialize_common.hpp"
+#include "treadle/error.hpp"
+#include "treadle/serialize.hpp"
+
+namespace treadle {
+
+using namespace serialize_detail;
+
+namespace {
+
+constexpr const char* kOptimizerPrefix = "optimizer:";
+constexpr const char* kReserved[] = {"treadle.version", "treadle.kind", "treadle.dtype", "treadle.checksum",
+                                     "treadle.optimizer", "treadle.step", "treadle.lr", "treadle.rng_seed",
+                                     "treadle.rng_counter"};
+
+void check_user_metadata(const Metadata& m, const std::string& who) {
+  for (const char* k : kReserved)
+    if (m.count(k)) throw_value_error(who, ": metadata key '", k, "' is reserved (treadle writes it)");
+}
+
+std::string who_for(const char* fn, const std::string& source) { return std::string(fn) + "('" + source + "')"; }
+
+std::string format_double(double x) {
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof buf, x);  // shortest text that reads back to the same bits
+  return std::string(buf, r.ptr);
+}
+
+const std::string& required(const Metadata& m, const std::string& key, const std::string& who) {
+  auto it = m.find(key);
+  if (it == m.end()) throw_value_error(who, ": the checkpoint has no '", key, "' entry");
+  return it->second;
+}
+
+uint64_t parse_uint(const Metadata& m, const std::string& key, const std::string& who, uint64_t max) {
+  const std::string& s = required(m, key, who);
+  uint64_t x = 0;
+  auto r = std::from_chars(s.data(), s.data() + s.size(), x);
+  if (s.empty() || r.ec != std::errc() || r.ptr != s.data() + s.size() || x > max)
+    throw_value_error(who, ": '", key, "' = '", s, "' is not an integer in [0, ", max, "]");
+  return x;
+}
+
+double parse_lr(const Metadata& m, const std::string& who) {
+  const std::string& s = required(m, "treadle.lr", who);
+  double x = 0;
+  auto r = std::from_chars(s.data(), s.data() + s.size(), x);
+  if (s.empty() || r.ec != std::errc() || r.ptr != s.data() + s.size() || !(x >= 0) ||
+      x == std::numeric_limits<double>::infinity())
+    throw_value_error(who, ": 'treadle.lr' = '", s, "' is not a finite non-negative number");
+  return x;
+}
+
+std::string kind_of(const TensorFile& f) {
+  auto it = f.metadata.find("treadle.kind");
+  return it == f.metadata.end() ? std::string() : it->second;
+}
+
+bool is_optimizer_entry(const std::string& name) { return name.rfind(kOptimizerPrefix, 0) == 0; }
+
+// The file's parameters (optimizer entries of checkpoints skipped), checked against the model's
+// names, shapes and (when `exact_dtype`) dtype; every mismatch is listed in one message.
+std::map<std::string, Tensor> checked_parameters(const TensorFile& f, const Model& m, bool exact_dtype,
+                                                 const std::string& who) {
+  const bool checkpoint = kind_of(f) == "checkpoint";
+  std::optional<DType> declared;
+  if (auto it = f.metadata.find("treadle.dtype"); it != f.metadata.end()) {
+    if (it->second == "float32") declared = DType::f32;
+    else if (it->second == "float64") declared = DType::f64;
+    else throw_value_error(who, ": the file declares dtype '", it->second, "' (expected float32 or float64)");
+  }
+  std::map<std::string, Tensor> state;
+  for (const auto& [name, t] : f.tensors) {
+    if (checkpoint && is_optimizer_entry(name)) continue;
+    if (!is_floating(t.dtype()))
+      throw_value_error(who, ": tensor '", name, "' holds ", dtype_name(t.dtype()), " data; parameters are floating point");
+    if (declared && t.dtype() != *declared)
+      throw_value_error(who, ": tensor '", name, "' is ", dtype_name(t.dtype()), " but the file declares ",
+                        dtype_name(*declared), " (corrupt or mislabelled file)");
+    if (exact_dtype && t.dtype() != m.dtype())
+      throw_value_error(who, ": the checkpoint holds ", dtype_name(t.dtype()), " parameters but the model is ",
+                        dtype_name(m.dtype()), "; resuming bit for bit needs the same dtype (convert the model first)");
+    state.emplace(name, t);
+  }
+  std::vector<std::string> problems;
+  std::set<std::string> known;
+  for (const ParamSlot& s : m.layout()) {
+    known.insert(s.name);
+    auto it = state.find(s.name);
+    if (it == state.end()) problems.push_back("missing '" + s.name + "'");
+    else if (it->second.shape() != s.shape)
+      problems.push_back("'" + s.name + "' has shape " + shape_str(it->second.shape()) + " in the file but " +
+                         shape_str(s.shape) + " in the model");
+  }
+  for (const auto& kv : state)
+    if (!known.count(kv.first)) problems.push_back("unexpected '" + kv.first + "'");
+  if (!problems.empty()) {
+    std::string list;
+    for (std::size_t i = 0; i < problems.size() && i < 8; ++i) list += (i ? "; " : "") + problems[i];
+    if (problems.size() > 8) list += "; and " + std::to_string(problems.size() - 8) + " more";
+    throw_value_error(who, ": the file does not match the model's architecture: ", list);
+  }
+  return state;
+}
+
+NamedTensors parameter_tensors(const Model& m) {
+  NamedTensors out;
+  for (const auto& [name, p] : m.named_parameters()) out.emplace_back(name, p->value());
+  return out;
+}
+
+// The optimizer's state buffers in the file, in the optimizer's order, after checking names,
+// dtypes and sizes.
+std::vector<const Tensor*> checked_optimizer_state(const TensorFile& f, Optimizer& o, const std::string& who) {
+  const std::string& name = required(f.metadata, "treadle.optimizer", who);
+  if (name != o.name())
+    throw_value_error(who, ": the checkpoint holds ", name, " state but the trainer's optimizer is ", o.name());
+  if (!o.bound()) throw_value_error(who, ": the optimizer is not bound to the model");
+  std::vector<const Tensor*> out;
+  for (auto& [sname, buf] : o.state()) {
+    const Tensor* t = f.find(kOptimizerPrefix + sname);
+    if (!t) throw_value_error(who, ": the checkpoint has no optimizer state '", sname, "'");
+    if (t->dtype() != buf.dtype())
+      throw_value_error(who, ": optimizer state '", sname, "' is ", dtype_name(t->dtype()), ", the optimizer's is ",
+                        dtype_name(buf.dtype()));
+    if (t->shape() != buf.shape())
+      throw_value_error(who, ": optimizer state '", sname, "' has shape ", shape_str(t->shape()),
+                        ", the optimizer's has ", shape_str(buf.shape()));
+    out.push_back(t);
+  }
+  std::size_t in_file = 0;
+  for (const auto& kv : f.tensors) in_file += is_optimizer_entry(kv.first);
+  if (in_file != out.size())
+    throw_value_error(who, ": the checkpoint has ", in_file, " optimizer state buffers, ", o.name(), " has ",
+                      out.size());
+  return out;
+}
+
+}  // namespace
+
+void save_model(const std::string& path, const Model& model, const Metadata& metadata) {
+  const std::string who = who_for("save_model", path);
+  check_user_metadata(metadata, who);
+  Metadata md = metadata;
+  md["treadle.kind"] = "model";
+  md["treadle.dtype"] = dtype_name(model.dtype());
+  write_safetensors(path, parameter_tensors(model), md, who);
+}
+
+void load_model(const TensorFile& file, Model& model) {
+  const std::string who = who_for("load_model", file.source);
+  const std::string kind = kind_of(file);
+  if (!kind.empty() && kind != "model" && kind != "checkpoint")
+    throw_value_error(who, ": unknown treadle.kind '", kind, "' (expected model or checkpoint)");
+  std::map<std::string, Tensor> state = checked_parameters(file, model, false, who);
+  model.load_state_dict(state, true);
+}
+
+Metadata load_model(const std::string& path, Model& model) {
+  TensorFile f = read_safetensors(path, who_for("load_model", path));
+  load_model(f, model);
+  return std::move(f.metadata);
+}
+
+void save_checkpoint(const std::string& path, Trainer& trainer, const Metadata& metadata) {
+  const std::string who = who_for("save_checkpoint", path);
+  check_user_metadata(metadata, who);
+  Model& m = trainer.model();
+  Optimizer& o = trainer.optimizer();
+  if (!o.bound()) throw_value_error(who, ": the optimizer is not bound to the model");
+  NamedTensors tensors = parameter_tensors(m);
+  for (auto& [name, buf] : o.state()) tensors.emplace_back(kOptimizerPrefix + name, buf);
+  Metadata md = metadata;
+  md["treadle.kind"] = "checkpoint";
+  md["treadle.dtype"] = dtype_name(m.dtype());
+  md["treadle.optimizer"] = o.name();
+  md["treadle.step"] = std::to_string(o.step_count());
+  md["treadle.lr"] = format_double(o.lr());
+  md["treadle.rng_seed"] = std::to_string(trainer.context().seed());
+  md["treadle.rng_counter"] = std::to_string(trainer.context().rng_counter());
+  write_safetensors(path, tensors, md, who);
+}
+
+void load_checkpoint(const TensorFile& file, Trainer& trainer) {
+  const std::string who = who_for("load_checkpoint", file.source);
+  const std::string kind = kind_of(file);
+  if (kind != "checkpoint")
+    throw_value_error(who, ": not a treadle training checkpoint (treadle.kind is '", kind,
+                      "'); load model weights with load_model");
+  Model& m = trainer.model();
+  Optimizer& o = trainer.optimizer();
+  std::map<std::string, Tensor> state = checked_parameters(file, m, true, who);
+  std::vector<const Tensor*> opt_state = checked_optimizer_state(file, o, who);
+  constexpr uint64_t kMaxInt64 = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+  const auto step = static_cast<int64_t>(parse_uint(file.metadata, "treadle.step", who, kMaxInt64));
+  const double lr = parse_lr(file.metadata, who);
+  const uint64_t seed = parse_uint(file.metadata, "treadle.rng_seed", who, std::numeric_limits<uint64_t>::max());
+  const uint64_t counter =
+      parse_uint(file.metadata, "treadle.rng_counter", who, std::numeric_limits<uint64_t>::max());
+  // Everything checked: from here on nothing throws.
+  m.load_state_dict(state, true);
+  for (std::size_t i = 0; i < opt_state.size(); ++i) o.state()[i].second.copy_from(*opt_state[i]);
+  o.set_step_count(step);
+  o.set_lr(lr);
+  trainer.context().set_rng_state(seed, counter);
+}
+
+Metadata load_checkpoint(const std::string& path, Trainer& trainer) {
+  TensorFile f = read_safetensors(path, who_for("load_checkpoint", path));
+  load_checkpoint(f, trainer);
+  return std::move(f.metadata);
+}
+
+}  // namespace treadle

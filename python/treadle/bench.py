@@ -1,0 +1,566 @@
+"""Benchmarks against PyTorch: `python -m treadle bench` or `python bench/run.py` (see bench/README.md).
+
+Each workload (bench/workloads.py) is built in treadle and in PyTorch with the same weights and
+data. Before anything is timed, the two must agree: same inference output and the same first
+training-step loss (so a ratio never compares different work). Then training steps (forward +
+loss + backward + Adam update) and inference calls are timed alternately, treadle then PyTorch, in
+rounds of a few milliseconds, until each side has run at least --min-time seconds; the tables give
+the median per step. treadle runs on the calling thread (it has no thread pool of its own and the
+Python package lends it no executor yet); PyTorch runs with torch.set_num_threads(T) for each T.
+
+Results go to stdout (markdown) and to <out>/bench-<time>.{json,md} plus latest.{json,md}.
+"""
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+LOSS_CHECK_TOL = 1e-4   # first-step loss agreement, relative to max(1, |loss|)
+INFER_CHECK_TOL = 1e-4  # inference output agreement, relative to max(1, max |output|)
+ROUND_SECONDS = 0.01    # one timed round: a few ms, so alternation follows machine noise closely
+
+
+# -- timing ---------------------------------------------------------------------------------------
+def _steps_per_round(run, target=ROUND_SECONDS):
+    """How many steps make one round last about `target` seconds (runs the step a few times)."""
+    n = 1
+    while True:
+        t0 = time.perf_counter()
+        run(n)
+        dt = time.perf_counter() - t0
+        if dt >= target / 4 or n >= 1 << 16:
+            return max(1, int(round(n * target / max(dt, 1e-9))))
+        n *= 4
+
+
+def time_alternating(runners, min_time=1.0, warmup=0.2):
+    """Median seconds per step of each runner, timed in alternating rounds.
+
+    `runners` maps a name to run(k), which performs k steps. Every runner is warmed up for
+    `warmup` seconds; then rounds cycle through the runners until each has accumulated `min_time`
+    seconds of timed steps. Returns {name: {"median_s", "p25_s", "p75_s", "min_s", "steps"}}.
+    """
+    per_round = {}
+    for name, run in runners.items():
+        per_round[name] = _steps_per_round(run)
+        t_end = time.perf_counter() + warmup
+        while time.perf_counter() < t_end:
+            run(per_round[name])
+    samples = {name: [] for name in runners}
+    spent = dict.fromkeys(runners, 0.0)
+    deadline = time.perf_counter() + 20 * min_time + 1.0  # a runner ignoring k must not hang the suite
+    while min(spent.values()) < min_time and time.perf_counter() < deadline:
+        for name, run in runners.items():
+            k = per_round[name]
+            t0 = time.perf_counter()
+            run(k)
+            dt = time.perf_counter() - t0
+            samples[name].append(dt / k)
+            spent[name] += dt
+    out = {}
+    for name, s in samples.items():
+        p25, med, p75 = np.percentile(s, [25, 50, 75])
+        out[name] = {"median_s": float(med), "p25_s": float(p25), "p75_s": float(p75), "min_s": float(min(s)),
+                     "steps": int(per_round[name] * len(s))}
+    return out
+
+
+# -- machine --------------------------------------------------------------------------------------
+def machine_info():
+    """CPU model, vector flags of interest, core counts, load, library versions."""
+    info = {"cpu_model": platform.processor() or platform.machine(), "flags": {}, "cores_physical": None}
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        text = ""
+    fields = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    if "model name" in fields:
+        info["cpu_model"] = fields["model name"]
+    flags = set(fields.get("flags", "").split())
+    for f in ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8"):
+        info["flags"][f] = f in flags
+    if "cpu cores" in fields:
+        info["cores_physical"] = int(fields["cpu cores"])
+    info["cpus_logical"] = os.cpu_count()
+    info["cpus_usable"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    info["loadavg_at_start"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    info["python"] = platform.python_version()
+    info["numpy"] = np.__version__
+    return info
+
+
+def treadle_info(tl):
+    info = {"version": tl.__version__, "backends": tl.backends(), "git": None}
+    try:
+        here = Path(tl.__file__).resolve().parent
+        info["git"] = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=here, capture_output=True,
+                                     text=True, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return info
+
+
+def gemm_peak(torch, tl, threads, n=1024, min_time=0.3):
+    """Measured float32 GEMM GFLOP/s (n x n x n): torch.mm per thread count, numpy, treadle Linear."""
+    flops = 2.0 * n ** 3
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
+    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+    out = {"n": n, "torch": {}, "numpy": None, "treadle": None}
+    for t in threads:
+        torch.set_num_threads(t)
+        r = time_alternating({"mm": lambda k: [torch.mm(ta, tb) for _ in range(k)]}, min_time, min_time / 4)
+        out["torch"][str(t)] = flops / r["mm"]["median_s"] / 1e9
+    r = time_alternating({"np": lambda k: [a @ b for _ in range(k)]}, min_time, min_time / 4)
+    out["numpy"] = flops / r["np"]["median_s"] / 1e9
+    # treadle's GEMM as a user reaches it: a bias-free Linear's predict (includes copying the output out)
+    model = tl.nn.Sequential(tl.nn.Linear(n, n, bias=False))
+    model.predict(a)
+    r = time_alternating({"tl": lambda k: [model.predict(a) for _ in range(k)]}, min_time, min_time / 4)
+    out["treadle"] = flops / r["tl"]["median_s"] / 1e9
+    return out
+
+
+# -- one workload ---------------------------------------------------------------------------------
+class Missing(Exception):
+    """The workload needs a treadle layer or op that does not exist yet."""
+
+
+def _data(w, rng):
+    x = rng.standard_normal((w.batch,) + tuple(w.sample_shape)).astype(np.float32)
+    if w.loss == "mse":
+        y = rng.standard_normal((w.batch, w.out_features)).astype(np.float32)
+    else:
+        y = rng.integers(0, w.out_features, size=w.batch).astype(np.int64)
+    return x, y
+
+
+class Pair:
+    """One workload built in both frameworks with the same weights, plus its data."""
+
+    def __init__(self, w, tl, torch, seed, torch_adam="default", lr=1e-3):
+        self.w, self.torch = w, torch
+        torch.manual_seed(seed)
+        self.tmodel = w.build_torch(torch).float()
+        self.x, self.y = _data(w, np.random.default_rng(seed))
+        self.tx, self.ty = torch.from_numpy(self.x), torch.from_numpy(self.y)
+        try:
+            self.model = w.build_treadle(tl)
+            self.model.load_state_dict({k: v.detach().numpy() for k, v in self.tmodel.state_dict().items()})
+            if w.train:
+                self.loss = tl.loss.MSE() if w.loss == "mse" else tl.loss.CrossEntropy()
+                self.trainer = tl.Trainer(self.model, self.loss, tl.optim.Adam(lr=lr))
+        except (AttributeError, NotImplementedError) as e:
+            raise Missing(f"{type(e).__name__}: {e}") from e
+        if w.train:
+            self.tloss = torch.nn.MSELoss() if w.loss == "mse" else torch.nn.CrossEntropyLoss()
+            kw = {} if torch_adam == "default" else {torch_adam: True}
+            self.topt = torch.optim.Adam(self.tmodel.parameters(), lr=lr, **kw)
+
+    # One step each; run(k) wrappers below do k of them.
+    def treadle_train(self):
+        return self.trainer.step(self.x, self.y)
+
+    def torch_train(self):
+        self.topt.zero_grad(set_to_none=True)
+        loss = self.tloss(self.tmodel(self.tx), self.ty)
+        loss.backward()
+        self.topt.step()
+        return loss
+
+    def check(self):
+        """Inference outputs and (when training) the first two step losses must agree."""
+        torch = self.torch
+        self.tmodel.eval()
+        with torch.inference_mode():
+            ref = self.tmodel(self.tx).numpy()
+        got = self.model.predict(self.x)
+        scale = max(1.0, float(np.max(np.abs(ref))))
+        c = {"infer_max_abs_diff": float(np.max(np.abs(got - ref))) if got.shape == ref.shape else None}
+        c["ok"] = c["infer_max_abs_diff"] is not None and c["infer_max_abs_diff"] <= INFER_CHECK_TOL * scale
+        if self.w.train:
+            self.tmodel.train()
+            losses = [(self.treadle_train(), self.torch_train().item()) for _ in range(2)]
+            (a, b), (a2, b2) = losses
+            c.update(loss_treadle=a, loss_torch=b, loss_abs_diff=abs(a - b), step2_loss_treadle=a2,
+                     step2_loss_torch=b2, step2_abs_diff=abs(a2 - b2))
+            c["ok"] = c["ok"] and abs(a - b) <= LOSS_CHECK_TOL * max(1.0, abs(b))
+        return c
+
+    def time_train(self, min_time, warmup):
+        self.tmodel.train()
+
+        def tl_run(k):
+            for _ in range(k):
+                self.trainer.step(self.x, self.y)
+
+        def torch_run(k):
+            for _ in range(k):
+                self.torch_train()
+
+        return time_alternating({"treadle": tl_run, "torch": torch_run}, min_time, warmup)
+
+    def time_infer(self, min_time, warmup):
+        self.tmodel.eval()
+        torch = self.torch
+
+        def tl_run(k):
+            for _ in range(k):
+                self.model.predict(self.x)
+
+        def torch_run(k):
+            with torch.inference_mode():  # entered once per round: the cheapest way a user calls torch
+                for _ in range(k):
+                    self.tmodel(self.tx)
+
+        return time_alternating({"treadle": tl_run, "torch": torch_run}, min_time, warmup)
+
+
+def _row(w, threads):
+    return {"workload": w.name, "title": w.title, "batch": w.batch, "threads_torch": threads, "threads_treadle": 1,
+            "train": w.train, "status": "ok", "message": None, "check": None, "train_us": None, "infer_us": None,
+            "train_ratio": None, "infer_ratio": None, "target_train": w.target_train, "target_infer": w.target_infer,
+            "train_gflops": None, "infer_gflops": None}
+
+
+def _timed(row, key, timing, flops):
+    row[key + "_us"] = {name: r["median_s"] * 1e6 for name, r in timing.items()}
+    row[key + "_spread_us"] = {name: [r["p25_s"] * 1e6, r["p75_s"] * 1e6] for name, r in timing.items()}
+    row[key + "_ratio"] = timing["torch"]["median_s"] / timing["treadle"]["median_s"]
+    row[key + "_best_us"] = {name: r["min_s"] * 1e6 for name, r in timing.items()}
+    row[key + "_best_ratio"] = timing["torch"]["min_s"] / timing["treadle"]["min_s"]
+    if flops:
+        row[key + "_gflops"] = {name: flops / r["median_s"] / 1e9 for name, r in timing.items()}
+
+
+def bench_workload(w, tl, torch, threads, min_time, warmup, seed=0, torch_adam="default", log=print):
+    """Rows (one per thread count) for workload `w`; missing/mismatch/error are rows too."""
+    rows = [_row(w, t) for t in threads]
+    try:
+        pair = Pair(w, tl, torch, seed, torch_adam)
+        torch.set_num_threads(threads[0])
+        check = pair.check()
+    except Missing as e:
+        for r in rows:
+            r.update(status="missing", message=str(e))
+        return rows, None
+    except Exception as e:  # noqa: BLE001 (a broken workload must not end the suite; it is reported)
+        for r in rows:
+            r.update(status="error", message=f"{type(e).__name__}: {e}")
+        return rows, None
+    for r in rows:
+        r["check"] = check
+    if not check["ok"]:
+        for r in rows:
+            r.update(status="mismatch", message="treadle and PyTorch disagree; not timed")
+        return rows, pair
+    for r, t in zip(rows, threads):
+        torch.set_num_threads(t)
+        r["loadavg"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        log(f"  {w.name} threads={t} (load {r['loadavg']}) ...")
+        if w.train:
+            _timed(r, "train", pair.time_train(min_time, warmup), 3 * w.forward_flops * w.batch)
+        _timed(r, "infer", pair.time_infer(min_time, warmup), w.forward_flops * w.batch)
+    return rows, pair
+
+
+# -- profiling aid (layer level, without per-node timing in the core) ------------------------------
+def profile_layers(w, tl, x, min_time=0.2):
+    """Per-layer time of a Sequential workload by differencing prefixes.
+
+    The core does not time its plan nodes yet, so this times Sequential(layers[:k]) for every k
+    (inference, and forward + MSE + backward via compute_gradients) and attributes the difference
+    between consecutive prefixes to layer k. All prefixes are timed in one alternating run and
+    compared by their fastest round, which a busy machine disturbs least. The first layer's line
+    includes the per-call overhead; layers cheaper than the noise can come out slightly negative.
+    """
+    if w.treadle_layers is None:
+        return None
+    n_layers = len(w.treadle_layers(tl))
+    runners = {}
+    for k in range(1, n_layers + 1):
+        model = tl.nn.Sequential(*w.treadle_layers(tl)[:k])
+        trainer = tl.Trainer(model, tl.loss.MSE(), tl.optim.SGD(lr=0.0))
+        target = np.zeros_like(model.predict(x))
+        runners[("infer", k)] = lambda n, m=model: [m.predict(x) for _ in range(n)]
+        runners[("grads", k)] = lambda n, t=trainer, y=target: [t.compute_gradients(x, y) for _ in range(n)]
+    r = time_alternating(runners, min_time, min_time / 4)
+    best = {key: v["min_s"] * 1e6 for key, v in r.items()}
+    layers, rows = w.treadle_layers(tl), []
+    for k in range(1, n_layers + 1):
+        prev = {kind: best[(kind, k - 1)] if k > 1 else 0.0 for kind in ("infer", "grads")}
+        rows.append({"layer": f"{k - 1}: {layers[k - 1]!r}".replace("\n", " "),
+                     "infer_us": best[("infer", k)] - prev["infer"], "fwd_bwd_us": best[("grads", k)] - prev["grads"],
+                     "infer_cumulative_us": best[("infer", k)], "fwd_bwd_cumulative_us": best[("grads", k)]})
+    return rows
+
+
+def call_overhead(tl, min_time=0.2):
+    """Time of the smallest possible calls (Linear 1->1, batch 1): treadle's fixed cost per call."""
+    model = tl.nn.Sequential(tl.nn.Linear(1, 1))
+    x, y = np.zeros((1, 1), np.float32), np.zeros((1, 1), np.float32)
+    trainer = tl.Trainer(model, tl.loss.MSE(), tl.optim.Adam(lr=1e-3))
+    r = time_alternating({"predict": lambda n: [model.predict(x) for _ in range(n)],
+                          "step": lambda n: [trainer.step(x, y) for _ in range(n)]}, min_time, min_time / 4)
+    return {k: v["median_s"] * 1e6 for k, v in r.items()}
+
+
+# -- report ---------------------------------------------------------------------------------------
+def _us(v):
+    if v is None:
+        return "-"
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.1f}"
+
+
+def _ratio(v):
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def _target(r):
+    parts = []
+    for kind in ("train", "infer"):
+        goal = r[f"target_{kind}"]
+        if goal is None:
+            continue
+        got = r[f"{kind}_ratio"]
+        verdict = "?" if got is None else ("met" if got >= goal else "not met")
+        parts.append(f"{kind} >= {goal:g}x: {verdict}")
+    return "; ".join(parts) or "-"
+
+
+def _check(r):
+    c = r["check"]
+    if r["status"] in ("missing", "error"):
+        return f"{r['status']}: {r['message']}"
+    parts = [f"out diff {c['infer_max_abs_diff']:.1e}" if c["infer_max_abs_diff"] is not None else "out shape differs"]
+    if "loss_abs_diff" in c:
+        parts.append(f"loss diff {c['loss_abs_diff']:.1e}")
+    text = ", ".join(parts)
+    return text if r["status"] == "ok" else f"MISMATCH ({text}): not timed"
+
+
+def _load(r):
+    return "-" if r.get("loadavg") is None else f"{r['loadavg']:.1f}"
+
+
+def _gflops(r, kind):
+    g = r[f"{kind}_gflops"]
+    return "-" if not g else f"{g['treadle']:.1f} / {g['torch']:.1f}"
+
+
+def _busy(result):
+    loads = [r.get("loadavg") for r in result["rows"] if r.get("loadavg") is not None]
+    return max(loads) if loads and max(loads) > 0.5 * (result["machine"]["cpus_usable"] or 1) else None
+
+
+def _header_lines(result):
+    m, t, lines = result["machine"], result["treadle"], []
+    flags = " ".join(f for f, on in m["flags"].items() if on) or "none of interest"
+    lines.append(f"# treadle vs PyTorch ({result['date']})\n")
+    lines.append(f"- Machine: {m['cpu_model']}; {m['cpus_usable']} usable of {m['cpus_logical']} logical CPUs; "
+                 f"flags: {flags}; AMX: {'yes' if m['flags'].get('amx_tile') else 'no'}; "
+                 f"load average at start: {', '.join(f'{v:.2f}' for v in m['loadavg_at_start'] or [])}")
+    lines.append(f"- Versions: torch {result['torch']['version']} (Adam: {result['torch']['adam']}), treadle "
+                 f"{t['version']} ({t['git'] or 'no git'}; backends {', '.join(t['backends'])}), numpy {m['numpy']}, "
+                 f"Python {m['python']}")
+    g = result.get("gemm")
+    if g:
+        per_t = ", ".join(f"{k} thread{'s' if k != '1' else ''} {v:.0f}" for k, v in g["torch"].items())
+        lines.append(f"- CPU peak, measured float32 GEMM {g['n']}^3 in GFLOP/s: torch.mm {per_t}; numpy (OpenBLAS, "
+                     f"its default threads) {g['numpy']:.0f}; treadle Linear predict (Eigen, 1 thread) "
+                     f"{g['treadle']:.0f}")
+    o = result.get("call_overhead_us")
+    if o:
+        lines.append(f"- treadle per-call floor (Linear 1->1, batch 1): predict {_us(o['predict'])} us, "
+                     f"Adam train step {_us(o['step'])} us")
+    lines.append(f"- Timing: median us per step, treadle and PyTorch alternated in rounds of ~{ROUND_SECONDS * 1e3:.0f} "
+                 f"ms, >= {result['settings']['min_time']} s of steps each, after {result['settings']['warmup']} s "
+                 f"warm-up. Ratio = PyTorch time / treadle time (> 1: treadle faster). treadle runs on 1 thread "
+                 f"in every row: it has no thread pool and the Python package lends it no executor; 'threads' is "
+                 f"torch.set_num_threads. GFLOP/s counts GEMM-like layers only (train = 3x forward). 'load' is "
+                 f"the 1-minute load average when the row started.")
+    busy = _busy(result)
+    if busy:
+        lines.append(f"- **Busy machine** (load up to {busy:.1f} on {m['cpus_usable']} CPUs): other processes "
+                     f"took CPU time during the run, so absolute times are inflated and noisy; multi-threaded "
+                     f"PyTorch rows suffer most (its OpenMP workers wait at barriers whenever one is descheduled).")
+    return lines + [""]
+
+
+def _main_table(rows):
+    lines = ["| workload | batch | threads | train treadle | train torch | train ratio | infer treadle | "
+             "infer torch | infer ratio | GFLOP/s train (tl / torch) | target (issue 5) | load | check |",
+             "|" + "---|" * 13]
+    for r in rows:
+        tr, inf = r["train_us"] or {}, r["infer_us"] or {}
+        lines.append(f"| {r['workload']} {r['title']} | {r['batch']} | {r['threads_torch']} | "
+                     f"{_us(tr.get('treadle'))} | {_us(tr.get('torch'))} | {_ratio(r['train_ratio'])} | "
+                     f"{_us(inf.get('treadle'))} | {_us(inf.get('torch'))} | {_ratio(r['infer_ratio'])} | "
+                     f"{_gflops(r, 'train')} | {_target(r)} | {_load(r)} | {_check(r)} |")
+    return lines
+
+
+def _profile_lines(profile):
+    lines = []
+    for name, rows in (profile or {}).items():
+        lines.append(f"\n## Layer profile of {name} (treadle, by prefix differencing of fastest rounds; the first "
+                     f"layer includes the call overhead; 'up to here' = the prefix ending at this layer)\n")
+        lines.append("| layer | inference us | up to here | forward+backward us | up to here |\n|---|---|---|---|---|")
+        for p in rows:
+            lines.append(f"| {p['layer']} | {_us(p['infer_us'])} | {_us(p['infer_cumulative_us'])} | "
+                         f"{_us(p['fwd_bwd_us'])} | {_us(p['fwd_bwd_cumulative_us'])} |")
+    return lines
+
+
+def to_markdown(result):
+    """The report as markdown: machine and method lines, the table, and optional extra tables."""
+    lines = _header_lines(result) + _main_table(result["rows"])
+    if _busy(result):
+        lines += _best_round_table(result["rows"])
+    lines += _profile_lines(result.get("profile"))
+    return "\n".join(lines) + "\n"
+
+
+def _best_round_table(rows):
+    """The fastest round of each measurement: what a busy machine disturbs least (not a median)."""
+    lines = ["\n## Fastest rounds (busy machine: the least disturbed ~10 ms round of each measurement)\n",
+             "| workload | threads | train treadle | train torch | train ratio | infer treadle | infer torch | "
+             "infer ratio |", "|" + "---|" * 8]
+    for r in rows:
+        if r["status"] != "ok":
+            continue
+        tr, inf = r.get("train_best_us") or {}, r.get("infer_best_us") or {}
+        lines.append(f"| {r['workload']} | {r['threads_torch']} | {_us(tr.get('treadle'))} | {_us(tr.get('torch'))} | "
+                     f"{_ratio(r.get('train_best_ratio'))} | {_us(inf.get('treadle'))} | {_us(inf.get('torch'))} | "
+                     f"{_ratio(r.get('infer_best_ratio'))} |")
+    return lines
+
+
+def write_results(result, out_dir):
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = result["date"].replace(":", "").replace("-", "").replace(" ", "-")
+    text, md = json.dumps(result, indent=1), to_markdown(result)
+    paths = []
+    for stem in (f"bench-{stamp}", "latest"):
+        (out_dir / f"{stem}.json").write_text(text)
+        (out_dir / f"{stem}.md").write_text(md)
+        paths += [out_dir / f"{stem}.json", out_dir / f"{stem}.md"]
+    return paths
+
+
+# -- the suite ------------------------------------------------------------------------------------
+def run_suite(workloads, threads=(1, 2), min_time=1.0, warmup=0.2, gemm=True, profile=False, seed=0,
+              torch_adam="default", log=print):
+    """Benchmarks `workloads`; returns the result dict (the JSON written by main)."""
+    import torch
+
+    import treadle as tl
+
+    threads = [int(t) for t in threads]
+    saved_threads = torch.get_num_threads()
+    result = {"date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S"), "machine": machine_info(),
+              "torch": {"version": torch.__version__, "adam": torch_adam,
+                        "mkldnn": bool(torch.backends.mkldnn.is_available())},
+              "treadle": treadle_info(tl), "settings": {"threads": threads, "min_time": min_time, "warmup": warmup,
+                                                        "seed": seed},
+              "rows": [], "profile": {}}
+    try:
+        if gemm:
+            log("GEMM peak ...")
+            result["gemm"] = gemm_peak(torch, tl, threads, min_time=min(0.3, min_time))
+        result["call_overhead_us"] = call_overhead(tl, min(0.2, min_time))
+        for w in workloads:
+            log(f"{w.name}: {w.title}")
+            rows, pair = bench_workload(w, tl, torch, threads, min_time, warmup, seed, torch_adam, log)
+            result["rows"].extend(rows)
+            if profile and pair is not None and rows[0]["status"] == "ok" and w.treadle_layers is not None:
+                log(f"  {w.name} layer profile ...")
+                result["profile"][w.name] = profile_layers(w, tl, pair.x, min(0.2, min_time))
+    finally:
+        torch.set_num_threads(saved_threads)
+    return result
+
+
+def load_workloads(path=None):
+    """The workload list from bench/workloads.py: `path`, $TREADLE_BENCH_DIR, the source tree, or ./bench."""
+    here = Path(__file__).resolve().parent
+    candidates = [Path(path)] if path else []
+    if os.environ.get("TREADLE_BENCH_DIR"):
+        candidates.append(Path(os.environ["TREADLE_BENCH_DIR"]))
+    candidates += [here.parent.parent / "bench", Path.cwd() / "bench"]
+    for d in candidates:
+        f = d / "workloads.py" if d.is_dir() else d
+        if f.is_file():
+            spec = importlib.util.spec_from_file_location("treadle_bench_workloads", f)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = module  # dataclasses look their module up by name
+            spec.loader.exec_module(module)
+            return module.all_workloads()
+    raise FileNotFoundError("bench: cannot find bench/workloads.py (looked in "
+                            + ", ".join(str(c) for c in candidates) + "); set TREADLE_BENCH_DIR to the suite's folder")
+
+
+def _default_out_dir():
+    src = Path(__file__).resolve().parent.parent.parent / "bench"
+    return src / "results" if src.is_dir() else Path.cwd() / "bench-results"
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="python -m treadle bench", description="treadle vs PyTorch benchmarks (issue 5)")
+    p.add_argument("--workloads", default="all", help="comma-separated names (W1,W2,...,W1-b1) or 'all'")
+    p.add_argument("--threads", default="1,2", help="PyTorch thread counts, comma-separated (default 1,2)")
+    p.add_argument("--min-time", type=float, default=1.0, help="seconds of timed steps per side (default 1.0)")
+    p.add_argument("--warmup", type=float, default=0.2, help="warm-up seconds per side (default 0.2)")
+    p.add_argument("--out", default=None, help="results folder (default bench/results in the source tree)")
+    p.add_argument("--no-gemm", action="store_true", help="skip the GEMM peak measurement")
+    p.add_argument("--profile", action="store_true",
+                   help="layer-level treadle profile of Sequential workloads (also TREADLE_PROFILE=1)")
+    p.add_argument("--torch-adam", choices=["default", "foreach", "fused"], default="default",
+                   help="torch.optim.Adam implementation (default: torch's own choice)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workloads-file", default=None, help="path to a workloads.py (default: bench/workloads.py)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines (the table is still printed)")
+    return p
+
+
+def main(argv=None, workloads=None):
+    """Entry point of `python -m treadle bench [options]`; returns the process exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["crossover"]:
+        print("bench crossover: the backend crossover study is not implemented yet (issue 5, second part)",
+              file=sys.stderr)
+        return 2
+    args = _parser().parse_args(argv)
+    if args.min_time <= 0 or args.warmup < 0:
+        raise SystemExit(f"bench: --min-time must be > 0 and --warmup >= 0, got {args.min_time}, {args.warmup}")
+    available = workloads if workloads is not None else load_workloads(args.workloads_file)
+    if args.workloads != "all":
+        wanted = [s.strip() for s in args.workloads.split(",") if s.strip()]
+        by_name = {w.name: w for w in available}
+        unknown = [n for n in wanted if n not in by_name]
+        if unknown:
+            raise SystemExit(f"bench: unknown workload(s) {unknown}; known: {sorted(by_name)}")
+        available = [by_name[n] for n in wanted]
+    threads = [int(t) for t in args.threads.split(",") if t.strip()]
+    if not threads or min(threads) < 1:
+        raise SystemExit(f"bench: --threads must list positive integers, got {args.threads!r}")
+    log = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
+    result = run_suite(available, threads, args.min_time, args.warmup, gemm=not args.no_gemm,
+                       profile=args.profile or os.environ.get("TREADLE_PROFILE", "") not in ("", "0"),
+                       seed=args.seed, torch_adam=args.torch_adam, log=log)
+    print(to_markdown(result))
+    for path in write_results(result, args.out or _default_out_dir()):
+        log(f"wrote {path}")
+    return 0

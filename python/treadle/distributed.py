@@ -1,0 +1,296 @@
+"""Data-parallel training over a communicator that the host lends (mpi4py).
+
+treadle joins the host's MPI job as a guest: it never calls MPI_Init or MPI_Finalize and never
+reaches for COMM_WORLD. The host passes the communicator to use (COMM_WORLD, or a group made with
+``comm.Split`` when it trains several models at once)::
+
+    from mpi4py import MPI
+    import treadle as tl
+    from treadle.distributed import DataParallel
+
+    trainer = tl.Trainer(net, tl.loss.MSE(), tl.optim.Adam(lr=1e-3))
+    dp = DataParallel(trainer, MPI.COMM_WORLD)      # same architecture everywhere; root's weights
+    for x_shard, y_shard in my_batches():           # each rank its own part of the global batch
+        loss = dp.step(x_shard, y_shard)            # global mean loss, same on every rank
+
+Every step costs one small allreduce (sample count, loss, error flag: 3 float64) and one allreduce
+of the flat gradient buffer; then every rank applies the same update, so replicas stay identical
+without ever sending parameters again. See docs/distributed.md for the cost model and measurements.
+"""
+import hashlib
+import time
+
+import numpy as np
+
+__all__ = ["DataParallel"]
+
+
+def _mpi():
+    try:
+        from mpi4py import MPI
+    except ImportError as e:  # an optional extra
+        raise ImportError("treadle.distributed needs mpi4py: pip install 'treadle[mpi]'") from e
+    return MPI
+
+
+class DataParallel:
+    """Keeps replicas of one Trainer in step across the ranks of ``comm``.
+
+    Construction is collective (every rank of ``comm`` must construct it, with the same ``root``):
+    it checks that all ranks hold the same architecture (parameter names, shapes, dtype, count) and
+    the same loss, optimizer and schedule settings, raising the same ValueError on every rank if not,
+    then broadcasts the parameters and the optimizer state (with its step count) from ``root``.
+
+    ``step`` and ``allreduce_gradients`` are collective too: every rank calls them once per step.
+
+    ``buffers``: what to do with state that is not trained but changes while training (BatchNorm's
+    running_mean / running_var / num_batches_tracked: parameters with requires_grad=False), which
+    each rank updates from its own shard. "root" (default, as torch's DistributedDataParallel):
+    after each gradient allreduce every rank takes the root's values; "average": the mean over the
+    ranks; "local": left alone (replicas then differ in that state). Batch statistics used *inside*
+    a training step are always the local shard's (no SyncBatchNorm).
+    """
+
+    BUFFER_MODES = ("root", "average", "local")
+
+    def __init__(self, trainer, comm, root=0, buffers="root"):
+        MPI = _mpi()
+        if not isinstance(comm, MPI.Comm):
+            raise TypeError(f"DataParallel: comm must be an mpi4py communicator, got {type(comm).__name__}")
+        if comm == MPI.COMM_NULL:
+            raise ValueError("DataParallel: comm is MPI.COMM_NULL (this rank is not in the group)")
+        if comm.Is_inter():
+            raise ValueError("DataParallel: comm must be an intra-communicator")
+        self._mpi, self.comm, self.trainer = MPI, comm, trainer
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        # Each rank checks its own arguments, then all agree, so one bad rank never hangs the others.
+        error, items = None, None
+        if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
+            error = f"root must be a rank in [0, {self.size}), got {root!r}"
+        elif buffers not in self.BUFFER_MODES:
+            error = f"buffers must be one of {self.BUFFER_MODES}, got {buffers!r}"
+        else:
+            try:
+                items = self._setup_items()
+            except Exception as e:  # e.g. not a treadle Trainer
+                error = e
+        self._agree(error, "DataParallel")
+        self.root, self.buffers = int(root), buffers
+        self._check_same_setup(items + [("buffers", buffers)])
+        self._buffer_index = self._non_trained_index()
+        self.broadcast_state()
+        self.steps = 0
+        self.wait_seconds = 0.0            # in the small allreduce (count, loss, flag): waiting for the slowest rank
+        self.allreduce_seconds = 0.0       # in the gradient allreduce: moving the gradient buffer
+        self.last_allreduce_seconds = 0.0  # the gradient allreduce of the last step
+
+    # -- setup ------------------------------------------------------------------------------------
+    def _setup_items(self):
+        """(what, value) pairs that must agree on every rank, parameters first."""
+        model = self.trainer.model._compiled()
+        items = [(f"parameter '{name}' shape", tuple(shape)) for name, shape, _offset in model.layout]
+        items.append(("parameter names", tuple(name for name, _s, _o in model.layout)))
+        items.append(("parameter count", int(self.trainer.model.flat_parameters().size)))
+        items.append(("dtype", model.dtype))
+        items.append(("loss", self.trainer.loss.key()))
+        opt = self.trainer.optimizer
+        settings = dict(getattr(opt, "defaults", {}), lr=opt.lr)  # the lr may have been set since
+        args = ", ".join(f"{k}={v!r}" for k, v in settings.items())
+        items.append(("optimizer", f"{type(opt).__name__}({args})"))
+        items.append(("optimizer state", tuple((k, v.size) for k, v in sorted(opt.state().items()))))
+        items.append(("schedule", repr(self.trainer.schedule)))
+        items.append(("clip_grad_norm", self.trainer._native.clip_grad_norm))
+        return items
+
+    def _non_trained_index(self):
+        """Flat-buffer indices of the parameters with requires_grad=False (None if there are none)."""
+        frozen = {name for name, p in self.trainer.model.named_parameter_objects() if not p.requires_grad}
+        spans = [np.arange(offset, offset + int(np.prod(shape, dtype=np.int64)))
+                 for name, shape, offset in self.trainer.model._compiled().layout if name in frozen]
+        return np.concatenate(spans) if spans else None
+
+    def sync_buffers(self):
+        """Makes the non-trained state (BatchNorm running statistics) agree per ``buffers`` (collective).
+
+        ``step`` and ``allreduce_gradients`` call it; it is public for hosts that change that state
+        themselves. Does nothing (and communicates nothing) when the model has no such state or
+        ``buffers="local"``.
+        """
+        if self._buffer_index is None or self.buffers == "local":
+            return
+        params = self.trainer.model.flat_parameters()
+        packed = params[self._buffer_index]
+        if self.buffers == "root":
+            self.comm.Bcast(packed, root=self.root)
+        else:
+            self.comm.Allreduce(self._mpi.IN_PLACE, packed, op=self._mpi.SUM)
+            packed /= self.size
+        params[self._buffer_index] = packed
+
+    def _check_same_setup(self, items):
+        digest = hashlib.sha256(repr(items).encode()).hexdigest()
+        seen = self.comm.allgather((self.root, digest))
+        roots = [r for r, _d in seen]
+        if any(r != roots[0] for r in roots):
+            bad = next(i for i, r in enumerate(roots) if r != roots[0])
+            raise ValueError(f"DataParallel: root is {roots[bad]} on rank {bad} but {roots[0]} on rank 0")
+        digests = [d for _r, d in seen]
+        if all(d == digests[self.root] for d in digests):
+            return
+        # Rare path, taken by every rank since all see the same digests: exchange the full lists so
+        # that each rank names the same first difference.
+        everyone = self.comm.allgather(items)
+        bad = next(r for r, d in enumerate(digests) if d != digests[self.root])
+        raise ValueError("DataParallel: " + _first_difference(everyone[self.root], self.root, everyone[bad], bad))
+
+    def broadcast_state(self):
+        """Copies root's parameters, optimizer state and step count to every rank (collective)."""
+        comm, root = self.comm, self.root
+        comm.Bcast(self.trainer.model.flat_parameters(), root=root)
+        opt = self.trainer.optimizer
+        state = opt.state()
+        for name in sorted(state):
+            comm.Bcast(state[name], root=root)
+        step_count = comm.bcast(opt.step_count, root=root)
+        opt.load_state(state, step_count)
+
+    # -- stepping ---------------------------------------------------------------------------------
+    def step(self, x, y):
+        """One data-parallel training step on this rank's shard; returns the global mean loss.
+
+        Shards may differ in size (even be empty on some ranks): the gradient is that of the loss over
+        the global batch. If any rank fails (bad input, an error in the model), no rank updates and
+        every rank raises ValueError("DataParallel.step: rank R failed: ...").
+        """
+        trainer = self.trainer
+        trainer.zero_grad()
+        # A failed step must change nothing, but the forward pass on the ranks that did not fail has
+        # already updated their running statistics: keep a copy to put back.
+        saved = None if self._buffer_index is None else trainer.model.flat_parameters()[self._buffer_index]
+        count, loss, error = 0, 0.0, None
+        try:
+            x, y = np.ascontiguousarray(x), np.ascontiguousarray(y)
+            count = _local_count(x, y)
+            if count:
+                loss = trainer.compute_gradients(x, y)
+        except Exception as e:  # reported to every rank below, then re-raised everywhere
+            error = e
+        try:
+            result = self._reduce(count, loss, error, "DataParallel.step")
+        except ValueError:
+            if saved is not None:
+                trainer.model.flat_parameters()[self._buffer_index] = saved
+            raise
+        trainer.update()
+        return result
+
+    def allreduce_gradients(self, count, loss=0.0, error=None):
+        """Sums the ranks' gradients into the gradient of the global loss (collective); returns its value.
+
+        For a host that runs the phases itself: ``zero_grad``, ``compute_gradients`` (or ``forward`` +
+        ``backward``) on the local shard, then this, then ``trainer.update()`` on every rank.
+
+        ``count``: how many terms the local mean loss averaged over (the shard's sample count when all
+        samples have the same size; the number of target elements in general; 0 for an empty shard).
+        ``loss``: this rank's loss value. With reduction="mean" the local gradient is weighted by
+        count / global count before the sum; with "sum" the gradients are just summed. ``error``: an
+        exception (or message) this rank hit; if any rank passes one, every rank raises ValueError
+        naming the first failing rank and nothing is summed.
+        """
+        return self._reduce(count, loss, error, "DataParallel.allreduce_gradients")
+
+    def _reduce(self, count, loss, error, where):
+        comm, MPI = self.comm, self._mpi
+        mean = self.trainer.loss.reduction == "mean"
+        if error is None and (isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0):
+            error = f"count must be a non-negative integer, got {count!r}"
+        # One small allreduce carries the count, the loss and the error flag. With reduction="mean"
+        # the global loss is sum(count_r * loss_r) / sum(count_r); with "sum" it is sum(loss_r).
+        head = np.zeros(3)
+        if error is not None:
+            head[2] = 1.0
+        elif count:
+            head[0], head[1] = count, float(loss) * count if mean else float(loss)
+        start = time.perf_counter()
+        comm.Allreduce(MPI.IN_PLACE, head, op=MPI.SUM)
+        self.wait_seconds += time.perf_counter() - start
+        total, loss_total, failures = head
+        if failures:
+            self._raise_failure(error, where)
+        if total <= 0:
+            raise ValueError(f"{where}: the global batch is empty (every rank passed count 0)")
+        grads = self.trainer.model.flat_gradients()
+        if mean and count != total:
+            grads *= grads.dtype.type(count / total)
+        start = time.perf_counter()
+        comm.Allreduce(MPI.IN_PLACE, grads, op=MPI.SUM)
+        self.last_allreduce_seconds = time.perf_counter() - start
+        self.allreduce_seconds += self.last_allreduce_seconds
+        self.sync_buffers()
+        self.steps += 1
+        return loss_total / total if mean else loss_total
+
+    # -- checks -----------------------------------------------------------------------------------
+    def parameter_divergence(self):
+        """Largest |p - p_root| over all parameters and ranks (collective; 0.0 when in sync)."""
+        params = self.trainer.model.flat_parameters()
+        ref = params.copy()
+        self.comm.Bcast(ref, root=self.root)
+        local = float(np.max(np.abs(params - ref))) if params.size else 0.0
+        return self.comm.allreduce(local, op=self._mpi.MAX)
+
+    def _agree(self, error, where):
+        """Collective: raises the same ValueError on every rank if any rank passes an error."""
+        flag = np.array([0.0 if error is None else 1.0])
+        self.comm.Allreduce(self._mpi.IN_PLACE, flag, op=self._mpi.SUM)
+        if flag[0]:
+            self._raise_failure(error, where)
+
+    def _raise_failure(self, error, where):
+        messages = self.comm.allgather(None if error is None else _describe(error))
+        failed = [r for r, m in enumerate(messages) if m is not None]
+        first = failed[0]
+        more = f" (and {len(failed) - 1} more rank{'s' if len(failed) > 2 else ''})" if len(failed) > 1 else ""
+        text = f"{where}: rank {first} failed{more}: {messages[first]}"
+        if isinstance(error, BaseException):
+            raise ValueError(text) from error
+        raise ValueError(text)
+
+    def __repr__(self):
+        return f"DataParallel(rank={self.rank}, size={self.size}, root={self.root})"
+
+
+def _local_count(x, y):
+    """Terms in this shard's mean loss: target elements (samples x per-sample size)."""
+    if x.ndim == 0 or y.ndim == 0:
+        raise ValueError(f"x and y need a batch dimension, got shapes {x.shape} and {y.shape}")
+    if len(x) != len(y):
+        raise ValueError(f"x has {len(x)} samples but y has {len(y)}")
+    return int(y.size)
+
+
+def _describe(error):
+    """The message of an exception (its type too unless a ValueError), or the text given."""
+    if isinstance(error, ValueError) or not isinstance(error, BaseException):
+        return str(error)
+    return f"{type(error).__name__.lstrip('_')}: {error}"  # treadle's _TypeError reads as TypeError
+
+
+def _first_difference(ref, ref_rank, other, rank):
+    """A sentence naming the first setting in which rank `rank` differs from the root."""
+    ref_map, other_map = dict(ref), dict(other)
+    ref_names, names = ref_map["parameter names"], other_map["parameter names"]
+    for i in range(max(len(ref_names), len(names))):
+        mine = names[i] if i < len(names) else None
+        theirs = ref_names[i] if i < len(ref_names) else None
+        if mine == theirs:
+            continue
+        if theirs is not None and theirs not in names:
+            return f"rank {rank} lacks parameter '{theirs}' of root rank {ref_rank}"
+        if mine is not None and mine not in ref_names:
+            return f"rank {rank} has parameter '{mine}' that root rank {ref_rank} lacks"
+        return f"parameter #{i} is '{mine}' on rank {rank} but '{theirs}' on root rank {ref_rank}"
+    for what, value in other:
+        if ref_map[what] != value:
+            return f"{what} is {value} on rank {rank} but {ref_map[what]} on root rank {ref_rank}"
+    return f"rank {rank} differs from root rank {ref_rank}"  # unreachable while the digests come from `items`

@@ -1,0 +1,218 @@
+"""Normalisation, embedding and small layers, with torch.nn's arguments, parameter names and initialisation.
+
+Training plans (Trainer.step, Trainer.forward) run these layers in training mode and inference or
+evaluation (predict, Trainer.evaluate) in eval mode, like torch's module.train() / module.eval():
+BatchNorm normalises with batch statistics and updates running_mean / running_var while training,
+and uses the running statistics otherwise.
+
+Non-trained state is stored as parameters with requires_grad=False: BatchNorm's running_mean,
+running_var and num_batches_tracked (the state_dict keys torch uses; num_batches_tracked is kept in
+the model's float dtype, and torch's int64 value loads into it), and OutputTransform's fixed scale
+and shift. They receive no gradient and only training steps write them.
+"""
+import numbers
+
+from . import _core
+from .nn import _NativeModule
+
+__all__ = [
+    "LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "Embedding", "Unflatten",
+    "Upsample", "OutputTransform",
+]
+
+
+def _dtype(dtype):
+    return "float32" if dtype is None else dtype
+
+
+def _shape(shape, what):
+    if isinstance(shape, numbers.Integral):
+        return [int(shape)]
+    try:
+        return [int(s) for s in shape]
+    except TypeError:
+        raise TypeError(f"{what}: expected an int or a sequence of ints, got {type(shape).__name__}") from None
+
+
+class _WithParams(_NativeModule):
+    """Native layer whose parameters are exposed as attributes (writable numpy views, None if absent)."""
+
+    def _param(self, name):
+        for n, p in self._native.named_parameters():
+            if n == name:
+                return p.data
+        return None
+
+    @property
+    def weight(self):
+        return self._param("weight")
+
+    @property
+    def bias(self):
+        return self._param("bias")
+
+
+class LayerNorm(_WithParams):
+    """Normalises over the trailing `normalized_shape` dimensions; weight=1, bias=0 when elementwise_affine."""
+
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, dtype=None):
+        shape = _shape(normalized_shape, "LayerNorm")
+        super().__init__(_core.LayerNorm(shape, float(eps), bool(elementwise_affine), bool(bias), _dtype(dtype)))
+        self.normalized_shape, self.eps, self.elementwise_affine = tuple(shape), eps, elementwise_affine
+
+    def extra_repr(self):
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+
+class RMSNorm(_WithParams):
+    """x / sqrt(mean(x^2) + eps) * weight over the trailing dimensions; eps=None is the dtype's machine epsilon."""
+
+    def __init__(self, normalized_shape, eps=None, elementwise_affine=True, dtype=None):
+        shape = _shape(normalized_shape, "RMSNorm")
+        super().__init__(_core.RMSNorm(shape, None if eps is None else float(eps), bool(elementwise_affine),
+                                       _dtype(dtype)))
+        self.normalized_shape, self.eps, self.elementwise_affine = tuple(shape), eps, elementwise_affine
+
+    def extra_repr(self):
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+
+class GroupNorm(_WithParams):
+    """Input (N, C, *): statistics per sample over groups of C / num_groups channels; per-channel affine."""
+
+    def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, dtype=None):
+        super().__init__(_core.GroupNorm(int(num_groups), int(num_channels), float(eps), bool(affine), _dtype(dtype)))
+        self.num_groups, self.num_channels, self.eps, self.affine = num_groups, num_channels, eps, affine
+
+    def extra_repr(self):
+        return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"
+
+
+class _BatchNorm(_WithParams):
+    _dims = 0
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True, dtype=None):
+        super().__init__(_core.BatchNorm(self._dims, int(num_features), float(eps),
+                                         None if momentum is None else float(momentum), bool(affine),
+                                         bool(track_running_stats), _dtype(dtype)))
+        self.num_features, self.eps, self.momentum = num_features, eps, momentum
+        self.affine, self.track_running_stats = affine, track_running_stats
+
+    @property
+    def running_mean(self):
+        return self._param("running_mean")
+
+    @property
+    def running_var(self):
+        return self._param("running_var")
+
+    @property
+    def num_batches_tracked(self):
+        v = self._param("num_batches_tracked")
+        return None if v is None else int(v)
+
+    def extra_repr(self):
+        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
+                f"track_running_stats={self.track_running_stats}")
+
+
+class BatchNorm1d(_BatchNorm):
+    """Input (N, C) or (N, C, L). Training: batch statistics, running statistics updated (unbiased
+    variance, `momentum`; None = cumulative average). predict / evaluate: running statistics."""
+    _dims = 1
+
+
+class BatchNorm2d(_BatchNorm):
+    """Input (N, C, H, W); see BatchNorm1d."""
+    _dims = 2
+
+
+class BatchNorm3d(_BatchNorm):
+    """Input (N, C, D, H, W); see BatchNorm1d."""
+    _dims = 3
+
+
+class Embedding(_WithParams):
+    """Rows of weight (num_embeddings, embedding_dim) picked by integer indices of any shape.
+
+    weight ~ N(0, 1) with the padding_idx row zeroed; that row receives no gradient. Indices outside
+    [0, num_embeddings) raise ValueError naming the index. Models taking indices accept int64 input.
+    """
+
+    def __init__(self, num_embeddings, embedding_dim, padding_idx=None, dtype=None):
+        super().__init__(_core.Embedding(int(num_embeddings), int(embedding_dim),
+                                         None if padding_idx is None else int(padding_idx), _dtype(dtype)))
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        self.padding_idx = None if padding_idx is None else self._native.padding_idx
+
+    def extra_repr(self):
+        pad = "" if self.padding_idx is None else f", padding_idx={self.padding_idx}"
+        return f"{self.num_embeddings}, {self.embedding_dim}{pad}"
+
+
+class Unflatten(_NativeModule):
+    """Splits dimension `dim` into `unflattened_size` (one entry may be -1)."""
+
+    def __init__(self, dim, unflattened_size):
+        sizes = _shape(unflattened_size, "Unflatten")
+        super().__init__(_core.Unflatten(int(dim), sizes))
+        self.dim, self.unflattened_size = dim, tuple(sizes)
+
+    def extra_repr(self):
+        return f"dim={self.dim}, unflattened_size={self.unflattened_size}"
+
+
+class Upsample(_NativeModule):
+    """Resamples 4-D NCHW input to `size` or by `scale_factor`, mode 'nearest' or 'bilinear' (torch's rules)."""
+
+    def __init__(self, size=None, scale_factor=None, mode="nearest", align_corners=None, recompute_scale_factor=None):
+        if (size is None) == (scale_factor is None):
+            raise ValueError("Upsample: give exactly one of size and scale_factor")
+        sizes = [] if size is None else _shape(size, "Upsample size")
+        if scale_factor is None:
+            scales = []
+        elif isinstance(scale_factor, numbers.Real):
+            scales = [float(scale_factor)]
+        else:
+            scales = [float(s) for s in scale_factor]
+        corners = None if align_corners is None else bool(align_corners)
+        super().__init__(_core.Upsample(sizes, scales, str(mode), corners, bool(recompute_scale_factor)))
+        self.size, self.scale_factor, self.mode, self.align_corners = size, scale_factor, mode, align_corners
+
+    def extra_repr(self):
+        what = f"size={self.size}" if self.size is not None else f"scale_factor={self.scale_factor}"
+        return f"{what}, mode='{self.mode}'"
+
+
+class OutputTransform(_WithParams):
+    """Maps outputs onto bounded targets: y_j = act_j(x_j) * scale_j + shift_j for each output j.
+
+    scale and shift: a number or one value per output; activations: one of 'identity', 'softplus',
+    'sigmoid', 'tanh', or one per output. E.g. a target in (a, b): activations='sigmoid', scale=b - a,
+    shift=a; a positive target: 'softplus'. scale and shift are fixed (not trained) and are saved in
+    the state_dict as 'scale' and 'shift'.
+    """
+
+    def __init__(self, scale=1.0, shift=0.0, activations="identity", dtype=None):
+        def values(v, what):
+            if isinstance(v, numbers.Real):
+                return [float(v)]
+            try:
+                return [float(x) for x in v]
+            except TypeError:
+                raise TypeError(f"OutputTransform: {what} must be a number or a sequence of numbers") from None
+
+        acts = [activations] if isinstance(activations, str) else [str(a) for a in activations]
+        super().__init__(_core.OutputTransform(values(scale, "scale"), values(shift, "shift"), acts, _dtype(dtype)))
+        self.activations = tuple(acts)
+
+    @property
+    def scale(self):
+        return self._param("scale")
+
+    @property
+    def shift(self):
+        return self._param("shift")
+
+    def extra_repr(self):
+        return f"num_outputs={self._native.num_outputs}, activations={self.activations}"

@@ -1,0 +1,63 @@
+"""Smoke tests of the benchmark suite: one tiny run end to end, and how unbuilt layers are reported."""
+import json
+from dataclasses import replace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import treadle.bench as tb  # noqa: E402 (after the torch skip)
+
+
+@pytest.fixture(scope="module")
+def workloads():
+    return {w.name: w for w in tb.load_workloads()}
+
+
+def test_workload_list_is_issue_5s(workloads):
+    assert set(workloads) == {"W1", "W2", "W3", "W4", "W5", "W6", "W1-b1", "W2-b1"}
+    assert not workloads["W1-b1"].train and workloads["W1-b1"].batch == 1
+
+
+def test_smoke_run_writes_json_and_table(tmp_path, workloads, capsys):
+    code = tb.main(["--workloads", "W1", "--threads", "1", "--min-time", "0.02", "--warmup", "0", "--no-gemm",
+                    "--quiet", "--out", str(tmp_path)], workloads=list(workloads.values()))
+    assert code == 0
+    table = capsys.readouterr().out
+    assert "| W1 tiny MLP" in table and "CPU peak" not in table  # --no-gemm
+    result = json.loads((tmp_path / "latest.json").read_text())
+    assert (tmp_path / "latest.md").read_text().strip() == table.strip()
+    for key in ("date", "machine", "torch", "treadle", "settings", "rows", "call_overhead_us"):
+        assert key in result
+    assert result["machine"]["cpu_model"] and "avx512f" in result["machine"]["flags"]
+    assert result["torch"]["version"] == torch.__version__
+    (row,) = result["rows"]
+    assert row["workload"] == "W1" and row["status"] == "ok" and row["threads_torch"] == 1
+    assert row["check"]["ok"] and row["check"]["loss_abs_diff"] <= 1e-4
+    for kind in ("train", "infer"):
+        assert row[f"{kind}_ratio"] > 0
+        assert all(v > 0 for v in row[f"{kind}_us"].values())
+        assert set(row[f"{kind}_us"]) == {"treadle", "torch"}
+
+
+def test_unbuilt_layer_is_reported_missing(workloads):
+    def needs_a_layer_that_does_not_exist(tl):
+        return tl.nn.NoSuchLayer(3)
+
+    w = replace(workloads["W1"], name="Wx", build_treadle=needs_a_layer_that_does_not_exist)
+    import treadle as tl
+    rows, _ = tb.bench_workload(w, tl, torch, [1, 2], min_time=0.01, warmup=0, log=lambda *a: None)
+    assert [r["status"] for r in rows] == ["missing", "missing"]
+    assert "NoSuchLayer" in rows[0]["message"]
+    assert "missing: AttributeError" in tb.to_markdown({
+        "date": "d", "machine": tb.machine_info(), "torch": {"version": "t", "adam": "default"},
+        "treadle": {"version": "v", "git": None, "backends": ["eigen"]},
+        "settings": {"min_time": 0.01, "warmup": 0}, "rows": rows})
+
+
+def test_time_alternating_gives_medians():
+    r = tb.time_alternating({"a": lambda k: sum(range(100 * k)), "b": lambda k: [None for _ in range(k)]}, min_time=0.01, warmup=0)
+    assert set(r) == {"a", "b"} and all(v["median_s"] > 0 and v["steps"] > 0 for v in r.values())
+
+
+def test_crossover_is_announced_not_silently_run():
+    assert tb.main(["crossover"]) == 2
