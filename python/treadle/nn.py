@@ -261,4 +261,6 @@ class Identity(Module):
     def forward(self, x):
         return x
 from .nn_attention import *  # noqa: E402,F401,F403
+from .nn_recurrent import *  # noqa: E402,F401,F403
 from .nn_layers import *  # noqa
+from .nn_conv import *  # noqa: E402,F401,F403
