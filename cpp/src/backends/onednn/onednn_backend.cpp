@@ -14,7 +14,7 @@ class OnednnBackend final : public Backend {
  public:
   OnednnBackend() {
     const OpRegistry& reg = OpRegistry::instance();
-    for (auto entries : {matmul_entries(), eltwise_entries(), softmax_entries(), conv_entries()})
+    for (auto entries : {matmul_entries(), eltwise_entries(), softmax_entries()})
       for (const OpEntry& e : entries) plans_[reg.id(e.op)] = e.plan;
   }
 

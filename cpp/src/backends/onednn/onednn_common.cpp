@@ -69,8 +69,6 @@ namespace {
 
 constexpr std::size_t kScratchAlign = 64;
 
-std::size_t align(std::size_t bytes) { return (bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
-
 Variant make_variant(const ChunkPlan& plan, const dnnl::primitive_desc& pd) {
   Variant v;
   v.prim = dnnl::primitive(pd);
@@ -138,8 +136,6 @@ int tile_pointers(const KernelArgs& a, const ChunkedPrimitive& s, const Tile& t,
     const ArgSpec& spec = s.args[k];
     const TensorRef& ref = spec.output ? a.out[spec.index] : a.in[spec.index];
     ptrs[k] = static_cast<char*>(ref.data) + t.row0 * spec.row_step + t.col0 * spec.col_step;
-    if (k == s.reduced_arg && t.index > 0)
-      ptrs[k] = static_cast<char*>(a.workspace) + s.partial_offset + (t.index - 1) * s.partial_stride;
   }
   if (!t.variant->scratch_bytes) return n;
   ptrs[n] = static_cast<char*>(a.workspace) + t.index * static_cast<int64_t>(s.scratch_stride);
@@ -188,42 +184,16 @@ PreparedNode make_prepared(const ChunkPlan& plan) {
         state->variants[r][c] = make_variant(plan, plan.pds[r][c]);
         scratch = std::max(scratch, state->variants[r][c].scratch_bytes);
       }
-  state->scratch_stride = align(scratch);
-  const std::size_t tiles = static_cast<std::size_t>(state->split.tiles());
-  std::size_t workspace = state->scratch_stride * tiles;
-  if (plan.reduced_arg >= 0 && tiles > 1) {
-    state->reduced_arg = plan.reduced_arg;
-    state->partial_bytes = state->variants[0][0].mds.at(plan.reduced_arg).get_size();
-    state->partial_offset = workspace;
-    state->partial_stride = align(state->partial_bytes);
-    workspace += state->partial_stride * (tiles - 1);
-  }
+  state->scratch_stride = (scratch + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
+  const std::size_t workspace = state->scratch_stride * static_cast<std::size_t>(state->split.tiles());
   return {std::move(state), workspace};
 }
-
-namespace {
-
-// Adds the partial results of tiles 1.. into the reduced output (tile 0's), in tile order: every
-// element sees the same sums in the same order whatever the executor.
-void add_partials(const KernelArgs& a, const ChunkedPrimitive& s) {
-  const ArgSpec& spec = s.args[s.reduced_arg];
-  float* out = static_cast<float*>((spec.output ? a.out : a.in)[spec.index].data);
-  const int64_t n = static_cast<int64_t>(s.partial_bytes / sizeof(float));
-  const char* base = static_cast<const char*>(a.workspace) + s.partial_offset;
-  for (int64_t t = 1; t < s.split.tiles(); ++t) {
-    const float* p = reinterpret_cast<const float*>(base + (t - 1) * s.partial_stride);
-    for (int64_t i = 0; i < n; ++i) out[i] += p[i];
-  }
-}
-
-}  // namespace
 
 void run_chunked(const KernelArgs& a) {
   const auto& s = *static_cast<const ChunkedPrimitive*>(a.state);
   const int64_t tiles = s.split.tiles();
   if (tiles <= 1 || a.exec.num_workers() <= 1) {
     for (int64_t t = 0; t < tiles; ++t) run_tile(a, s, t);
-    if (s.reduced_arg >= 0) add_partials(a, s);
     return;
   }
   // One captured pointer keeps the std::function inside its small buffer: no allocation per call.
@@ -235,7 +205,6 @@ void run_chunked(const KernelArgs& a) {
   a.exec.parallel_for(tiles, [j](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) run_tile(j->a, j->s, t);
   });
-  if (s.reduced_arg >= 0) add_partials(a, s);
 }
 
 }  // namespace treadle::onednn

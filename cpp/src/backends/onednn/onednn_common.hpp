@@ -110,10 +110,6 @@ struct ChunkedPrimitive {
   Split split;
   Variant variants[2][2];
   std::size_t scratch_stride = 0;  // bytes of workspace per tile
-  // A reduced output (see ChunkPlan): tile t > 0 writes its partial result to the workspace at
-  // partial_offset + (t - 1) * partial_stride; run_chunked adds the partials in tile order.
-  int reduced_arg = -1;
-  std::size_t partial_offset = 0, partial_stride = 0, partial_bytes = 0;
 };
 
 // What an op's builder returns: the split and the primitive descriptor of each tile shape, with
@@ -122,8 +118,6 @@ struct ChunkPlan {
   std::vector<ArgSpec> args;
   Split split;
   dnnl::primitive_desc pds[2][2];
-  int reduced_arg = -1;  // index in args of an output that every tile computes in full and that is
-                         // the sum over tiles (a weight gradient over samples); -1: none
 };
 
 // Runs make() -> primitive_desc; std::nullopt when oneDNN has no implementation for it.
@@ -143,7 +137,7 @@ std::optional<ChunkPlan> plan_chunks(std::vector<ArgSpec> args, Split split, F&&
   if (split.rows <= 0 || split.cols <= 0 || split.row_grain <= 0 || split.col_grain <= 0) return std::nullopt;
   split.row_grain = std::min(split.row_grain, split.rows);
   split.col_grain = std::min(split.col_grain, split.cols);
-  ChunkPlan p{std::move(args), split, {}, -1};
+  ChunkPlan p{std::move(args), split, {}};
   const int64_t row_sizes[2] = {split.row_grain, split.rows % split.row_grain};
   const int64_t col_sizes[2] = {split.col_grain, split.cols % split.col_grain};
   for (int r = 0; r < 2; ++r)
@@ -180,7 +174,6 @@ struct OpEntry {
 std::vector<OpEntry> matmul_entries();
 std::vector<OpEntry> eltwise_entries();
 std::vector<OpEntry> softmax_entries();
-std::vector<OpEntry> conv_entries();
 
 // Shape and dtype of a node's operands.
 inline const Shape& in_shape(const Graph& g, const Node& n, int i) { return g.info(n.inputs.at(i)).shape; }
