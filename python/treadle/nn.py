@@ -100,8 +100,7 @@ class Module:
             ref = weakref.ref(self)  # the native model must not keep this module alive
 
             def trace(graph, inputs):
-                out = ref().forward(*inputs)
-                return list(out) if isinstance(out, (tuple, list)) else [out]
+                return _flatten_outputs(ref().forward(*inputs))
 
             object.__setattr__(self, "_model", _core.Model(trace, self.named_parameter_objects()))
         return self._model
@@ -138,6 +137,13 @@ class Module:
 
     def extra_repr(self):
         return ""
+
+
+def _flatten_outputs(out):
+    """A forward's result as a flat list of symbols: (y, (h, c)) -> [y, h, c]; None entries dropped."""
+    if isinstance(out, (tuple, list)):
+        return [leaf for item in out for leaf in _flatten_outputs(item)]
+    return [] if out is None else [out]
 
 
 class _NativeModule(Module):

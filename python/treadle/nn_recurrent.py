@@ -18,19 +18,10 @@ A typical regression model keeps the last layer's final state:
             out, (h, c) = self.lstm(x)
             return self.fc(h[-1])
 """
-import weakref
-
 from . import _core
 from .nn import _NativeModule
 
 __all__ = ["RNN", "GRU", "LSTM"]
-
-
-def _flatten(out):
-    """Outputs of a traced forward as a flat list (LSTM returns (output, (h_n, c_n)))."""
-    if isinstance(out, (tuple, list)):
-        return [v for item in out for v in _flatten(item)]
-    return [out]
 
 
 class _Recurrent(_NativeModule):
@@ -46,17 +37,6 @@ class _Recurrent(_NativeModule):
             return out, (h_n, c_n)
         out, h_n, _ = self._native.forward_all(x, hx, None, lengths)
         return out, h_n
-
-    def _compiled(self):
-        # As Module._compiled, but an LSTM used as the whole model returns a nested tuple.
-        if self._model is None:
-            ref = weakref.ref(self)
-
-            def trace(graph, inputs):
-                return _flatten(ref().forward(*inputs))
-
-            object.__setattr__(self, "_model", _core.Model(trace, self.named_parameter_objects()))
-        return self._model
 
     def __getattr__(self, name):
         # weight_ih_l0, bias_hh_l1_reverse, ...: writable numpy views, as torch exposes them.
