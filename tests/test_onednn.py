@@ -31,7 +31,7 @@ def randn(rng, *shape, scale=1.0):
 
 # (id, op, input shapes, attrs, backward op that oneDNN also takes or None). Sizes cross the
 # backend's tile boundaries with a remainder (products: 256 x 512 output tiles; elementwise: 65536
-# elements) and sit above its size thresholds (2^17 multiply-adds, 256 elements).
+# elements) and sit above its size thresholds (2^17 multiply-adds; 256 elements, 16384 for tanh).
 LINEAR = [("linear-bias", "linear", [(300, 70), (50, 70), (50,)], {}, "matmul"),
           ("linear-nobias", "linear", [(64, 48), (56, 48)], {}, "matmul"),
           ("linear-3d", "linear", [(4, 75, 33), (17, 33), (17,)], {}, "matmul"),
@@ -42,7 +42,7 @@ MATMUL = [(f"matmul-{ta}{tb}-{n}", "matmul", [((k, m) if ta else (m, k)), ((n, k
 BMM = [(f"bmm-{ta}{tb}", "bmm", [((b, k, m) if ta else (b, m, k)), ((b, n, k) if tb else (b, k, n))],
         {"trans_a": ta, "trans_b": tb}, "bmm")
        for ta in (0, 1) for tb in (0, 1) for (b, m, k, n) in [(37, 20, 24, 30)]]
-ACTIVATIONS = [("tanh", "tanh", [(70000,)], {}, None), ("sigmoid", "sigmoid", [(300, 7)], {}, None),
+ACTIVATIONS = [("tanh", "tanh", [(70000,)], {}, None), ("tanh-2d", "tanh", [(300, 60)], {}, None),
                ("elu", "elu", [(70000,)], {"alpha": 1.3}, "elu_backward"),
                ("silu", "silu", [(70000,)], {}, "silu_backward"),
                ("silu-2d", "silu", [(16, 16)], {}, "silu_backward")]
@@ -144,7 +144,8 @@ UNSUPPORTED = {
     "softmax-axis0": ("softmax", [BIG], {"axis": 0}),                      # no optimised oneDNN kernel
     "linear-1row": ("linear", [np.ones((1, 512), F32), np.ones((512, 512), F32)], {}),  # Eigen's GEMV wins
     "linear-small": ("linear", [np.ones((32, 32), F32), np.ones((32, 32), F32)], {}),   # call overhead wins
-    "tanh-small": ("tanh", [np.ones((5, 7), F32)], {}),
+    "tanh-small": ("tanh", [BIG], {}),
+    "sigmoid": ("sigmoid", [np.ones((300, 100), F32)], {}),                # Eigen's is vectorised too
     "add": ("add", [BIG, BIG], {}),                                        # no oneDNN kernel
 }
 
