@@ -227,6 +227,24 @@ def test_concurrent_predictions_on_shared_primitives_are_bitwise_serial():
         np.testing.assert_array_equal(a, b)
 
 
+def test_training_on_a_host_pool_is_bitwise_serial():
+    """The host's worker threads run oneDNN pieces concurrently; results equal the serial run."""
+    import concurrent.futures
+
+    rng = np.random.default_rng(4)
+    x, y = randn(rng, 300, 64), rng.integers(0, 10, 300)
+    weights = []
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        for executor in (None, tl.PoolExecutor(pool, 3)):
+            net = _mlp(2, widths=(64, 600, 600, 10))
+            trainer = tl.Trainer(net, tl.loss.CrossEntropy(), tl.optim.Adam(lr=1e-3), executor=executor)
+            for _ in range(3):
+                trainer.step(x, y)
+            assert "[onednn]" in net._compiled().describe_plans()
+            weights.append(net.flat_parameters().copy())
+    np.testing.assert_array_equal(weights[0], weights[1])
+
+
 def _subprocess(script, env_extra=None, drop=()):
     env = {k: v for k, v in os.environ.items() if k not in drop}
     pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(tl.__file__)))
