@@ -509,16 +509,21 @@ int main(int argc, char** argv) {
 
 @pytest.fixture(scope="module")
 def cpp_host(tmp_path_factory):
+    # The C++ package: a development build (TREADLE_BUILD_DIR) or the installed wheel's treadle/lib.
     build = os.environ.get("TREADLE_BUILD_DIR")
-    compiler = shutil.which(os.environ.get("CXX", "c++"))
-    if not build or not os.path.exists(os.path.join(build, "cpp", "libtreadle.so")) or not compiler:
-        pytest.skip("needs a C++ compiler and TREADLE_BUILD_DIR with cpp/libtreadle.so")
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    package = os.path.dirname(os.path.abspath(tl.__file__))
+    if build and os.path.exists(os.path.join(build, "cpp", "libtreadle.so")):
+        lib, include = os.path.join(build, "cpp"), os.path.join(repo, "cpp", "include")
+    else:
+        lib, include = os.path.join(package, "lib"), os.path.join(package, "include")
+    compiler = shutil.which(os.environ.get("CXX", "c++"))
+    if not compiler or not os.path.exists(os.path.join(lib, "libtreadle.so")):
+        pytest.skip(f"needs a C++ compiler and the C++ package (libtreadle.so in {lib})")
     d = tmp_path_factory.mktemp("cpp_host")
     src, exe = d / "host.cpp", d / "host"
     src.write_text(_CPP_HOST)
-    lib = os.path.join(build, "cpp")
-    cmd = [compiler, "-std=c++20", "-O1", "-I", os.path.join(repo, "cpp", "include"), str(src), "-o", str(exe),
+    cmd = [compiler, "-std=c++20", "-O1", "-I", include, str(src), "-o", str(exe),
            "-L", lib, "-ltreadle", f"-Wl,-rpath,{lib}"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
