@@ -36,5 +36,6 @@ void bind_executor(py::module_& m);
 void bind_attention(py::module_& m);
 void bind_layers(py::module_& m);
 void bind_serialize(py::module_& m);
+void bind_conv(py::module_& m);
 
 }  // namespace treadle::py_bind

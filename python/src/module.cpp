@@ -14,4 +14,5 @@ PYBIND11_MODULE(_core, m) {
   treadle::py_bind::bind_attention(m);
   treadle::py_bind::bind_layers(m);
   treadle::py_bind::bind_serialize(m);
+  treadle::py_bind::bind_conv(m);
 }

@@ -306,3 +306,4 @@ class Identity(Module):
         return x
 from .nn_attention import *  # noqa: E402,F401,F403
 from .nn_layers import *  # noqa
+from .nn_conv import *  # noqa: E402,F401,F403

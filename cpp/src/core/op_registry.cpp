@@ -18,6 +18,8 @@ const OpRegistry& OpRegistry::instance() {
     register_norm_ops(r);
     register_embedding_ops(r);
     register_misc_ops(r);
+    register_conv_ops(r);
+    register_pool_ops(r);
     return r;
   }();
   return registry;

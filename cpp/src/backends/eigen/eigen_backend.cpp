@@ -17,6 +17,8 @@ class EigenBackend final : public Backend {
     register_eigen_norm(table_);
     register_eigen_embedding(table_);
     register_eigen_misc(table_);
+    register_eigen_conv(table_);
+    register_eigen_pool(table_);
   }
   const char* name() const override { return "eigen"; }
   KernelFn find(const Graph& g, const Node& node) const override {

@@ -18,5 +18,7 @@ void register_eigen_attention(KernelTable& t);
 void register_eigen_norm(KernelTable& t);
 void register_eigen_embedding(KernelTable& t);
 void register_eigen_misc(KernelTable& t);
+void register_eigen_conv(KernelTable& t);
+void register_eigen_pool(KernelTable& t);
 
 }  // namespace treadle

@@ -1,0 +1,29 @@
+#pragma once
+// Internals of the C API (treadle.h): what the opaque handles hold, and the JSON factories.
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "treadle/nn_layers.hpp"
+#include "treadle/treadle.hpp"
+
+struct treadle_model {
+  std::shared_ptr<treadle::Model> model;
+  std::string architecture;  // the JSON description, written into model files
+};
+
+struct treadle_trainer {
+  std::shared_ptr<treadle::Model> model;
+  std::unique_ptr<treadle::Trainer> trainer;
+};
+
+namespace treadle::capi {
+
+// A module tree from a description {"format": "treadle-architecture/1", "model": node} or a bare node.
+// Returns the module and the canonical description (with the format wrapper) for model files.
+std::shared_ptr<Module> build_module(const std::string& json, std::string* canonical);
+// An optimizer from its name and a JSON object of torch.optim keyword arguments (empty: defaults).
+std::shared_ptr<Optimizer> build_optimizer(const std::string& name, const std::string& options_json);
+Loss build_loss(const std::string& name);
+
+}  // namespace treadle::capi

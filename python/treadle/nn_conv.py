@@ -1,0 +1,288 @@
+"""Convolution and pooling modules with torch.nn's names, arguments, parameter names and initialisation.
+
+Layout is channels-first as in PyTorch: (N, C, L), (N, C, H, W), (N, C, D, H, W); an unbatched input
+(C, *spatial) is accepted too. The layers are implemented in the C++ core; these classes only turn
+PyTorch-style arguments (an int or a tuple) into the lists the core takes.
+"""
+from . import _core
+from .nn import _NativeModule
+
+__all__ = [
+    "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
+    "MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d",
+    "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "GlobalAvgPool2d",
+]
+
+
+def _dims(layer, name, value, nd, allow_none=False):
+    """An int or a tuple of nd ints (PyTorch's _single/_pair/_triple) as a list of nd ints."""
+    if isinstance(value, bool):
+        raise TypeError(f"{layer}: {name} must be an int or a tuple of {nd} ints, got {value!r}")
+    if isinstance(value, int) or (allow_none and value is None):
+        value = (value,) * nd
+    try:
+        values = list(value)
+    except TypeError:
+        raise TypeError(f"{layer}: {name} must be an int or a tuple of {nd} ints, got {value!r}") from None
+    if len(values) != nd:
+        raise ValueError(f"{layer}: {name} must be an int or a tuple of {nd} ints, got {value!r}")
+    for v in values:
+        if not (isinstance(v, int) and not isinstance(v, bool)) and not (allow_none and v is None):
+            raise TypeError(f"{layer}: {name} must be an int or a tuple of {nd} ints, got {value!r}")
+    return values
+
+
+def _check_device(layer, device):
+    if device is not None and str(device) != "cpu":
+        raise ValueError(f"{layer}: only device='cpu' is supported here, got {device!r}")
+
+
+def _dtype(dtype):
+    if dtype is None:
+        return "float32"
+    name = getattr(dtype, "__name__", None) or str(dtype)
+    return name.replace("torch.", "")  # accepts torch.float64 as well as "float64" and numpy dtypes
+
+
+class _WeightedModule(_NativeModule):
+    """weight / bias properties: writable numpy views of the parameters (as Linear has)."""
+
+    @property
+    def weight(self):
+        return dict(self._native.named_parameters())["weight"].data
+
+    @property
+    def bias(self):
+        params = dict(self._native.named_parameters())
+        return params["bias"].data if "bias" in params else None
+
+
+class _ConvNd(_WeightedModule):
+    _nd = 2
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
+                 bias=True, padding_mode="zeros", device=None, dtype=None):
+        layer, nd = type(self).__name__, self._nd
+        if padding_mode != "zeros":
+            raise ValueError(f"{layer}: padding_mode={padding_mode!r} is not supported (only 'zeros')")
+        _check_device(layer, device)
+        if isinstance(padding, str):
+            if padding not in ("same", "valid"):
+                raise ValueError(f"{layer}: padding must be an int, a tuple, 'same' or 'valid', got {padding!r}")
+            pad = padding
+        else:
+            pad = _dims(layer, "padding", padding, nd)
+        k, s, d = (_dims(layer, n, v, nd) for n, v in
+                   (("kernel_size", kernel_size), ("stride", stride), ("dilation", dilation)))
+        super().__init__(_core.Conv(nd, int(in_channels), int(out_channels), k, s, pad, d, int(groups), bool(bias),
+                                    _dtype(dtype)))
+        self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
+        self.kernel_size, self.stride, self.dilation = tuple(k), tuple(s), tuple(d)
+        self.padding = pad if isinstance(pad, str) else tuple(pad)
+        self.padding_mode = padding_mode
+
+    def config(self):
+        """Constructor arguments (tl.save / tl.load rebuild the layer from them)."""
+        return {"in_channels": int(self.in_channels), "out_channels": int(self.out_channels),
+                "kernel_size": list(self.kernel_size), "stride": list(self.stride),
+                "padding": self.padding if isinstance(self.padding, str) else list(self.padding),
+                "dilation": list(self.dilation), "groups": int(self.groups),
+                "bias": any(n == "bias" for n, _ in self._native.named_parameters())}
+
+    def extra_repr(self):
+        text = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
+        if self.padding != (0,) * self._nd:
+            text += f", padding={self.padding!r}" if isinstance(self.padding, str) else f", padding={self.padding}"
+        if self.dilation != (1,) * self._nd:
+            text += f", dilation={self.dilation}"
+        if self.groups != 1:
+            text += f", groups={self.groups}"
+        if self.bias is None:
+            text += ", bias=False"
+        return text
+
+
+class Conv1d(_ConvNd):
+    """1-d convolution over (N, C, L); weight (out_channels, in_channels/groups, k)."""
+    _nd = 1
+
+
+class Conv2d(_ConvNd):
+    """2-d convolution over (N, C, H, W); weight (out_channels, in_channels/groups, kH, kW)."""
+    _nd = 2
+
+
+class Conv3d(_ConvNd):
+    """3-d convolution over (N, C, D, H, W); weight (out_channels, in_channels/groups, kD, kH, kW)."""
+    _nd = 3
+
+
+class _ConvTransposeNd(_WeightedModule):
+    _nd = 2
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1,
+                 bias=True, dilation=1, padding_mode="zeros", device=None, dtype=None):
+        layer, nd = type(self).__name__, self._nd
+        if padding_mode != "zeros":
+            raise ValueError(f"{layer}: padding_mode={padding_mode!r} is not supported (only 'zeros')")
+        _check_device(layer, device)
+        if isinstance(padding, str):
+            raise ValueError(f"{layer}: padding must be an int or a tuple, got {padding!r}")
+        args = [_dims(layer, n, v, nd) for n, v in (("kernel_size", kernel_size), ("stride", stride),
+                                                    ("padding", padding), ("output_padding", output_padding),
+                                                    ("dilation", dilation))]
+        k, s, p, op, d = args
+        super().__init__(_core.ConvTranspose(nd, int(in_channels), int(out_channels), k, s, p, op, int(groups),
+                                             bool(bias), d, _dtype(dtype)))
+        self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
+        self.kernel_size, self.stride, self.padding = tuple(k), tuple(s), tuple(p)
+        self.output_padding, self.dilation = tuple(op), tuple(d)
+
+    def config(self):
+        return {"in_channels": int(self.in_channels), "out_channels": int(self.out_channels),
+                "kernel_size": list(self.kernel_size), "stride": list(self.stride), "padding": list(self.padding),
+                "output_padding": list(self.output_padding), "groups": int(self.groups),
+                "bias": any(n == "bias" for n, _ in self._native.named_parameters()), "dilation": list(self.dilation)}
+
+    def extra_repr(self):
+        text = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
+        for name, default in (("padding", 0), ("output_padding", 0), ("dilation", 1)):
+            if getattr(self, name) != (default,) * self._nd:
+                text += f", {name}={getattr(self, name)}"
+        if self.groups != 1:
+            text += f", groups={self.groups}"
+        if self.bias is None:
+            text += ", bias=False"
+        return text
+
+
+class ConvTranspose1d(_ConvTransposeNd):
+    """Transposed 1-d convolution; weight (in_channels, out_channels/groups, k)."""
+    _nd = 1
+
+
+class ConvTranspose2d(_ConvTransposeNd):
+    """Transposed 2-d convolution; weight (in_channels, out_channels/groups, kH, kW)."""
+    _nd = 2
+
+
+class ConvTranspose3d(_ConvTransposeNd):
+    """Transposed 3-d convolution; weight (in_channels, out_channels/groups, kD, kH, kW)."""
+    _nd = 3
+
+
+class _MaxPoolNd(_NativeModule):
+    _nd = 2
+
+    def __init__(self, kernel_size, stride=None, padding=0, dilation=1, return_indices=False, ceil_mode=False):
+        layer, nd = type(self).__name__, self._nd
+        if return_indices:
+            raise ValueError(f"{layer}: return_indices=True is not supported (the indices stay inside the graph)")
+        k = _dims(layer, "kernel_size", kernel_size, nd)
+        s = [] if stride is None else _dims(layer, "stride", stride, nd)
+        p, d = _dims(layer, "padding", padding, nd), _dims(layer, "dilation", dilation, nd)
+        super().__init__(_core.MaxPool(nd, k, s, p, d, bool(ceil_mode)))
+        self.kernel_size, self.stride = kernel_size, kernel_size if stride is None else stride
+        self.padding, self.dilation, self.ceil_mode = padding, dilation, ceil_mode
+
+    def config(self):
+        return {"kernel_size": self.kernel_size, "stride": self.stride, "padding": self.padding,
+                "dilation": self.dilation, "ceil_mode": bool(self.ceil_mode)}
+
+    def extra_repr(self):
+        return (f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
+                f"dilation={self.dilation}, ceil_mode={self.ceil_mode}")
+
+
+class MaxPool1d(_MaxPoolNd):
+    _nd = 1
+
+
+class MaxPool2d(_MaxPoolNd):
+    _nd = 2
+
+
+class MaxPool3d(_MaxPoolNd):
+    _nd = 3
+
+
+class _AvgPoolNd(_NativeModule):
+    _nd = 2
+
+    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+                 divisor_override=None):
+        layer, nd = type(self).__name__, self._nd
+        k = _dims(layer, "kernel_size", kernel_size, nd)
+        s = [] if stride is None else _dims(layer, "stride", stride, nd)
+        p = _dims(layer, "padding", padding, nd)
+        if divisor_override is not None and int(divisor_override) <= 0:
+            raise ValueError(f"{layer}: divisor_override must be positive, got {divisor_override}")
+        super().__init__(_core.AvgPool(nd, k, s, p, bool(ceil_mode), bool(count_include_pad),
+                                       int(divisor_override or 0)))
+        self.kernel_size, self.stride = kernel_size, kernel_size if stride is None else stride
+        self.padding, self.ceil_mode, self.count_include_pad = padding, ceil_mode, count_include_pad
+        self.divisor_override = divisor_override
+
+    def config(self):
+        cfg = {"kernel_size": self.kernel_size, "stride": self.stride, "padding": self.padding,
+               "ceil_mode": bool(self.ceil_mode), "count_include_pad": bool(self.count_include_pad)}
+        if self.divisor_override is not None:
+            cfg["divisor_override"] = int(self.divisor_override)
+        return cfg
+
+    def extra_repr(self):
+        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+
+
+class AvgPool1d(_AvgPoolNd):
+    _nd = 1
+
+    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
+        super().__init__(kernel_size, stride, padding, ceil_mode, count_include_pad)
+
+
+class AvgPool2d(_AvgPoolNd):
+    _nd = 2
+
+
+class AvgPool3d(_AvgPoolNd):
+    _nd = 3
+
+
+class _AdaptiveAvgPoolNd(_NativeModule):
+    _nd = 2
+
+    def __init__(self, output_size):
+        layer, nd = type(self).__name__, self._nd
+        size = _dims(layer, "output_size", output_size, nd, allow_none=True)
+        super().__init__(_core.AdaptiveAvgPool(nd, [-1 if v is None else v for v in size]))
+        self.output_size = output_size
+
+    def config(self):
+        return {"output_size": self.output_size}
+
+    def extra_repr(self):
+        return f"output_size={self.output_size}"
+
+
+class AdaptiveAvgPool1d(_AdaptiveAvgPoolNd):
+    _nd = 1
+
+
+class AdaptiveAvgPool2d(_AdaptiveAvgPoolNd):
+    _nd = 2
+
+
+class AdaptiveAvgPool3d(_AdaptiveAvgPoolNd):
+    _nd = 3
+
+
+class GlobalAvgPool2d(_NativeModule):
+    """Mean over H and W, returned flat as (N, C): AdaptiveAvgPool2d(1) followed by Flatten()."""
+
+    def config(self):
+        return {}
+
+    def __init__(self):
+        super().__init__(_core.GlobalAvgPool2d())
+
