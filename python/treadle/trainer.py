@@ -11,6 +11,13 @@ class Trainer:
     released. For an external scheduler the phases are separate: `forward`, `backward` (from a
     host-computed output gradient, optionally returning the input gradient), `compute_gradients`,
     `zero_grad` and `update`, so the host can interleave its own work (e.g. an allreduce).
+
+    Guards (all off by default; docs/hardening.md): `check_finite` rejects NaN/Inf data,
+    `skip_nonfinite` skips updates whose loss or gradient norm is not finite (`skipped_steps`),
+    `verify_parameters` checksums the parameters between updates and raises RuntimeError naming
+    tensors changed outside an update, `memory_budget` (bytes) refuses an input signature whose
+    parameters + gradients + optimizer state + activations exceed it, and `detect_anomaly` names the
+    first node that produces NaN/Inf.
     """
 
     def __init__(self, model, loss, optimizer, schedule=None, clip_grad_norm=None, check_finite=False, seed=0,
