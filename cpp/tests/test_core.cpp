@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -13,6 +15,19 @@
 #include <vector>
 
 #include "treadle/treadle.hpp"
+
+// Every operator new in the process (the library's included) is counted, so a test can prove that
+// steady-state steps allocate nothing.
+namespace {
+std::size_t g_allocations = 0;
+}
+void* operator new(std::size_t n) {
+  ++g_allocations;
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace {
 
@@ -147,6 +162,47 @@ void expect_throw(F&& f, const std::string& words, const std::string& what) {
   check(ok, what + " [" + outcome + "]");
 }
 
+void test_steps_allocate_nothing() {
+  using namespace treadle;
+  auto model = make_mlp(5);
+  optim::AdamOptions adam;
+  adam.lr = 1e-3;
+  Trainer trainer(model, loss::mse(), optim::adam(adam));
+  Tensor x, y;
+  make_data(64, x, y, 3);
+  std::vector<Tensor> inputs{x};
+  auto shapes = model->output_shapes(inputs);
+  std::vector<Tensor> outputs{Tensor(shapes[0].first, shapes[0].second)};
+  Context ctx;
+  for (int i = 0; i < 3; ++i) {  // first calls compile the plans and grow the arenas
+    trainer.step(x, y);
+    model->predict_into(inputs, outputs, &ctx);
+  }
+  const std::size_t before = g_allocations;
+  for (int i = 0; i < 50; ++i) trainer.step(x, y);
+  const std::size_t by_steps = g_allocations - before;  // read before building any message
+  check(by_steps == 0, "50 training steps after warm-up allocate nothing (" + std::to_string(by_steps) + ")");
+  const std::size_t before_predict = g_allocations;
+  for (int i = 0; i < 50; ++i) model->predict_into(inputs, outputs, &ctx);
+  const std::size_t by_predict = g_allocations - before_predict;
+  check(by_predict == 0, "50 predict_into calls on a host context allocate nothing (" + std::to_string(by_predict) +
+                             ")");
+  Tensor g(shapes[0].first, shapes[0].second);
+  trainer.forward(x);
+  trainer.backward(g);
+  const std::size_t before_phases = g_allocations;
+  for (int i = 0; i < 20; ++i) {
+    trainer.zero_grad();
+    Tensor out = trainer.forward(x);  // the returned output is the one allocation of this phase
+    trainer.backward(g);
+    trainer.update();
+  }
+  const std::size_t by_phases = g_allocations - before_phases;
+  // A returned Tensor costs 3 allocations (storage, shape, strides); nothing else may allocate.
+  check(by_phases <= 20 * 3, "host-driven phases allocate only the returned outputs (" + std::to_string(by_phases) +
+                                 " allocations in 20 steps)");
+}
+
 void test_bad_input_throws_typed_errors() {
   using namespace treadle;
   auto model = make_mlp(4);
@@ -238,6 +294,7 @@ int main(int argc, char** argv) {
       {"chunked_predict", test_chunked_executor_predict_is_bitwise_serial},
       {"chunked_training", test_chunked_executor_training_is_bitwise_serial},
       {"bad_input", test_bad_input_throws_typed_errors},
+      {"no_alloc", test_steps_allocate_nothing},
       {"hardening", test_hardening_guards},
   };
   std::vector<std::string> wanted(argv + 1, argv + argc);

@@ -24,8 +24,9 @@ Attrs attrs_from_dict(const py::dict& d) {
   return a;
 }
 
-py::tuple run_op_py(const std::string& op, const py::list& inputs, const py::dict& attrs, const py::object& grads,
-                    const std::string& backend, bool training, uint64_t seed) {
+OpRunResult run_op_checked(const std::string& op, const py::list& inputs, const py::dict& attrs,
+                           const py::object& grads, const std::string& backend, bool training, uint64_t seed,
+                           int workers) {
   std::vector<Tensor> in, go;
   for (std::size_t i = 0; i < inputs.size(); ++i) in.push_back(tensor_from_numpy(inputs[i], "run_op input"));
   if (!grads.is_none())
@@ -34,8 +35,14 @@ py::tuple run_op_py(const std::string& op, const py::list& inputs, const py::dic
   OpRunResult r;
   {
     py::gil_scoped_release release;
-    r = run_op(op, in, a, go, backend, training, seed);
+    r = run_op(op, in, a, go, backend, training, seed, workers);
   }
+  return r;
+}
+
+py::tuple run_op_py(const std::string& op, const py::list& inputs, const py::dict& attrs, const py::object& grads,
+                    const std::string& backend, bool training, uint64_t seed, int workers) {
+  OpRunResult r = run_op_checked(op, inputs, attrs, grads, backend, training, seed, workers);
   py::list outs, in_grads;
   for (const Tensor& t : r.outputs) outs.append(numpy_copy(t));
   for (const Tensor& t : r.input_grads) in_grads.append(t.defined() ? py::object(numpy_copy(t)) : py::none());
@@ -107,7 +114,13 @@ void bind_core(py::module_& m) {
   m.def("backends", &backend_names);
   m.def("manual_seed", &manual_seed, py::arg("seed"), "Seeds the generator used to initialise parameters.");
   m.def("run_op", &run_op_py, py::arg("op"), py::arg("inputs"), py::arg("attrs"), py::arg("grad_outputs") = py::none(),
-        py::arg("backend") = "", py::arg("training") = true, py::arg("seed") = 0);
+        py::arg("backend") = "", py::arg("training") = true, py::arg("seed") = 0, py::arg("workers") = 1);
+  m.def("describe_op", [](const std::string& op, const py::list& inputs, const py::dict& attrs, const py::object& grads,
+                          const std::string& backend, bool training) {
+          return run_op_checked(op, inputs, attrs, grads, backend, training, 0, 1).plan;
+        }, py::arg("op"), py::arg("inputs"), py::arg("attrs"), py::arg("grad_outputs") = py::none(),
+        py::arg("backend") = "", py::arg("training") = true,
+        "Runs an op like run_op and returns its plan: one line per step with the backend that ran it.");
   py::class_<Context>(m, "Context", "Per-caller activations, RNG and the host's executor.")
       .def(py::init([](uint64_t seed, Executor* executor, bool check_numerics, std::size_t memory_budget) {
              auto* c = new Context(executor, seed);

@@ -145,7 +145,9 @@ void bind_nn(py::module_& m) {
         }
         return memory_dict(r);
       }, py::arg("x"), py::arg("training") = true)
-      .def_property_readonly("num_plans", &Model::num_plans);
+      .def_property_readonly("num_plans", &Model::num_plans)
+      .def("describe_plans", &Model::describe_plans,
+           "The compiled plans, one line per step: node, op, [backend that runs it], output shapes.");
 }
 
 }  // namespace treadle::py_bind

@@ -32,6 +32,7 @@ void bind_nn(py::module_& m);
 void bind_optim(py::module_& m);
 void bind_train(py::module_& m);
 void bind_loss(py::module_& m);
+void bind_recurrent(py::module_& m);
 void bind_executor(py::module_& m);
 void bind_attention(py::module_& m);
 void bind_layers(py::module_& m);

@@ -11,6 +11,7 @@ PYBIND11_MODULE(_core, m) {
   treadle::py_bind::bind_optim(m);
   treadle::py_bind::bind_train(m);
   treadle::py_bind::bind_loss(m);
+  treadle::py_bind::bind_recurrent(m);
   treadle::py_bind::bind_attention(m);
   treadle::py_bind::bind_layers(m);
   treadle::py_bind::bind_serialize(m);

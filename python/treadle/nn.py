@@ -132,7 +132,7 @@ class Module:
                     out = root.forward(*inputs)
                 finally:
                     _tracing.graph, _tracing.names = saved
-                return list(out) if isinstance(out, (tuple, list)) else [out]
+                return _flatten_outputs(out)
 
             object.__setattr__(self, "_model", _core.Model(trace, self.named_parameter_objects()))
         return self._model
@@ -182,6 +182,13 @@ class Module:
 
     def extra_repr(self):
         return ""
+
+
+def _flatten_outputs(out):
+    """A forward's result as a flat list of symbols: (y, (h, c)) -> [y, h, c]; None entries dropped."""
+    if isinstance(out, (tuple, list)):
+        return [leaf for item in out for leaf in _flatten_outputs(item)]
+    return [] if out is None else [out]
 
 
 class _NativeModule(Module):
@@ -305,5 +312,6 @@ class Identity(Module):
     def forward(self, x):
         return x
 from .nn_attention import *  # noqa: E402,F401,F403
+from .nn_recurrent import *  # noqa: E402,F401,F403
 from .nn_layers import *  # noqa
 from .nn_conv import *  # noqa: E402,F401,F403

@@ -91,6 +91,8 @@ class TREADLE_API Model {
   // Memory for inputs of these signatures (data unread): a training (forward + backward from a
   // host-given output gradient) or inference plan, compiled if new. optimizer_state is 0 here.
   MemoryReport memory_report(const std::vector<Tensor>& inputs, bool training);
+  // Every compiled plan, one line per step: node, op, the backend that runs it, output shapes.
+  std::string describe_plans() const;
   // Changes whenever compiled plans are dropped (dtype change, backend pin): caches compare it.
   uint64_t generation() const { return generation_.load(); }
   // Checks inputs against the model's dtype and layout rules; builds the inference key.

@@ -13,13 +13,16 @@ namespace treadle {
 struct OpRunResult {
   std::vector<Tensor> outputs;
   std::vector<Tensor> input_grads;  // undefined for inputs with no gradient (e.g. class indices)
+  std::string plan;                 // the plan that ran, one line per step with its backend
 };
 
 // Applies `op` to `inputs` with `attrs` on `backend` ("" = automatic). When grad_outputs is
 // non-empty (one per output; an undefined tensor means no gradient), also runs the backward pass
 // and returns the gradient of sum(grad_output * output) with respect to each floating input.
+// workers > 1 runs on a host executor that splits every parallel_for into that many ranges (run
+// serially, last first): results must be bitwise those of the serial executor.
 TREADLE_API OpRunResult run_op(const std::string& op, const std::vector<Tensor>& inputs, const Attrs& attrs,
                                const std::vector<Tensor>& grad_outputs = {}, const std::string& backend = "",
-                               bool training = true, uint64_t seed = 0);
+                               bool training = true, uint64_t seed = 0, int workers = 1);
 
 }  // namespace treadle

@@ -3,6 +3,7 @@
 // the host's executor and the step's RNG stream. Kernels never allocate; scratch comes in `workspace`.
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -33,6 +34,7 @@ struct KernelArgs {
   void* workspace;
   uint64_t rng_seed;     // the context's seed
   uint64_t rng_counter;  // advances every step; with the node index it names a unique stream
+  const void* state = nullptr;  // what the backend prepared for this node (Backend::prepare), or null
   const Attrs& attrs() const { return node.attrs; }
 };
 
@@ -48,12 +50,23 @@ class KernelTable {
   std::unordered_map<int, std::array<KernelFn, 6>> table_;
 };
 
+// What a backend builds once for a node when a plan is finalized (e.g. oneDNN primitives), so that
+// steps create nothing. The state is immutable afterwards: plans are shared by threads running
+// different contexts. `workspace` is scratch the kernel needs on top of the op's own workspace.
+struct PreparedNode {
+  std::shared_ptr<const void> state;
+  std::size_t workspace = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
   // The kernel for this node, or nullptr when this backend does not support it.
   virtual KernelFn find(const Graph& g, const Node& node) const = 0;
+  // Called once per node this backend's kernel was chosen for; the state reaches the kernel as
+  // KernelArgs::state. Backends whose kernels need no state keep the default.
+  virtual PreparedNode prepare(const Graph& g, const Node& node) const { return {}; }
 };
 
 // Backends in priority order (fastest first; the Eigen reference last).

@@ -1,6 +1,9 @@
 #include "backends/kernel.hpp"
 #include "core/op_registry.hpp"
 #include "backends/eigen/eigen_backend.hpp"
+#ifdef TREADLE_WITH_ONEDNN
+#include "backends/onednn/onednn_backend.hpp"
+#endif
 #include "treadle/error.hpp"
 
 namespace treadle {
@@ -15,7 +18,11 @@ KernelFn KernelTable::find(int op_id, DType dtype) const {
 }
 
 const std::vector<const Backend*>& available_backends() {
-  static const std::vector<const Backend*> backends = {&eigen_backend()};
+  static const std::vector<const Backend*> backends = {
+#ifdef TREADLE_WITH_ONEDNN
+      &onednn_backend(),
+#endif
+      &eigen_backend()};
   return backends;
 }
 

@@ -14,6 +14,7 @@ const OpRegistry& OpRegistry::instance() {
     register_softmax_ops(r);
     register_dropout_ops(r);
     register_loss_ops(r);
+    register_recurrent_ops(r);
     register_attention_ops(r);
     register_norm_ops(r);
     register_embedding_ops(r);

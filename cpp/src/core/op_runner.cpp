@@ -1,15 +1,37 @@
 // run_op: one op on one backend, forward and optionally backward, outside any model.
 #include <cstring>
+#include <functional>
 
 #include "core/plan.hpp"
 #include "treadle/error.hpp"
 #include "treadle/testing.hpp"
 
 namespace treadle {
+namespace {
+
+// Splits every parallel_for into `workers` ranges and runs them last to first on the calling
+// thread: shows whether results depend on chunking (they must not).
+class ChunkingExecutor final : public Executor {
+ public:
+  explicit ChunkingExecutor(int workers) : workers_(workers) {}
+  int num_workers() const override { return workers_; }
+  void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& body) override {
+    for (int64_t w = workers_ - 1; w >= 0; --w) {
+      const int64_t b = n * w / workers_, e = n * (w + 1) / workers_;
+      if (b < e) body(b, e);
+    }
+  }
+
+ private:
+  int workers_;
+};
+
+}  // namespace
 
 OpRunResult run_op(const std::string& op, const std::vector<Tensor>& inputs, const Attrs& attrs,
                    const std::vector<Tensor>& grad_outputs, const std::string& backend, bool training,
-                   uint64_t seed) {
+                   uint64_t seed, int workers) {
+  if (workers < 1) throw_value_error("run_op: workers must be >= 1, got ", workers);
   Plan plan(training);
   Graph& g = plan.graph;
   const bool backward = !grad_outputs.empty();
@@ -44,7 +66,8 @@ OpRunResult run_op(const std::string& op, const std::vector<Tensor>& inputs, con
   }
   plan.finalize({}, backend);
 
-  Context ctx(nullptr, seed);
+  ChunkingExecutor chunking(workers);
+  Context ctx(workers > 1 ? &chunking : nullptr, seed);
   std::vector<void*> in_ptrs, seed_ptrs;
   for (Tensor& t : held) in_ptrs.push_back(t.data());
   for (Tensor& t : seed_tensors) seed_ptrs.push_back(t.data());
@@ -52,6 +75,7 @@ OpRunResult run_op(const std::string& op, const std::vector<Tensor>& inputs, con
   plan.run(ctx, b, 0, plan.num_steps());
 
   OpRunResult result;
+  result.plan = plan.describe();
   auto copy_out = [&](int id) {
     Tensor t(g.info(id).shape, g.info(id).dtype);
     std::memcpy(t.data(), plan.address(ctx, b, id), t.nbytes());

@@ -60,7 +60,13 @@ void Plan::finalize(const std::vector<int64_t>& param_offsets, const std::string
 void Plan::select_kernels(const std::string& backend) {
   const OpRegistry& reg = OpRegistry::instance();
   std::vector<const Backend*> order = available_backends();
-  if (!backend.empty()) order = {backend_by_name(backend)};
+  // A pinned backend takes every node it supports; backends are partial, so the rest falls back to
+  // the reference (the last in priority order).
+  if (!backend.empty()) {
+    const Backend* pinned = backend_by_name(backend);
+    order = {pinned};
+    if (pinned != available_backends().back()) order.push_back(available_backends().back());
+  }
   for (PlanStep& s : steps) {
     const Node& node = graph.nodes()[s.node];
     const OpDef& def = reg.at(node.op);
@@ -83,6 +89,9 @@ void Plan::select_kernels(const std::string& backend) {
       if (KernelFn fn = b->find(graph, node)) {
         s.kernel = fn;
         s.backend = b;
+        PreparedNode prepared = b->prepare(graph, node);
+        s.state = std::move(prepared.state);
+        s.workspace = std::max(s.workspace, prepared.workspace);
         break;
       }
     }
@@ -182,6 +191,7 @@ void Plan::run(Context& ctx, const Bindings& b, int begin, int end) const {
     }
     KernelArgs args{node, refs.data(), nin, refs.data() + nin, nout, ctx.executor(), arena + workspace_offset_,
                     ctx.seed(), counter};
+    args.state = step.state.get();
     step.kernel(args);
     if (ctx.check_numerics()) check_numerics(s, refs.data() + nin);
   }

@@ -5,6 +5,7 @@
 // arena has grown once to this plan's size). Plans are immutable after compile and shared by threads.
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -29,6 +30,7 @@ struct PlanStep {
   KernelFn kernel = nullptr;  // null for views (aliases need no work)
   const Backend* backend = nullptr;
   std::size_t workspace = 0;
+  std::shared_ptr<const void> state;  // the backend's prepared state for this node (Backend::prepare)
 };
 
 // Memory handed to a run: parameters and the host's data, by slot.

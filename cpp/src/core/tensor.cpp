@@ -76,7 +76,16 @@ Tensor Tensor::wrap(void* data, Shape shape, DType dtype, std::shared_ptr<void> 
   return Tensor(std::make_shared<Storage>(data, bytes, std::move(owner)), 0, std::move(shape), dtype);
 }
 
-bool Tensor::is_contiguous() const { return strides_ == contiguous_strides(shape_) || numel() <= 1; }
+// Row-major without gaps. Checked in place (no temporary strides vector): it runs on every step.
+bool Tensor::is_contiguous() const {
+  if (numel() <= 1) return true;
+  int64_t expected = 1;
+  for (int d = ndim() - 1; d >= 0; --d) {
+    if (shape_[d] != 1 && strides_[d] != expected) return false;
+    expected *= shape_[d];
+  }
+  return true;
+}
 
 Tensor Tensor::clone() const {
   Tensor out(shape_, dtype_);

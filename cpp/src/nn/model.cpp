@@ -153,6 +153,13 @@ MemoryReport Model::memory_report(const std::vector<Tensor>& inputs, bool traini
   return r;
 }
 
+std::string Model::describe_plans() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::string text;
+  for (const auto& [key, plan] : plans_) text += plan->describe();
+  return text;
+}
+
 std::shared_ptr<const Plan> Model::infer_plan(const std::vector<Tensor>& inputs) {
   {
     std::lock_guard<std::mutex> lock(mutex_);

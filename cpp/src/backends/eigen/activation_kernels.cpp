@@ -1,7 +1,8 @@
 // Eigen reference kernels for the activation ops and their backward ops.
 // Piecewise-linear and algebraic maps use Eigen array expressions (vectorised); transcendental maps
-// use the C library's exp/erf/tanh per element, because this backend is the accuracy reference
-// and Eigen's fast packet approximations (e.g. float tanh saturating at |x| ~ 7.9) are not.
+// use the C library's exp/erf per element, because this backend is the accuracy reference and
+// Eigen's fast packet approximations (e.g. float tanh saturating at |x| ~ 7.9) are not; float tanh
+// and sigmoid use the checked vectorised forms of transcendental.hpp.
 // Forms are chosen to avoid cancellation: 0.5 * (1 + erf(z)) is computed as 0.5 * erfc(-z), and
 // 0.5 * (1 + tanh(u)) as sigmoid(2u).
 #include <algorithm>
@@ -9,6 +10,7 @@
 
 #include "backends/eigen/eigen_backend.hpp"
 #include "backends/eigen/eigen_common.hpp"
+#include "backends/eigen/transcendental.hpp"
 
 namespace treadle {
 namespace eigen {
@@ -155,7 +157,7 @@ void silu_backward_kernel(const KernelArgs& a) {  // (x, dy)
 // --- tanh, sigmoid: backward from the output.
 template <typename T>
 void tanh_kernel(const KernelArgs& a) {
-  unary_each<T>(a, [](T x) { return std::tanh(x); });
+  unary_chunks<T>(a, [](const ConstVecMap<T>& x, VecMap<T>& y) { tanh_to(x.data(), y.data(), x.size()); });
 }
 
 template <typename T>
@@ -165,7 +167,7 @@ void tanh_backward_kernel(const KernelArgs& a) {  // (y, dy)
 
 template <typename T>
 void sigmoid_kernel(const KernelArgs& a) {
-  unary_each<T>(a, [](T x) { return sigmoid_of(x); });
+  unary_chunks<T>(a, [](const ConstVecMap<T>& x, VecMap<T>& y) { sigmoid_to(x.data(), y.data(), x.size()); });
 }
 
 template <typename T>

@@ -13,6 +13,7 @@ class EigenBackend final : public Backend {
     register_eigen_softmax(table_);
     register_eigen_dropout(table_);
     register_eigen_loss(table_);
+    register_eigen_recurrent(table_);
     register_eigen_attention(table_);
     register_eigen_norm(table_);
     register_eigen_embedding(table_);

@@ -14,6 +14,7 @@ void register_eigen_activation(KernelTable& t);
 void register_eigen_softmax(KernelTable& t);
 void register_eigen_dropout(KernelTable& t);
 void register_eigen_loss(KernelTable& t);
+void register_eigen_recurrent(KernelTable& t);
 void register_eigen_attention(KernelTable& t);
 void register_eigen_norm(KernelTable& t);
 void register_eigen_embedding(KernelTable& t);

@@ -1,0 +1,210 @@
+#include "backends/onednn/onednn_common.hpp"
+
+#include <omp.h>
+
+#include <array>
+#include <cstring>
+
+#include "core/op_registry.hpp"
+#include "treadle/error.hpp"
+
+namespace treadle::onednn {
+
+// omp_set_num_threads only changes the calling thread's ICV (libgomp gives a thread outside any
+// parallel region its own implicit task on first write), so other host threads are unaffected.
+OmpSingleThread::OmpSingleThread() : previous_(omp_get_max_threads()) {
+  if (previous_ != 1) omp_set_num_threads(1);
+}
+
+OmpSingleThread::~OmpSingleThread() {
+  if (previous_ != 1) omp_set_num_threads(previous_);
+}
+
+const dnnl::engine& cpu_engine() {
+  static const dnnl::engine engine = [] {
+    OmpSingleThread guard;
+    return dnnl::engine(dnnl::engine::kind::cpu, 0);
+  }();
+  return engine;
+}
+
+MemDesc f32_desc(const Dims& dims, const Dims& strides) {
+  return MemDesc(dims, dnnl::memory::data_type::f32, strides);
+}
+
+MemDesc f32_dense(const Dims& dims) {
+  Dims strides(dims.size(), 1);
+  for (int d = static_cast<int>(dims.size()) - 2; d >= 0; --d) strides[d] = strides[d + 1] * dims[d + 1];
+  return f32_desc(dims, strides);
+}
+
+dnnl::primitive_attr default_attr() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
+bool is_optimised(const dnnl::primitive_desc_base& pd) {
+  const char* impl = pd.impl_info_str();
+  return impl && std::strncmp(impl, "ref", 3) != 0;
+}
+
+bool all_f32(const Graph& g, const Node& n) {
+  for (int v : n.inputs)
+    if (g.info(v).dtype != DType::f32) return false;
+  for (int v : n.outputs)
+    if (g.info(v).dtype != DType::f32) return false;
+  return true;
+}
+
+const std::string& op_name(const Node& n) { return OpRegistry::instance().at(n.op).name; }
+
+MemoryPool::Slot* MemoryPool::acquire() {
+  for (Slot& s : slots_)
+    if (!s.busy.load(std::memory_order_relaxed) && !s.busy.exchange(true, std::memory_order_acquire)) return &s;
+  return nullptr;
+}
+
+namespace {
+
+constexpr std::size_t kScratchAlign = 64;
+
+Variant make_variant(const ChunkPlan& plan, const dnnl::primitive_desc& pd) {
+  Variant v;
+  v.prim = dnnl::primitive(pd);
+  for (const ArgSpec& s : plan.args) v.mds.push_back(pd.query_md(dnnl::query::exec_arg_md, s.arg));
+  v.scratch_md = pd.scratchpad_desc();
+  v.scratch_bytes = v.scratch_md.get_size();
+  return v;
+}
+
+// The stream of the calling thread: created once per host thread (CPU streams carry no data).
+dnnl_stream_t thread_stream() {
+  thread_local const dnnl::stream stream(cpu_engine());
+  return stream.get();
+}
+
+void check(dnnl_status_t status, const char* what) {
+  if (status != dnnl_success) throw_runtime_error("onednn: ", what, " failed (status ", static_cast<int>(status), ")");
+}
+
+// Temporary memory objects for one execution when every pooled slot is busy.
+class Memories {
+ public:
+  ~Memories() {
+    for (int k = 0; k < n_; ++k) dnnl_memory_destroy(args_[k].memory);
+  }
+  void add(int arg, const MemDesc& md, void* ptr) {
+    if (n_ == static_cast<int>(args_.size())) throw_runtime_error("onednn: too many primitive arguments");
+    dnnl_memory_t m = nullptr;
+    check(dnnl_memory_create(&m, md.get(), cpu_engine().get(), ptr), "memory creation");
+    args_[n_++] = {arg, m};
+  }
+  int size() const { return n_; }
+  const dnnl_exec_arg_t* data() const { return args_.data(); }
+
+ private:
+  std::array<dnnl_exec_arg_t, 8> args_{};
+  int n_ = 0;
+};
+
+constexpr int kMaxArgs = 8;
+
+void execute(const Variant& v, int nargs, const dnnl_exec_arg_t* args) {
+  OmpSingleThread guard;
+  check(dnnl_primitive_execute(v.prim.get(), thread_stream(), nargs, args), "primitive execution");
+}
+
+// The tile at (row tile, column tile): its first row and column and the variant for its shape.
+struct Tile {
+  int64_t index, row0, col0;
+  const Variant* variant;
+};
+
+Tile tile_at(const ChunkedPrimitive& s, int64_t t) {
+  const Split& sp = s.split;
+  const int64_t rt = t / sp.col_tiles(), ct = t % sp.col_tiles();
+  const int64_t row0 = rt * sp.row_grain, col0 = ct * sp.col_grain;
+  const bool row_rest = sp.rows - row0 < sp.row_grain, col_rest = sp.cols - col0 < sp.col_grain;
+  return {t, row0, col0, &s.variants[row_rest][col_rest]};
+}
+
+// The data pointer of each argument (scratchpad last) for a tile; returns the count.
+int tile_pointers(const KernelArgs& a, const ChunkedPrimitive& s, const Tile& t, std::array<void*, kMaxArgs>& ptrs) {
+  const int n = static_cast<int>(s.args.size());
+  for (int k = 0; k < n; ++k) {
+    const ArgSpec& spec = s.args[k];
+    const TensorRef& ref = spec.output ? a.out[spec.index] : a.in[spec.index];
+    ptrs[k] = static_cast<char*>(ref.data) + t.row0 * spec.row_step + t.col0 * spec.col_step;
+  }
+  if (!t.variant->scratch_bytes) return n;
+  ptrs[n] = static_cast<char*>(a.workspace) + t.index * static_cast<int64_t>(s.scratch_stride);
+  return n + 1;
+}
+
+void run_tile(const KernelArgs& a, const ChunkedPrimitive& s, int64_t index) {
+  const Tile t = tile_at(s, index);
+  const Variant& v = *t.variant;
+  std::array<void*, kMaxArgs> ptrs;
+  const int n = tile_pointers(a, s, t, ptrs);
+  auto arg_of = [&](int k) { return k < static_cast<int>(s.args.size()) ? s.args[k].arg : DNNL_ARG_SCRATCHPAD; };
+  auto md_of = [&](int k) -> const MemDesc& { return k < static_cast<int>(s.args.size()) ? v.mds[k] : v.scratch_md; };
+  MemoryPool::Slot* slot = v.pool->acquire();
+  if (!slot) {
+    Memories mem;
+    for (int k = 0; k < n; ++k) mem.add(arg_of(k), md_of(k), ptrs[k]);
+    execute(v, mem.size(), mem.data());
+    return;
+  }
+  struct Release {
+    MemoryPool::Slot* s;
+    ~Release() { MemoryPool::release(s); }
+  } release{slot};
+  if (slot->mems.empty())
+    for (int k = 0; k < n; ++k) slot->mems.emplace_back(md_of(k), cpu_engine(), static_cast<void*>(DNNL_MEMORY_NONE));
+  std::array<dnnl_exec_arg_t, kMaxArgs> args;
+  for (int k = 0; k < n; ++k) {
+    check(dnnl_memory_set_data_handle(slot->mems[k].get(), ptrs[k]), "setting a data pointer");
+    args[k] = {arg_of(k), slot->mems[k].get()};
+  }
+  execute(v, n, args.data());
+}
+
+}  // namespace
+
+PreparedNode make_prepared(const ChunkPlan& plan) {
+  OmpSingleThread guard;
+  auto state = std::make_shared<ChunkedPrimitive>();
+  state->args = plan.args;
+  state->split = plan.split;
+  std::size_t scratch = 0;
+  for (int r = 0; r < 2; ++r)
+    for (int c = 0; c < 2; ++c)
+      if (plan.pds[r][c]) {
+        state->variants[r][c] = make_variant(plan, plan.pds[r][c]);
+        scratch = std::max(scratch, state->variants[r][c].scratch_bytes);
+      }
+  state->scratch_stride = (scratch + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
+  const std::size_t workspace = state->scratch_stride * static_cast<std::size_t>(state->split.tiles());
+  return {std::move(state), workspace};
+}
+
+void run_chunked(const KernelArgs& a) {
+  const auto& s = *static_cast<const ChunkedPrimitive*>(a.state);
+  const int64_t tiles = s.split.tiles();
+  if (tiles <= 1 || a.exec.num_workers() <= 1) {
+    for (int64_t t = 0; t < tiles; ++t) run_tile(a, s, t);
+    return;
+  }
+  // One captured pointer keeps the std::function inside its small buffer: no allocation per call.
+  struct Job {
+    const KernelArgs& a;
+    const ChunkedPrimitive& s;
+  } job{a, s};
+  const Job* j = &job;
+  a.exec.parallel_for(tiles, [j](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) run_tile(j->a, j->s, t);
+  });
+}
+
+}  // namespace treadle::onednn

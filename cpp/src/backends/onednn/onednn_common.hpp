@@ -1,0 +1,184 @@
+#pragma once
+// Shared machinery of the oneDNN backend.
+//
+// Threads: the oneDNN wheel uses the OpenMP runtime (libgomp). Every oneDNN call (primitive
+// creation as well as execution: implementations size their thread partitioning at creation) runs
+// under OmpSingleThread, which sets the calling thread's OpenMP thread count to 1 and restores it,
+// so libgomp never starts a worker. Parallelism comes only from the host's executor: a node's work
+// is split into fixed chunks (rows, batch entries, elements), each one single-threaded oneDNN
+// execution. Chunk sizes depend on the problem only, never on the workers, so results do not
+// depend on how the executor chunks.
+//
+// State: a node's primitives are built once when the plan is finalized (Backend::prepare) and are
+// immutable afterwards. They use the user scratchpad mode, with one scratch region per chunk in the
+// plan's workspace, so that several contexts (threads) can execute them at the same time.
+#include <dnnl.hpp>
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backends/kernel.hpp"
+
+namespace treadle::onednn {
+
+// Sets the calling thread's OpenMP thread count to 1 for its lifetime.
+class OmpSingleThread {
+ public:
+  OmpSingleThread();
+  ~OmpSingleThread();
+  OmpSingleThread(const OmpSingleThread&) = delete;
+  OmpSingleThread& operator=(const OmpSingleThread&) = delete;
+
+ private:
+  int previous_;
+};
+
+const dnnl::engine& cpu_engine();
+
+using Dims = dnnl::memory::dims;
+using MemDesc = dnnl::memory::desc;
+
+// A plain float32 memory descriptor with explicit strides (elements).
+MemDesc f32_desc(const Dims& dims, const Dims& strides);
+// A dense row-major float32 memory descriptor.
+MemDesc f32_dense(const Dims& dims);
+
+// Attributes every primitive of this backend is created with (user-managed scratchpad).
+dnnl::primitive_attr default_attr();
+
+// True when oneDNN chose an optimised implementation (not a reference one, which Eigen beats).
+bool is_optimised(const dnnl::primitive_desc_base& pd);
+
+// How a node's work is tiled: a rows x cols grid of items in tiles of row_grain x col_grain (work
+// split along one dimension only has cols = 1). Grains depend on the problem only.
+struct Split {
+  int64_t rows = 0, cols = 1, row_grain = 1, col_grain = 1;
+  int64_t row_tiles() const { return (rows + row_grain - 1) / row_grain; }
+  int64_t col_tiles() const { return (cols + col_grain - 1) / col_grain; }
+  int64_t tiles() const { return row_tiles() * col_tiles(); }
+};
+
+// Where one primitive argument's memory comes from: operand `index` of the node (an input, or an
+// output when `output`), advanced by `row_step` bytes per row item and `col_step` per column item.
+struct ArgSpec {
+  int arg = 0;  // DNNL_ARG_*
+  bool output = false;
+  int index = 0;
+  int64_t row_step = 0;
+  int64_t col_step = 0;
+};
+
+// Memory objects for executions of one primitive, kept across steps: creating them costs about a
+// microsecond (aligned allocations inside oneDNN), as much as a small product. Each execution takes
+// a free slot and points its memories at the step's data; executions running at the same time
+// (chunks on several workers, contexts on several threads) take different slots. The slots are the
+// only mutable part of a prepared node, and they are synchronised.
+class MemoryPool {
+ public:
+  static constexpr int kSlots = 32;
+  struct Slot {
+    std::atomic<bool> busy{false};
+    std::vector<dnnl::memory> mems;  // created on first use: one per ArgSpec, then the scratchpad
+  };
+  Slot* acquire();  // nullptr when every slot is busy (the caller then makes temporary memories)
+  static void release(Slot* s) { s->busy.store(false, std::memory_order_release); }
+
+ private:
+  std::array<Slot, kSlots> slots_;
+};
+
+// One primitive for one tile shape, with the memory descriptor of each ArgSpec.
+struct Variant {
+  dnnl::primitive prim;
+  std::vector<MemDesc> mds;
+  MemDesc scratch_md;
+  std::size_t scratch_bytes = 0;
+  std::unique_ptr<MemoryPool> pool = std::make_unique<MemoryPool>();
+};
+
+// The prepared state of a node. variants[r][c] runs a tile that is a row remainder (r = 1) or a
+// full row tile (r = 0), and likewise for columns; remainders exist only where the split is not
+// exact.
+struct ChunkedPrimitive {
+  std::vector<ArgSpec> args;
+  Split split;
+  Variant variants[2][2];
+  std::size_t scratch_stride = 0;  // bytes of workspace per tile
+};
+
+// What an op's builder returns: the split and the primitive descriptor of each tile shape, with
+// arguments in the order of `args`.
+struct ChunkPlan {
+  std::vector<ArgSpec> args;
+  Split split;
+  dnnl::primitive_desc pds[2][2];
+};
+
+// Runs make() -> primitive_desc; std::nullopt when oneDNN has no implementation for it.
+template <typename F>
+std::optional<dnnl::primitive_desc> try_pd(F&& make) {
+  try {
+    return make();
+  } catch (const dnnl::error&) {
+    return std::nullopt;
+  }
+}
+
+// Builds the descriptors for every tile shape of `split` with make_pd(rows, cols); std::nullopt
+// when oneDNN has no optimised implementation for one of them. Called under OmpSingleThread.
+template <typename F>
+std::optional<ChunkPlan> plan_chunks(std::vector<ArgSpec> args, Split split, F&& make_pd) {
+  if (split.rows <= 0 || split.cols <= 0 || split.row_grain <= 0 || split.col_grain <= 0) return std::nullopt;
+  split.row_grain = std::min(split.row_grain, split.rows);
+  split.col_grain = std::min(split.col_grain, split.cols);
+  ChunkPlan p{std::move(args), split, {}};
+  const int64_t row_sizes[2] = {split.row_grain, split.rows % split.row_grain};
+  const int64_t col_sizes[2] = {split.col_grain, split.cols % split.col_grain};
+  for (int r = 0; r < 2; ++r)
+    for (int c = 0; c < 2; ++c) {
+      if (row_sizes[r] == 0 || col_sizes[c] == 0) continue;
+      std::optional<dnnl::primitive_desc> pd = make_pd(row_sizes[r], col_sizes[c]);
+      if (!pd || !is_optimised(*pd)) return std::nullopt;
+      p.pds[r][c] = *pd;
+    }
+  return p;
+}
+
+// The 1-D form: `items` in chunks of `grain`, make_pd(items_in_chunk).
+template <typename F>
+std::optional<ChunkPlan> plan_chunks(std::vector<ArgSpec> args, int64_t items, int64_t grain, F&& make_pd) {
+  return plan_chunks(std::move(args), Split{items, 1, grain, 1}, [&](int64_t n, int64_t) { return make_pd(n); });
+}
+
+// Creates the primitives of a plan (JIT code generation happens here, once per plan).
+PreparedNode make_prepared(const ChunkPlan& plan);
+
+// The kernel every oneDNN node runs: its chunks on the host's executor.
+void run_chunked(const KernelArgs& a);
+
+// Rounds `n` up to a multiple of `m`.
+inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+// Each op family: whether it takes the node (returns the plan of its chunks) and its state.
+using PlanFn = std::optional<ChunkPlan> (*)(const Graph& g, const Node& node);
+struct OpEntry {
+  std::string op;
+  PlanFn plan;
+};
+std::vector<OpEntry> matmul_entries();
+std::vector<OpEntry> eltwise_entries();
+std::vector<OpEntry> softmax_entries();
+
+// Shape and dtype of a node's operands.
+inline const Shape& in_shape(const Graph& g, const Node& n, int i) { return g.info(n.inputs.at(i)).shape; }
+inline const Shape& out_shape(const Graph& g, const Node& n, int i) { return g.info(n.outputs.at(i)).shape; }
+bool all_f32(const Graph& g, const Node& n);
+const std::string& op_name(const Node& n);
+
+}  // namespace treadle::onednn

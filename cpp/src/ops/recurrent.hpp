@@ -1,0 +1,108 @@
+#pragma once
+// Shared by the recurrent op definitions (ops/recurrent.cpp) and their kernels: which input sits
+// where, how wide each saved buffer is, and how the scratch space is carved. One layer op runs one
+// layer in one direction over a whole sequence:
+//
+//   rnn_layer / gru_layer:  (x, h0,     w_ih, w_hh, [b_ih, b_hh], [lengths]) -> (y, h_n,      [saved])
+//   lstm_layer:             (x, h0, c0, w_ih, w_hh, [b_ih, b_hh], [lengths]) -> (y, h_n, c_n, saved)
+//   *_layer_backward:       (h0, [c0], w_hh, y, [saved], dy, dh_n, [dc_n], [lengths])
+//                           -> (dgates_ih, [dgates_hh], h_prev, dh0, [dc0])
+//
+// The backward op runs the time loop only. It returns, over the whole sequence in x's layout, the
+// gradients of the gate pre-activations on the input side (G*H wide) and, for GRU whose n gate
+// differs, on the hidden side, plus each step's previous hidden state (H wide; zeros past a
+// sample's length). The gradient rule turns these into dx, dW_ih, dW_hh and the biases with one
+// matmul or reduction each, so no op needs more than the plan's 16 operands.
+//
+// x and y are (T, N, F) or, with batch_first, (N, T, F); h0/h_n/c0/c_n are (N, H); lengths is int64
+// (N). Optional inputs are told apart by count (bias adds two, lengths one, always last).
+// `saved` holds what backward needs per step, in x's layout: LSTM (i, f, g, o, c, tanh c) = 6H, GRU
+// (r, z, n, W_hn h + b_hn) = 4H; the plain RNN needs only y.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace treadle::rnn {
+
+enum class Cell : uint8_t { rnn, gru, lstm };
+
+struct CellInfo {
+  Cell cell;
+  int gates;        // G: rows of w_ih are G * H
+  int saved_width;  // S: saved buffer is S * H wide (0: no saved output)
+  bool has_cell_state;
+};
+
+inline CellInfo cell_info(Cell c) {
+  switch (c) {
+    case Cell::rnn: return {c, 1, 0, false};
+    case Cell::gru: return {c, 3, 4, false};
+    case Cell::lstm: return {c, 4, 6, true};
+  }
+  return {c, 1, 0, false};
+}
+
+inline const char* layer_op_name(Cell c) {
+  return c == Cell::rnn ? "rnn_layer" : c == Cell::gru ? "gru_layer" : "lstm_layer";
+}
+
+// Input positions of a forward layer op with `num_inputs` inputs (-1: absent).
+struct ForwardSlots {
+  int x = 0, h0 = 1, c0 = -1, w_ih, w_hh, b_ih = -1, b_hh = -1, lengths = -1;
+  bool valid = true;
+};
+
+inline ForwardSlots forward_slots(const CellInfo& ci, int num_inputs) {
+  ForwardSlots s;
+  int k = 2;
+  if (ci.has_cell_state) s.c0 = k++;
+  s.w_ih = k++;
+  s.w_hh = k++;
+  const int extra = num_inputs - k;
+  if (extra < 0 || extra > 3) {
+    s.valid = false;
+    return s;
+  }
+  if (extra >= 2) {
+    s.b_ih = k++;
+    s.b_hh = k++;
+  }
+  if (extra == 1 || extra == 3) s.lengths = k++;
+  return s;
+}
+
+// Input positions of a backward layer op with `num_inputs` inputs.
+struct BackwardSlots {
+  int h0 = 0, c0 = -1, w_hh, y, saved = -1, dy, dh_n, dc_n = -1, lengths = -1;
+  bool valid = true;
+};
+
+inline BackwardSlots backward_slots(const CellInfo& ci, int num_inputs) {
+  BackwardSlots s;
+  int k = 1;
+  if (ci.has_cell_state) s.c0 = k++;
+  s.w_hh = k++;
+  s.y = k++;
+  if (ci.saved_width > 0) s.saved = k++;
+  s.dy = k++;
+  s.dh_n = k++;
+  if (ci.has_cell_state) s.dc_n = k++;
+  if (num_inputs == k + 1) s.lengths = k++;
+  s.valid = num_inputs == k;
+  return s;
+}
+
+// Scratch layouts, in elements of the compute type after a leading int64 permutation of N rows.
+// Forward: state h (N*H), state c (N*H), per-step gate block (N*G*H).
+inline std::size_t forward_workspace_bytes(const CellInfo& ci, int64_t N, int64_t H, std::size_t esize) {
+  const int64_t elems = 2 * N * H + N * ci.gates * H;
+  return static_cast<std::size_t>(N) * sizeof(int64_t) + static_cast<std::size_t>(elems) * esize;
+}
+
+// Backward: dh (N*H), dc (N*H), per-step hidden-side gate gradients (N*G*H).
+inline std::size_t backward_workspace_bytes(const CellInfo& ci, int64_t N, int64_t H, std::size_t esize) {
+  const int64_t elems = 2 * N * H + N * ci.gates * H;
+  return static_cast<std::size_t>(N) * sizeof(int64_t) + static_cast<std::size_t>(elems) * esize;
+}
+
+}  // namespace treadle::rnn
