@@ -226,6 +226,65 @@ void test_bad_input_throws_typed_errors() {
   check(std::isfinite(trainer.step(x, ok_y)) && trainer.steps() == 1, "the trainer still works afterwards");
 }
 
+// The opt-in guards of docs/hardening.md through the C++ API: anomaly mode on the trainer's context,
+// skip-step on non-finite, the parameter checksum guard and the memory budget.
+void test_hardening_guards() {
+  using namespace treadle;
+  Tensor x, y;
+  make_data(16, x, y, 11);
+  {
+    auto model = make_mlp(5);
+    Trainer trainer(model, loss::mse(), optim::sgd({}));
+    trainer.context().set_check_numerics(true);
+    model->flat_parameters().data_as<float>()[model->layout()[2].offset] = INFINITY;  // "2.weight"[0, 0]
+    Tensor before = model->flat_parameters().clone();
+    expect_throw<ValueError>([&] { trainer.step(x, y); }, "in module '2' (forward pass) produced",
+                             "anomaly mode names the module and pass of the first non-finite node");
+    check(bitwise_equal(before, model->flat_parameters()) && trainer.steps() == 0, "and changes nothing");
+  }
+  {
+    TrainerOptions o;
+    o.skip_nonfinite = true;
+    auto model = make_mlp(6);
+    Trainer trainer(model, loss::mse(), optim::adam({}), o);
+    trainer.step(x, y);
+    Tensor before = model->flat_parameters().clone(), y_nan = y.clone();
+    y_nan.data_as<float>()[3] = NAN;
+    check(std::isnan(trainer.step(x, y_nan)) && trainer.skipped_steps() == 1 && trainer.steps() == 1 &&
+              bitwise_equal(before, model->flat_parameters()),
+          "skip_nonfinite skips a NaN loss and leaves the weights");
+  }
+  {
+    TrainerOptions o;
+    o.verify_parameters = true;
+    auto model = make_mlp(7);
+    Trainer trainer(model, loss::mse(), optim::sgd({}), o);
+    trainer.step(x, y);
+    auto* bits = static_cast<unsigned char*>(model->flat_parameters().data());
+    bits[model->layout()[1].offset * 4 + 2] ^= 0x10;  // one bit of "0.bias"
+    expect_throw<std::runtime_error>([&] { trainer.step(x, y); }, "mismatch in '0.bias'",
+                                     "verify_parameters names the corrupted tensor");
+    trainer.reseal_parameters();
+    check(std::isfinite(trainer.step(x, y)), "reseal_parameters accepts a deliberate write");
+  }
+  {
+    auto model = make_mlp(8);
+    Trainer probe(model, loss::mse(), optim::adam({}));
+    MemoryReport r = probe.memory_report({512, 8}, DType::f32, {512, 1}, DType::f32);
+    check(r.parameters == model->flat_parameters().nbytes() && r.optimizer_state == 2 * r.parameters &&
+              r.activations > 0,
+          "memory_report counts parameters, Adam's two moments and the activation arena");
+    TrainerOptions o;
+    o.memory_budget = r.total() - 1;
+    Trainer trainer(model, loss::mse(), optim::adam({}), o);
+    Tensor xb, yb;
+    make_data(512, xb, yb, 3);
+    expect_throw<ValueError>([&] { trainer.step(xb, yb); }, "over the memory_budget",
+                             "a plan over the memory budget is refused before it runs");
+    check(std::isfinite(trainer.step(x, y)), "a smaller batch still fits");
+  }
+}
+
 }  // namespace
 
 // Usage: test_core [name...] runs the named groups (all by default); test_core --list names them.
@@ -236,6 +295,7 @@ int main(int argc, char** argv) {
       {"chunked_training", test_chunked_executor_training_is_bitwise_serial},
       {"bad_input", test_bad_input_throws_typed_errors},
       {"no_alloc", test_steps_allocate_nothing},
+      {"hardening", test_hardening_guards},
   };
   std::vector<std::string> wanted(argv + 1, argv + argc);
   if (wanted.size() == 1 && wanted[0] == "--list") {

@@ -122,8 +122,18 @@ void bind_core(py::module_& m) {
         py::arg("backend") = "", py::arg("training") = true,
         "Runs an op like run_op and returns its plan: one line per step with the backend that ran it.");
   py::class_<Context>(m, "Context", "Per-caller activations, RNG and the host's executor.")
-      .def(py::init([](uint64_t seed, Executor* executor) { return new Context(executor, seed); }), py::arg("seed") = 0,
-           py::arg("executor") = nullptr, py::keep_alive<1, 3>())
+      .def(py::init([](uint64_t seed, Executor* executor, bool check_numerics, std::size_t memory_budget) {
+             auto* c = new Context(executor, seed);
+             c->set_check_numerics(check_numerics);
+             c->set_memory_budget(memory_budget);
+             return c;
+           }),
+           py::arg("seed") = 0, py::arg("executor") = nullptr, py::arg("check_numerics") = false,
+           py::arg("memory_budget") = 0, py::keep_alive<1, 3>())
+      .def_property("check_numerics", &Context::check_numerics, &Context::set_check_numerics,
+                    "Anomaly mode: check every node's outputs for NaN/Inf and raise ValueError naming the node.")
+      .def_property("memory_budget", &Context::memory_budget, &Context::set_memory_budget,
+                    "Activation arena budget in bytes (0: none); a bigger plan is refused before it runs.")
       .def_property_readonly("seed", &Context::seed)
       .def_property_readonly("rng_counter", &Context::rng_counter)
       .def("set_rng_state", &Context::set_rng_state)

@@ -3,6 +3,8 @@
 // runs the first on the calling thread; chunks run C++ with the GIL released.
 #include <exception>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 #include "bindings.hpp"
 #include "treadle/context.hpp"
@@ -41,20 +43,53 @@ class PoolExecutor final : public Executor {
     };
     {
       // Every Python object lives inside this block, with the GIL held; chunks run without it.
+      // Every chunk runs exactly once whatever the pool does: a chunk the pool refuses (submit
+      // raises) or drops (a cancelled future) runs here, and all submitted chunks finish before
+      // this frame, which they reference, is left. A kernel's output is therefore whole even when
+      // the call then raises the pool's error.
       py::gil_scoped_acquire gil;
       py::list futures;
+      std::vector<std::pair<int64_t, int64_t>> submitted;
+      std::vector<char> ran;  // written by each submitted chunk; read after its future is done
+      submitted.reserve(static_cast<std::size_t>(pieces));
+      ran.assign(static_cast<std::size_t>(pieces), 0);
+      std::exception_ptr pool_error;
       for (int64_t b = size; b < n; b += size) {
         const int64_t e = std::min(n, b + size);
-        futures.append(pool_.attr("submit")(py::cpp_function([&run, b, e] {
-          py::gil_scoped_release release;
-          run(b, e);
-        })));
+        if (!pool_error) {
+          try {
+            const std::size_t k = submitted.size();
+            futures.append(pool_.attr("submit")(py::cpp_function([&run, &ran, k, b, e] {
+              py::gil_scoped_release release;
+              run(b, e);
+              ran[k] = 1;
+            })));
+            submitted.emplace_back(b, e);
+            continue;
+          } catch (...) {
+            pool_error = std::current_exception();
+          }
+        }
+        py::gil_scoped_release release;
+        run(b, e);
       }
       {
         py::gil_scoped_release release;
         run(0, std::min(n, size));
       }
-      for (auto f : futures) f.attr("result")();
+      for (auto f : futures) {
+        try {
+          f.attr("result")();
+        } catch (...) {
+          if (!pool_error) pool_error = std::current_exception();
+        }
+      }
+      for (std::size_t k = 0; k < submitted.size(); ++k)
+        if (!ran[k]) {
+          py::gil_scoped_release release;
+          run(submitted[k].first, submitted[k].second);
+        }
+      if (pool_error) std::rethrow_exception(pool_error);
     }
     if (error) std::rethrow_exception(error);
   }

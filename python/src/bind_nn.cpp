@@ -136,6 +136,15 @@ void bind_nn(py::module_& m) {
       })
       .def("load_state_dict", [](Model& mm, const py::dict& d, bool strict) { mm.load_state_dict(state_from_dict(d), strict); },
            py::arg("state"), py::arg("strict") = true)
+      .def("memory_report", [](Model& mm, const py::handle& xs, bool training) {
+        std::vector<Tensor> in = tensors_from(xs, "memory_report");
+        MemoryReport r;
+        {
+          py::gil_scoped_release release;  // may compile, which re-acquires the GIL to trace
+          r = mm.memory_report(in, training);
+        }
+        return memory_dict(r);
+      }, py::arg("x"), py::arg("training") = true)
       .def_property_readonly("num_plans", &Model::num_plans)
       .def("describe_plans", &Model::describe_plans,
            "The compiled plans, one line per step: node, op, [backend that runs it], output shapes.");

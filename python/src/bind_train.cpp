@@ -5,11 +5,24 @@
 
 namespace treadle::py_bind {
 
+py::dict memory_dict(const MemoryReport& r) {
+  py::dict d;
+  d["parameters"] = r.parameters;
+  d["gradients"] = r.gradients;
+  d["optimizer_state"] = r.optimizer_state;
+  d["activations"] = r.activations;
+  d["total"] = r.total();
+  return d;
+}
+
 void bind_train(py::module_& m) {
   py::class_<TrainerOptions>(m, "TrainerOptions")
       .def(py::init<>())
       .def_readwrite("clip_grad_norm", &TrainerOptions::clip_grad_norm)
-      .def_readwrite("check_finite", &TrainerOptions::check_finite);
+      .def_readwrite("check_finite", &TrainerOptions::check_finite)
+      .def_readwrite("skip_nonfinite", &TrainerOptions::skip_nonfinite)
+      .def_readwrite("verify_parameters", &TrainerOptions::verify_parameters)
+      .def_readwrite("memory_budget", &TrainerOptions::memory_budget);
 
   py::class_<Trainer, std::shared_ptr<Trainer>>(m, "Trainer")
       .def(py::init([](std::shared_ptr<Model> model, const Loss& loss, std::shared_ptr<Optimizer> opt,
@@ -57,6 +70,19 @@ void bind_train(py::module_& m) {
       .def("set_schedule", &Trainer::set_schedule)
       .def_property_readonly("lr", &Trainer::current_lr)
       .def_property_readonly("steps", &Trainer::steps)
+      .def_property_readonly("skipped_steps", &Trainer::skipped_steps)
+      .def("reseal_parameters", &Trainer::reseal_parameters, py::call_guard<py::gil_scoped_release>())
+      .def("memory_report", [](Trainer& t, const std::vector<int64_t>& x_shape, const std::vector<int64_t>& y_shape,
+                               const py::object& y_dtype) {
+        const DType x_dtype = t.model().dtype();
+        MemoryReport r;
+        {
+          py::gil_scoped_release release;  // may compile, which re-acquires the GIL to trace
+          r = t.memory_report(Shape(x_shape.begin(), x_shape.end()), x_dtype, Shape(y_shape.begin(), y_shape.end()),
+                              y_dtype.is_none() ? t.loss().target_dtype(x_dtype) : dtype_from_py(y_dtype));
+        }
+        return memory_dict(r);
+      }, py::arg("x_shape"), py::arg("y_shape"), py::arg("y_dtype") = py::none())
       .def_property_readonly("context", &Trainer::context, py::return_value_policy::reference_internal)
       .def_property("clip_grad_norm", [](Trainer& t) { return t.options().clip_grad_norm; },
                     [](Trainer& t, double v) {

@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "treadle/model.hpp"
 #include "treadle/tensor.hpp"
 
 namespace py = pybind11;
@@ -23,6 +24,8 @@ py::array numpy_view(const Tensor& t, py::handle owner);
 DType dtype_from_numpy(const py::dtype& dt, const char* what);
 py::dtype numpy_dtype(DType t);
 DType dtype_from_py(const py::handle& obj);  // "float32", np.float32, np.dtype
+// {"parameters", "gradients", "optimizer_state", "activations", "total"} in bytes.
+py::dict memory_dict(const MemoryReport& r);
 
 void bind_core(py::module_& m);
 void bind_nn(py::module_& m);

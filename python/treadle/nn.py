@@ -4,6 +4,7 @@ A module's `forward` runs once per input signature, on symbolic tensors, to reco
 treadle compiles; it is not called per step. Write it with the ops in `treadle.functional` and the
 operators +, -, * (residual and branching models are ordinary Python in forward).
 """
+import threading
 import weakref
 
 import numpy as np
@@ -14,6 +15,9 @@ __all__ = [
     "Module", "Sequential", "Linear", "ReLU", "LeakyReLU", "ELU", "GELU", "SiLU", "Tanh", "Sigmoid", "Softplus",
     "Softmax", "LogSoftmax", "Dropout", "Flatten", "Identity",
 ]
+
+# The graph being traced on this thread and the module names under its root (see Module.__call__).
+_tracing = threading.local()
 
 
 class Module:
@@ -35,7 +39,28 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__}.forward is not implemented")
 
     def __call__(self, *inputs, **kwargs):
-        return self.forward(*inputs, **kwargs)
+        # While a model is traced, each submodule records its ops under its name ("0", "encoder.fc1"),
+        # so profiles and anomaly errors can say which module a node came from.
+        graph, names = getattr(_tracing, "graph", None), getattr(_tracing, "names", None)
+        name = names.get(id(self)) if names else None
+        if not name:
+            return self.forward(*inputs, **kwargs)
+        graph.push_scope(name)
+        try:
+            return self.forward(*inputs, **kwargs)
+        finally:
+            graph.pop_scope()
+
+    def _scope_names(self):
+        """id(submodule) -> its name under its parent (first name wins for a shared submodule)."""
+        names, stack = {}, [self]
+        while stack:
+            module = stack.pop()
+            for name, child in module._modules.items():
+                if id(child) not in names and child is not self:
+                    names[id(child)] = name
+                    stack.append(child)
+        return names
 
     # -- parameters -------------------------------------------------------------------------
     def _own_parameters(self):
@@ -100,7 +125,14 @@ class Module:
             ref = weakref.ref(self)  # the native model must not keep this module alive
 
             def trace(graph, inputs):
-                return _flatten_outputs(ref().forward(*inputs))
+                root = ref()
+                saved = getattr(_tracing, "graph", None), getattr(_tracing, "names", None)
+                _tracing.graph, _tracing.names = graph, root._scope_names()
+                try:
+                    out = root.forward(*inputs)
+                finally:
+                    _tracing.graph, _tracing.names = saved
+                return _flatten_outputs(out)
 
             object.__setattr__(self, "_model", _core.Model(trace, self.named_parameter_objects()))
         return self._model
@@ -108,6 +140,19 @@ class Module:
     def predict(self, x, out=None, context=None):
         """Inference (eval mode) on a numpy batch; safe to call from many threads at once."""
         return self._compiled().predict(x, context, out)
+
+    def memory_report(self, x_shape, training=True, dtype=None):
+        """Bytes this model needs for inputs of shape `x_shape` (a tuple, or a list of tuples for
+        several inputs): {"parameters", "gradients", "optimizer_state" (0 here; see
+        Trainer.memory_report), "activations" (the plan's arena), "total"}. Compiles the plan for
+        that signature if new; reads no data. `dtype` defaults to the model's (give an integer
+        dtype for index inputs).
+        """
+        shapes = x_shape if x_shape and isinstance(x_shape[0], (tuple, list)) else [x_shape]
+        model = self._compiled()
+        dtypes = dtype if isinstance(dtype, (tuple, list)) else [dtype] * len(shapes)
+        xs = [np.empty(tuple(int(d) for d in s), dtype=model.dtype if dt is None else dt) for s, dt in zip(shapes, dtypes)]
+        return model.memory_report(xs, bool(training))
 
     def to(self, dtype):
         """Converts parameters to float32 or float64 (like torch's .float() / .double())."""

@@ -11,21 +11,36 @@ class Trainer:
     released. For an external scheduler the phases are separate: `forward`, `backward` (from a
     host-computed output gradient, optionally returning the input gradient), `compute_gradients`,
     `zero_grad` and `update`, so the host can interleave its own work (e.g. an allreduce).
+
+    Guards (all off by default; docs/hardening.md): `check_finite` rejects NaN/Inf data,
+    `skip_nonfinite` skips updates whose loss or gradient norm is not finite (`skipped_steps`),
+    `verify_parameters` checksums the parameters between updates and raises RuntimeError naming
+    tensors changed outside an update, `memory_budget` (bytes) refuses an input signature whose
+    parameters + gradients + optimizer state + activations exceed it, and `detect_anomaly` names the
+    first node that produces NaN/Inf.
     """
 
     def __init__(self, model, loss, optimizer, schedule=None, clip_grad_norm=None, check_finite=False, seed=0,
-                 executor=None):
+                 executor=None, skip_nonfinite=False, verify_parameters=False, memory_budget=None,
+                 detect_anomaly=False):
         options = _core.TrainerOptions()
         if clip_grad_norm is not None:
             if clip_grad_norm <= 0:
                 raise ValueError(f"Trainer: clip_grad_norm must be positive, got {clip_grad_norm}")
             options.clip_grad_norm = float(clip_grad_norm)
         options.check_finite = bool(check_finite)
+        options.skip_nonfinite = bool(skip_nonfinite)
+        options.verify_parameters = bool(verify_parameters)
+        if memory_budget is not None:
+            if int(memory_budget) <= 0:
+                raise ValueError(f"Trainer: memory_budget must be a positive number of bytes, got {memory_budget}")
+            options.memory_budget = int(memory_budget)
         self.model, self.loss, self.optimizer, self.schedule = model, loss, optimizer, schedule
         self.executor = executor  # a tl.PoolExecutor lending the host's workers, or None (calling thread only)
         self._native = _core.Trainer(model._compiled(), loss._native, optimizer._native, options, int(seed), executor)
         if schedule is not None:
             self._native.set_schedule(schedule._native)
+        self.detect_anomaly = detect_anomaly
 
     def step(self, x, y):
         """One training step on a batch; returns the loss (float)."""
@@ -67,6 +82,32 @@ class Trainer:
     @property
     def context(self):
         return self._native.context
+
+    @property
+    def detect_anomaly(self):
+        """Anomaly mode: every node's outputs are checked for NaN/Inf after its kernel, and the
+        first offender raises ValueError naming its op, module scope, shape and pass. Slow; for
+        debugging."""
+        return self._native.context.check_numerics
+
+    @detect_anomaly.setter
+    def detect_anomaly(self, on):
+        self._native.context.check_numerics = bool(on)
+
+    @property
+    def skipped_steps(self):
+        """Updates skipped because the loss or gradient norm was not finite (skip_nonfinite=True)."""
+        return self._native.skipped_steps
+
+    def reseal_parameters(self):
+        """With verify_parameters=True: accept the current parameters as intended after writing them
+        deliberately (loading a checkpoint, editing weights); otherwise the next step raises."""
+        self._native.reseal_parameters()
+
+    def memory_report(self, x_shape, y_shape, y_dtype=None):
+        """Bytes a training step on batches of these shapes needs: {"parameters", "gradients",
+        "optimizer_state", "activations", "total"}. Compiles the plan if new; reads no data."""
+        return self._native.memory_report(list(x_shape), list(y_shape), y_dtype)
 
     def fit(self, x, y, epochs=1, batch_size=32, shuffle=True, validation=None, progress=False, seed=0,
             callback=None):

@@ -29,11 +29,22 @@ class TREADLE_API Context {
   void* arena(std::size_t bytes);
   std::size_t arena_bytes() const { return arena_bytes_; }
 
+  // Anomaly mode (off by default; slow): after each kernel, plans check its floating outputs for
+  // NaN/Inf and throw ValueError naming the node, its op, module scope and pass.
+  bool check_numerics() const { return check_numerics_; }
+  void set_check_numerics(bool on) { check_numerics_ = on; }
+  // Arena budget in bytes (0: none). A plan whose activations and workspace need more is refused
+  // with ValueError before any of its kernels runs, instead of failing an allocation mid-step.
+  std::size_t memory_budget() const { return memory_budget_; }
+  void set_memory_budget(std::size_t bytes) { memory_budget_ = bytes; }
+
  private:
   Executor* executor_;
   uint64_t seed_, counter_ = 0;
   void* arena_ = nullptr;
   std::size_t arena_bytes_ = 0;
+  std::size_t memory_budget_ = 0;
+  bool check_numerics_ = false;
 };
 
 }  // namespace treadle

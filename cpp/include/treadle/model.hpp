@@ -35,6 +35,13 @@ struct PlanKey {
   auto operator<=>(const PlanKey&) const = default;
 };
 
+// Memory one input signature needs, in bytes. activations: the plan's arena (intermediate values
+// and kernel workspace), which the context running it grows to once.
+struct MemoryReport {
+  std::size_t parameters = 0, gradients = 0, optimizer_state = 0, activations = 0;
+  std::size_t total() const { return parameters + gradients + optimizer_state + activations; }
+};
+
 class TREADLE_API Model {
  public:
   using ForwardFn = std::function<std::vector<Value>(Graph& g, const std::vector<Value>& inputs)>;
@@ -81,6 +88,9 @@ class TREADLE_API Model {
   // The plan for `key`, compiled on first request. Thread-safe.
   std::shared_ptr<const Plan> plan(const PlanKey& key, const Loss* loss = nullptr);
   std::size_t num_plans() const;
+  // Memory for inputs of these signatures (data unread): a training (forward + backward from a
+  // host-given output gradient) or inference plan, compiled if new. optimizer_state is 0 here.
+  MemoryReport memory_report(const std::vector<Tensor>& inputs, bool training);
   // Every compiled plan, one line per step: node, op, the backend that runs it, output shapes.
   std::string describe_plans() const;
   // Changes whenever compiled plans are dropped (dtype change, backend pin): caches compare it.

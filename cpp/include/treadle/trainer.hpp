@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "treadle/context.hpp"
 #include "treadle/loss.hpp"
@@ -16,7 +18,17 @@ namespace treadle {
 struct TrainerOptions {
   double clip_grad_norm = 0.0;  // 0: off
   bool check_finite = false;    // reject NaN/Inf in inputs and targets
+  // Skip the update (parameters and optimizer state untouched) when the loss or the global
+  // gradient norm is not finite; skipped_steps() counts them. For mixed precision and bad batches.
+  bool skip_nonfinite = false;
+  // Silent-data-corruption guard: checksum every parameter slot after each update and verify it
+  // before the next step; a mismatch throws std::runtime_error naming the parameters.
+  bool verify_parameters = false;
+  // Bytes for parameters + gradients + optimizer state + activations (0: none); a plan that would
+  // exceed it is refused with ValueError before it runs.
+  std::size_t memory_budget = 0;
 };
+
 
 class TREADLE_API Trainer {
  public:
@@ -48,6 +60,13 @@ class TREADLE_API Trainer {
   double current_lr() const;
   TrainerOptions& options() { return options_; }
   int64_t steps() const { return optimizer_->step_count(); }
+  // Updates skipped by the skip_nonfinite policy.
+  int64_t skipped_steps() const { return skipped_; }
+  // Memory a training step on (x, y) of these signatures needs; compiles its plan if new.
+  MemoryReport memory_report(const Shape& x_shape, DType x_dtype, const Shape& y_shape, DType y_dtype);
+  // Re-records the parameter checksums (verify_parameters) after a deliberate write to the
+  // parameters (loading a checkpoint, editing weights by hand).
+  void reseal_parameters();
 
  private:
   double run_loss_plan(const Tensor& x, const Tensor& y, PlanMode mode);
@@ -63,6 +82,13 @@ class TREADLE_API Trainer {
   };
   CachedPlan cache_[4];
   void check_input(const Tensor& x, const char* what) const;
+  PlanKey make_key(PlanMode mode, const Tensor& x, const Tensor* y, bool input_grad) const;
+  MemoryReport report_for(const Plan& p);
+  void check_budget(const Plan& p, const Shape& x_shape);
+  bool gradients_finite() const;
+  void verify_parameters() const;
+  std::vector<uint64_t> checksum_parameters(std::size_t first_slot) const;
+  void reseal_frozen();
 
   std::shared_ptr<Model> model_;
   Loss loss_;
@@ -72,6 +98,9 @@ class TREADLE_API Trainer {
   Context ctx_;
   std::shared_ptr<const Plan> pending_;  // plan whose forward ran last (for backward)
   Tensor pending_input_;
+  int64_t skipped_ = 0;
+  std::vector<uint64_t> checksums_;  // per layout slot; empty until the first update
+  uint64_t sealed_generation_ = 0;   // the model's generation when checksums_ were taken
 };
 
 }  // namespace treadle

@@ -62,7 +62,9 @@ std::vector<int> build_backward(Graph& g, int num_nodes, const std::vector<std::
     if (!any_out || !any_in) continue;
     const OpDef& def = reg.at(node.op);
     if (!def.grad) throw_value_error("autodiff: op '", def.name, "' is not differentiable");
+    g.push_scope(node.scope);  // gradient ops carry their forward node's module path (for errors)
     std::vector<Value> in_grads = def.grad(ctx);
+    g.pop_scope();
     for (std::size_t i = 0; i < node.inputs.size() && i < in_grads.size(); ++i)
       if (ctx.needs_grad[i] && in_grads[i].defined()) accumulate(g, grads, node.inputs[i], in_grads[i]);
   }

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <new>
 
+#include "treadle/error.hpp"
+
 namespace treadle {
 
 Executor& serial_executor() {
@@ -17,6 +19,9 @@ Context::~Context() { std::free(arena_); }
 
 void* Context::arena(std::size_t bytes) {
   if (bytes > arena_bytes_) {
+    if (memory_budget_ && bytes > memory_budget_)
+      throw_value_error("Context: a plan needs ", bytes, " bytes of activations and workspace, over this context's ",
+                        "memory_budget of ", memory_budget_, " bytes");
     std::size_t rounded = (bytes + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, rounded);
     if (!p) throw std::bad_alloc();

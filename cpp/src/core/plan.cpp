@@ -1,6 +1,7 @@
 #include "core/plan.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 
 #include "core/op_registry.hpp"
@@ -192,6 +193,43 @@ void Plan::run(Context& ctx, const Bindings& b, int begin, int end) const {
                     ctx.seed(), counter};
     args.state = step.state.get();
     step.kernel(args);
+    if (ctx.check_numerics()) check_numerics(s, refs.data() + nin);
+  }
+}
+
+namespace {
+// Index of the first non-finite element and how many there are (-1, 0 when all are finite).
+template <typename T>
+std::pair<int64_t, int64_t> find_nonfinite(const void* data, int64_t n) {
+  const T* p = static_cast<const T*>(data);
+  int64_t first = -1, count = 0;
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(p[i])) {
+      if (first < 0) first = i;
+      ++count;
+    }
+  return {first, count};
+}
+}  // namespace
+
+void Plan::check_numerics(int s, const TensorRef* outs) const {
+  const Node& node = graph.nodes()[steps[s].node];
+  for (std::size_t k = 0; k < node.outputs.size(); ++k) {
+    const TensorRef& r = outs[k];
+    std::pair<int64_t, int64_t> bad{-1, 0};
+    if (r.dtype == DType::f32) bad = find_nonfinite<float>(r.data, r.numel);
+    else if (r.dtype == DType::f64) bad = find_nonfinite<double>(r.data, r.numel);
+    if (bad.first < 0) continue;
+    double v = r.dtype == DType::f32 ? static_cast<const float*>(r.data)[bad.first]
+                                     : static_cast<const double*>(r.data)[bad.first];
+    // Loss nodes follow the forward pass and end at the loss value's producer.
+    const char* pass = s < forward_end ? "forward"
+                       : (loss >= 0 && s <= graph.info(loss).producer) ? "loss" : "backward";
+    throw_value_error("check_numerics: node ", steps[s].node, " '", OpRegistry::instance().at(node.op).name,
+                      "' in module '", node.scope.empty() ? "<root>" : node.scope, "' (", pass,
+                      " pass) produced ", std::isnan(v) ? "NaN" : "Inf", " in output ", k, " of shape ",
+                      shape_str(*r.shape), " (", bad.second, " non-finite value(s), first at flat index ",
+                      bad.first, ")");
   }
 }
 

@@ -71,6 +71,8 @@ class Plan {
 
  private:
   void plan_memory();
+  // Anomaly mode: throws ValueError if an output of step `s` holds NaN/Inf.
+  void check_numerics(int s, const TensorRef* outs) const;
   void select_kernels(const std::string& backend);
   std::vector<Location> loc_;
   std::vector<int64_t> param_offsets_;

@@ -143,6 +143,16 @@ std::size_t Model::num_plans() const {
   return plans_.size();
 }
 
+MemoryReport Model::memory_report(const std::vector<Tensor>& inputs, bool training) {
+  PlanKey key = infer_key(inputs);
+  key.mode = training ? PlanMode::train_seeded : PlanMode::infer;
+  MemoryReport r;
+  r.parameters = flat_params_.nbytes();
+  r.gradients = training ? flat_grads_.nbytes() : 0;
+  r.activations = plan(key)->arena_bytes();
+  return r;
+}
+
 std::string Model::describe_plans() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::string text;

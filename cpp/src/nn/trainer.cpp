@@ -1,5 +1,6 @@
 #include "treadle/trainer.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -47,12 +48,7 @@ double Trainer::current_lr() const {
   return schedule_ ? schedule_->lr_at(optimizer_->step_count(), optimizer_->lr()) : optimizer_->lr();
 }
 
-std::shared_ptr<const Plan> Trainer::plan_for(PlanMode mode, const Tensor& x, const Tensor* y, bool input_grad) {
-  CachedPlan& c = cache_[static_cast<int>(mode)];
-  if (c.plan && c.generation == model_->generation() && c.x_shape == x.shape() && c.x_dtype == x.dtype() &&
-      c.input_grad == input_grad && (!y || (c.y_shape == y->shape() && c.y_dtype == y->dtype())))
-    return c.plan;
-  const uint64_t generation = model_->generation();
+PlanKey Trainer::make_key(PlanMode mode, const Tensor& x, const Tensor* y, bool input_grad) const {
   PlanKey key = model_->infer_key({x});
   key.mode = mode;
   key.input_grad = input_grad;
@@ -65,14 +61,49 @@ std::shared_ptr<const Plan> Trainer::plan_for(PlanMode mode, const Tensor& x, co
     key.target_shape = y->shape();
     key.target_dtype = y->dtype();
   }
+  return key;
+}
+
+std::shared_ptr<const Plan> Trainer::plan_for(PlanMode mode, const Tensor& x, const Tensor* y, bool input_grad) {
+  CachedPlan& c = cache_[static_cast<int>(mode)];
+  if (c.plan && c.generation == model_->generation() && c.x_shape == x.shape() && c.x_dtype == x.dtype() &&
+      c.input_grad == input_grad && (!y || (c.y_shape == y->shape() && c.y_dtype == y->dtype())))
+    return c.plan;
+  const uint64_t generation = model_->generation();
+  std::shared_ptr<const Plan> p = model_->plan(make_key(mode, x, y, input_grad), y ? &loss_ : nullptr);
+  if (options_.memory_budget) check_budget(*p, x.shape());  // before the plan first runs here
   c = CachedPlan{generation, x.shape(), y ? y->shape() : Shape{}, x.dtype(), y ? y->dtype() : DType::f32, input_grad,
-                 model_->plan(key, y ? &loss_ : nullptr)};
+                 p};
   return c.plan;
+}
+
+MemoryReport Trainer::report_for(const Plan& p) {
+  MemoryReport r;
+  r.parameters = model_->flat_parameters().nbytes();
+  r.gradients = model_->flat_gradients().nbytes();
+  for (const auto& [name, t] : optimizer_->state()) r.optimizer_state += t.defined() ? t.nbytes() : 0;
+  r.activations = std::max(p.arena_bytes(), ctx_.arena_bytes());  // the context keeps its largest arena
+  return r;
+}
+
+void Trainer::check_budget(const Plan& p, const Shape& x_shape) {
+  MemoryReport r = report_for(p);
+  if (r.total() > options_.memory_budget)
+    throw_value_error("Trainer: input of shape ", shape_str(x_shape), " needs ", r.total(), " bytes (parameters ",
+                      r.parameters, ", gradients ", r.gradients, ", optimizer state ", r.optimizer_state,
+                      ", activations ", r.activations, "), over the memory_budget of ", options_.memory_budget,
+                      " bytes");
+}
+
+MemoryReport Trainer::memory_report(const Shape& x_shape, DType x_dtype, const Shape& y_shape, DType y_dtype) {
+  Tensor x(x_shape, x_dtype), y(y_shape, y_dtype);  // signatures only; the data is never read
+  return report_for(*model_->plan(make_key(PlanMode::train_loss, x, &y, false), &loss_));
 }
 
 double Trainer::run_loss_plan(const Tensor& x, const Tensor& y, PlanMode mode) {
   check_input(x, "input");
   check_input(y, "target");
+  if (options_.verify_parameters) verify_parameters();
   std::shared_ptr<const Plan> p = plan_for(mode, x, &y, false);
   const ValueInfo& out = p->graph.info(p->outputs.at(0));
   loss_.check_target(out.shape, out.dtype, y);  // e.g. class indices in range, before any compute
@@ -87,6 +118,7 @@ double Trainer::run_loss_plan(const Tensor& x, const Tensor& y, PlanMode mode) {
   if (mode == PlanMode::train_loss) {
     p->accumulate_param_grads(ctx_, b, model_->flat_gradients().data());
     pending_.reset();
+    if (options_.verify_parameters) reseal_frozen();  // training forwards update running statistics
   }
   return read_scalar(p->address(ctx_, b, p->loss), p->graph.info(p->loss).dtype);
 }
@@ -94,6 +126,10 @@ double Trainer::run_loss_plan(const Tensor& x, const Tensor& y, PlanMode mode) {
 double Trainer::step(const Tensor& x, const Tensor& y) {
   zero_grad();
   double loss = run_loss_plan(x, y, PlanMode::train_loss);
+  if (options_.skip_nonfinite && !std::isfinite(loss)) {
+    ++skipped_;
+    return loss;
+  }
   if (options_.check_finite && !std::isfinite(loss))
     throw_value_error("Trainer.step: loss is ", loss, "; parameters left unchanged");
   update();
@@ -108,6 +144,7 @@ double Trainer::evaluate(const Tensor& x, const Tensor& y) { return run_loss_pla
 
 Tensor Trainer::forward(const Tensor& x, bool input_grad) {
   check_input(x, "input");
+  if (options_.verify_parameters) verify_parameters();
   std::shared_ptr<const Plan> p = plan_for(PlanMode::train_seeded, x, nullptr, input_grad);
   // Keep a private copy of the input: backward needs it, and the host may reuse its array.
   if (!pending_input_.defined() || pending_input_.shape() != x.shape() || pending_input_.dtype() != x.dtype())
@@ -116,6 +153,7 @@ Tensor Trainer::forward(const Tensor& x, bool input_grad) {
   void* in_ptr[1] = {pending_input_.data()};
   Bindings b{model_->flat_parameters().data(), in_ptr, {}, {}};
   p->run(ctx_, b, 0, p->forward_end);
+  if (options_.verify_parameters) reseal_frozen();
   pending_ = p;
   const ValueInfo& out = p->graph.info(p->outputs.at(0));
   Tensor y(out.shape, out.dtype);
@@ -157,8 +195,72 @@ void Trainer::update() {
                      model_->num_trainable(), " trainable values) since the optimizer was bound (",
                      dtype_name(optimizer_->dtype()), ", ", optimizer_->numel(), "); create a new optimizer");
   const Tensor& grads = model_->trainable_gradients();
+  if (options_.skip_nonfinite && !gradients_finite()) {
+    ++skipped_;
+    return;
+  }
+  if (options_.verify_parameters) verify_parameters();  // never bake a corrupted value into an update
   if (options_.clip_grad_norm > 0) clip_grad_norm(grads, options_.clip_grad_norm, ctx_.executor());
   optimizer_->step(model_->trainable_parameters(), grads, current_lr(), ctx_.executor());
+  if (options_.verify_parameters) reseal_parameters();
+}
+
+bool Trainer::gradients_finite() const {
+  // The global norm in double: finite exactly when every gradient is finite and the norm does
+  // not overflow, which is what clipping and the update need.
+  const Tensor& g = model_->trainable_gradients();
+  double sum = 0;
+  if (g.dtype() == DType::f32) {
+    const float* p = g.data_as<float>();
+    for (int64_t i = 0; i < g.numel(); ++i) sum += static_cast<double>(p[i]) * p[i];
+  } else {
+    const double* p = g.data_as<double>();
+    for (int64_t i = 0; i < g.numel(); ++i) sum += p[i] * p[i];
+  }
+  return std::isfinite(std::sqrt(sum));
+}
+
+// FNV-1a over the bytes of each parameter slot: cheap, and any flipped bit changes it.
+std::vector<uint64_t> Trainer::checksum_parameters(std::size_t first_slot) const {
+  const std::vector<ParamSlot>& layout = model_->layout();
+  const std::size_t es = dtype_size(model_->dtype());
+  const auto* base = static_cast<const unsigned char*>(model_->flat_parameters().data());
+  std::vector<uint64_t> sums(layout.size(), 0);
+  for (std::size_t i = first_slot; i < layout.size(); ++i) {
+    uint64_t h = 14695981039346656037ull;
+    const unsigned char* p = base + layout[i].offset * es;
+    for (std::size_t k = 0, n = static_cast<std::size_t>(layout[i].numel) * es; k < n; ++k)
+      h = (h ^ p[k]) * 1099511628211ull;
+    sums[i] = h;
+  }
+  return sums;
+}
+
+void Trainer::reseal_parameters() {
+  checksums_ = checksum_parameters(0);
+  sealed_generation_ = model_->generation();
+}
+
+void Trainer::reseal_frozen() {
+  if (checksums_.size() != model_->layout().size() || sealed_generation_ != model_->generation())
+    return reseal_parameters();
+  const std::vector<ParamSlot>& layout = model_->layout();
+  std::vector<uint64_t> now = checksum_parameters(model_->trainable_layout().size());
+  for (std::size_t i = model_->trainable_layout().size(); i < layout.size(); ++i) checksums_[i] = now[i];
+}
+
+void Trainer::verify_parameters() const {
+  const std::vector<ParamSlot>& layout = model_->layout();
+  // Nothing recorded yet, or the model re-packed its buffer (a dtype change) since.
+  if (checksums_.size() != layout.size() || sealed_generation_ != model_->generation()) return;
+  std::vector<uint64_t> now = checksum_parameters(0);
+  std::string bad;
+  for (std::size_t i = 0; i < layout.size(); ++i)
+    if (now[i] != checksums_[i]) bad += (bad.empty() ? "'" : ", '") + layout[i].name + "'";
+  if (!bad.empty())
+    throw_runtime_error("Trainer: parameter checksum mismatch in ", bad, " before update ", steps() + 1,
+                        ": the parameters changed outside an update (memory corruption, or a deliberate write: ",
+                        "call reseal_parameters() after editing them)");
 }
 
 }  // namespace treadle
