@@ -15,6 +15,21 @@ py::dict memory_dict(const MemoryReport& r) {
   return d;
 }
 
+namespace {
+// A model's inputs: one array, or a list/tuple of arrays for models with several inputs (e.g. a
+// sequence and its lengths).
+std::vector<Tensor> model_inputs(const py::handle& x, const char* what) {
+  std::vector<Tensor> out;
+  if (py::isinstance<py::list>(x) || py::isinstance<py::tuple>(x)) {
+    for (auto item : x) out.push_back(tensor_from_numpy(item, what));
+    if (out.empty()) throw_value_error(what, ": no inputs given");
+  } else {
+    out.push_back(tensor_from_numpy(x, what));
+  }
+  return out;
+}
+}  // namespace
+
 void bind_train(py::module_& m) {
   py::class_<TrainerOptions>(m, "TrainerOptions")
       .def(py::init<>())
@@ -32,26 +47,29 @@ void bind_train(py::module_& m) {
            py::arg("model"), py::arg("loss"), py::arg("optimizer"), py::arg("options") = TrainerOptions(),
            py::arg("seed") = 0, py::arg("executor") = nullptr, py::keep_alive<1, 2>(), py::keep_alive<1, 7>())
       .def("step", [](Trainer& t, const py::handle& x, const py::handle& y) {
-        Tensor tx = tensor_from_numpy(x, "step(x)"), ty = tensor_from_numpy(y, "step(y)");
+        std::vector<Tensor> xs = model_inputs(x, "step(x)");
+        Tensor ty = tensor_from_numpy(y, "step(y)");
         py::gil_scoped_release release;
-        return t.step(tx, ty);
+        return t.step(Trainer::Inputs(xs), ty);
       })
       .def("compute_gradients", [](Trainer& t, const py::handle& x, const py::handle& y) {
-        Tensor tx = tensor_from_numpy(x, "compute_gradients(x)"), ty = tensor_from_numpy(y, "compute_gradients(y)");
+        std::vector<Tensor> xs = model_inputs(x, "compute_gradients(x)");
+        Tensor ty = tensor_from_numpy(y, "compute_gradients(y)");
         py::gil_scoped_release release;
-        return t.compute_gradients(tx, ty);
+        return t.compute_gradients(Trainer::Inputs(xs), ty);
       })
       .def("evaluate", [](Trainer& t, const py::handle& x, const py::handle& y) {
-        Tensor tx = tensor_from_numpy(x, "evaluate(x)"), ty = tensor_from_numpy(y, "evaluate(y)");
+        std::vector<Tensor> xs = model_inputs(x, "evaluate(x)");
+        Tensor ty = tensor_from_numpy(y, "evaluate(y)");
         py::gil_scoped_release release;
-        return t.evaluate(tx, ty);
+        return t.evaluate(Trainer::Inputs(xs), ty);
       })
       .def("forward", [](Trainer& t, const py::handle& x, bool input_grad) {
-        Tensor tx = tensor_from_numpy(x, "forward(x)");
+        std::vector<Tensor> xs = model_inputs(x, "forward(x)");
         Tensor y;
         {
           py::gil_scoped_release release;
-          y = t.forward(tx, input_grad);
+          y = t.forward(Trainer::Inputs(xs), input_grad);
         }
         return numpy_copy(y);
       }, py::arg("x"), py::arg("input_grad") = false)

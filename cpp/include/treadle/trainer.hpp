@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -32,19 +33,27 @@ struct TrainerOptions {
 
 class TREADLE_API Trainer {
  public:
+  // A model's inputs, in order (models with one input take a single Tensor below).
+  using Inputs = std::span<const Tensor>;
+  static constexpr std::size_t kMaxInputs = 8;
+
   Trainer(std::shared_ptr<Model> model, Loss loss, std::shared_ptr<Optimizer> optimizer,
           TrainerOptions options = {}, Executor* executor = nullptr, uint64_t seed = 0);
   ~Trainer();
 
   // zero_grad + forward + loss + backward + (clip) + update. Returns the loss.
-  double step(const Tensor& x, const Tensor& y);
+  double step(const Tensor& x, const Tensor& y) { return step(Inputs(&x, 1), y); }
+  double step(Inputs xs, const Tensor& y);
   // forward (eval mode: no dropout) + loss; touches no gradient or parameter. Returns the loss.
-  double evaluate(const Tensor& x, const Tensor& y);
+  double evaluate(const Tensor& x, const Tensor& y) { return evaluate(Inputs(&x, 1), y); }
+  double evaluate(Inputs xs, const Tensor& y);
   // forward + loss + backward, accumulating into the gradients; no update. Returns the loss.
-  double compute_gradients(const Tensor& x, const Tensor& y);
+  double compute_gradients(const Tensor& x, const Tensor& y) { return compute_gradients(Inputs(&x, 1), y); }
+  double compute_gradients(Inputs xs, const Tensor& y);
   // Host-driven phases. forward keeps activations in the trainer's context for backward;
   // input_grad=true compiles the backward pass to also produce dL/d(input).
-  Tensor forward(const Tensor& x, bool input_grad = false);
+  Tensor forward(const Tensor& x, bool input_grad = false) { return forward(Inputs(&x, 1), input_grad); }
+  Tensor forward(Inputs xs, bool input_grad = false);
   // Accumulates parameter gradients from dL/d(output). When input_grad is non-null it receives
   // dL/d(input) (allocated here, shaped like the input).
   void backward(const Tensor& grad_output, Tensor* input_grad = nullptr);
@@ -69,20 +78,22 @@ class TREADLE_API Trainer {
   void reseal_parameters();
 
  private:
-  double run_loss_plan(const Tensor& x, const Tensor& y, PlanMode mode);
+  double run_loss_plan(Inputs xs, const Tensor& y, PlanMode mode);
   // The plan for this mode and signature: a per-mode last-used entry answers repeated steps without
   // building a key (so a step allocates nothing); a miss asks the model.
-  std::shared_ptr<const Plan> plan_for(PlanMode mode, const Tensor& x, const Tensor* y, bool input_grad);
+  std::shared_ptr<const Plan> plan_for(PlanMode mode, Inputs xs, const Tensor* y, bool input_grad);
   struct CachedPlan {
     uint64_t generation = ~uint64_t{0};
-    Shape x_shape, y_shape;
-    DType x_dtype = DType::f32, y_dtype = DType::f32;
+    std::vector<Shape> x_shapes;
+    std::vector<DType> x_dtypes;
+    Shape y_shape;
+    DType y_dtype = DType::f32;
     bool input_grad = false;
     std::shared_ptr<const Plan> plan;
   };
   CachedPlan cache_[4];
   void check_input(const Tensor& x, const char* what) const;
-  PlanKey make_key(PlanMode mode, const Tensor& x, const Tensor* y, bool input_grad) const;
+  PlanKey make_key(PlanMode mode, Inputs xs, const Tensor* y, bool input_grad) const;
   MemoryReport report_for(const Plan& p);
   void check_budget(const Plan& p, const Shape& x_shape);
   bool gradients_finite() const;
@@ -97,7 +108,7 @@ class TREADLE_API Trainer {
   TrainerOptions options_;
   Context ctx_;
   std::shared_ptr<const Plan> pending_;  // plan whose forward ran last (for backward)
-  Tensor pending_input_;
+  std::vector<Tensor> pending_inputs_;  // private copies of the last forward's inputs
   int64_t skipped_ = 0;
   std::vector<uint64_t> checksums_;  // per layout slot; empty until the first update
   uint64_t sealed_generation_ = 0;   // the model's generation when checksums_ were taken

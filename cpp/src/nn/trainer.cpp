@@ -1,6 +1,7 @@
 #include "treadle/trainer.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 
@@ -48,8 +49,8 @@ double Trainer::current_lr() const {
   return schedule_ ? schedule_->lr_at(optimizer_->step_count(), optimizer_->lr()) : optimizer_->lr();
 }
 
-PlanKey Trainer::make_key(PlanMode mode, const Tensor& x, const Tensor* y, bool input_grad) const {
-  PlanKey key = model_->infer_key({x});
+PlanKey Trainer::make_key(PlanMode mode, Inputs xs, const Tensor* y, bool input_grad) const {
+  PlanKey key = model_->infer_key(std::vector<Tensor>(xs.begin(), xs.end()));
   key.mode = mode;
   key.input_grad = input_grad;
   if (y) {
@@ -64,16 +65,23 @@ PlanKey Trainer::make_key(PlanMode mode, const Tensor& x, const Tensor* y, bool 
   return key;
 }
 
-std::shared_ptr<const Plan> Trainer::plan_for(PlanMode mode, const Tensor& x, const Tensor* y, bool input_grad) {
+std::shared_ptr<const Plan> Trainer::plan_for(PlanMode mode, Inputs xs, const Tensor* y, bool input_grad) {
   CachedPlan& c = cache_[static_cast<int>(mode)];
-  if (c.plan && c.generation == model_->generation() && c.x_shape == x.shape() && c.x_dtype == x.dtype() &&
-      c.input_grad == input_grad && (!y || (c.y_shape == y->shape() && c.y_dtype == y->dtype())))
-    return c.plan;
+  bool hit = c.plan && c.generation == model_->generation() && c.input_grad == input_grad &&
+             c.x_shapes.size() == xs.size() && (!y || (c.y_shape == y->shape() && c.y_dtype == y->dtype()));
+  for (std::size_t i = 0; hit && i < xs.size(); ++i)
+    hit = c.x_shapes[i] == xs[i].shape() && c.x_dtypes[i] == xs[i].dtype();
+  if (hit) return c.plan;
+  if (xs.empty() || xs.size() > kMaxInputs)
+    throw_value_error("Trainer: expected 1 to ", kMaxInputs, " model inputs, got ", xs.size());
   const uint64_t generation = model_->generation();
-  std::shared_ptr<const Plan> p = model_->plan(make_key(mode, x, y, input_grad), y ? &loss_ : nullptr);
-  if (options_.memory_budget) check_budget(*p, x.shape());  // before the plan first runs here
-  c = CachedPlan{generation, x.shape(), y ? y->shape() : Shape{}, x.dtype(), y ? y->dtype() : DType::f32, input_grad,
-                 p};
+  std::shared_ptr<const Plan> p = model_->plan(make_key(mode, xs, y, input_grad), y ? &loss_ : nullptr);
+  if (options_.memory_budget) check_budget(*p, xs[0].shape());  // before the plan first runs here
+  c = CachedPlan{generation, {}, {}, y ? y->shape() : Shape{}, y ? y->dtype() : DType::f32, input_grad, p};
+  for (const Tensor& x : xs) {
+    c.x_shapes.push_back(x.shape());
+    c.x_dtypes.push_back(x.dtype());
+  }
   return c.plan;
 }
 
@@ -97,22 +105,24 @@ void Trainer::check_budget(const Plan& p, const Shape& x_shape) {
 
 MemoryReport Trainer::memory_report(const Shape& x_shape, DType x_dtype, const Shape& y_shape, DType y_dtype) {
   Tensor x(x_shape, x_dtype), y(y_shape, y_dtype);  // signatures only; the data is never read
-  return report_for(*model_->plan(make_key(PlanMode::train_loss, x, &y, false), &loss_));
+  return report_for(*model_->plan(make_key(PlanMode::train_loss, Inputs(&x, 1), &y, false), &loss_));
 }
 
-double Trainer::run_loss_plan(const Tensor& x, const Tensor& y, PlanMode mode) {
-  check_input(x, "input");
+double Trainer::run_loss_plan(Inputs xs, const Tensor& y, PlanMode mode) {
+  for (const Tensor& x : xs) check_input(x, "input");
   check_input(y, "target");
   if (options_.verify_parameters) verify_parameters();
-  std::shared_ptr<const Plan> p = plan_for(mode, x, &y, false);
+  std::shared_ptr<const Plan> p = plan_for(mode, xs, &y, false);
   const ValueInfo& out = p->graph.info(p->outputs.at(0));
   loss_.check_target(out.shape, out.dtype, y);  // e.g. class indices in range, before any compute
-  Tensor x_copy, y_copy;  // only for non-contiguous inputs
-  const Tensor& xc = x.is_contiguous() ? x : (x_copy = x.clone());
+  std::array<Tensor, kMaxInputs> x_copies;  // only for non-contiguous inputs
+  std::array<void*, kMaxInputs> in_ptr{};
+  for (std::size_t i = 0; i < xs.size(); ++i)
+    in_ptr[i] = xs[i].is_contiguous() ? xs[i].data() : (x_copies[i] = xs[i].clone()).data();
+  Tensor y_copy;
   const Tensor& yc = y.is_contiguous() ? y : (y_copy = y.clone());
-  void* in_ptr[1] = {xc.data()};
   void* tgt_ptr[1] = {yc.data()};
-  Bindings b{model_->flat_parameters().data(), in_ptr, tgt_ptr, {}};
+  Bindings b{model_->flat_parameters().data(), std::span<void* const>(in_ptr.data(), xs.size()), tgt_ptr, {}};
   pending_.reset();  // this run reuses the context's activation memory: a pending backward is void
   p->run(ctx_, b, 0, p->num_steps());
   if (mode == PlanMode::train_loss) {
@@ -123,9 +133,9 @@ double Trainer::run_loss_plan(const Tensor& x, const Tensor& y, PlanMode mode) {
   return read_scalar(p->address(ctx_, b, p->loss), p->graph.info(p->loss).dtype);
 }
 
-double Trainer::step(const Tensor& x, const Tensor& y) {
+double Trainer::step(Inputs xs, const Tensor& y) {
   zero_grad();
-  double loss = run_loss_plan(x, y, PlanMode::train_loss);
+  double loss = run_loss_plan(xs, y, PlanMode::train_loss);
   if (options_.skip_nonfinite && !std::isfinite(loss)) {
     ++skipped_;
     return loss;
@@ -136,22 +146,25 @@ double Trainer::step(const Tensor& x, const Tensor& y) {
   return loss;
 }
 
-double Trainer::compute_gradients(const Tensor& x, const Tensor& y) {
-  return run_loss_plan(x, y, PlanMode::train_loss);
-}
+double Trainer::compute_gradients(Inputs xs, const Tensor& y) { return run_loss_plan(xs, y, PlanMode::train_loss); }
 
-double Trainer::evaluate(const Tensor& x, const Tensor& y) { return run_loss_plan(x, y, PlanMode::eval_loss); }
+double Trainer::evaluate(Inputs xs, const Tensor& y) { return run_loss_plan(xs, y, PlanMode::eval_loss); }
 
-Tensor Trainer::forward(const Tensor& x, bool input_grad) {
-  check_input(x, "input");
+Tensor Trainer::forward(Inputs xs, bool input_grad) {
+  for (const Tensor& x : xs) check_input(x, "input");
   if (options_.verify_parameters) verify_parameters();
-  std::shared_ptr<const Plan> p = plan_for(PlanMode::train_seeded, x, nullptr, input_grad);
-  // Keep a private copy of the input: backward needs it, and the host may reuse its array.
-  if (!pending_input_.defined() || pending_input_.shape() != x.shape() || pending_input_.dtype() != x.dtype())
-    pending_input_ = Tensor(x.shape(), x.dtype());
-  pending_input_.copy_from(x);
-  void* in_ptr[1] = {pending_input_.data()};
-  Bindings b{model_->flat_parameters().data(), in_ptr, {}, {}};
+  std::shared_ptr<const Plan> p = plan_for(PlanMode::train_seeded, xs, nullptr, input_grad);
+  // Keep private copies of the inputs: backward needs them, and the host may reuse its arrays.
+  pending_inputs_.resize(xs.size());
+  std::array<void*, kMaxInputs> in_ptr{};
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    Tensor& held = pending_inputs_[i];
+    if (!held.defined() || held.shape() != xs[i].shape() || held.dtype() != xs[i].dtype())
+      held = Tensor(xs[i].shape(), xs[i].dtype());
+    held.copy_from(xs[i]);
+    in_ptr[i] = held.data();
+  }
+  Bindings b{model_->flat_parameters().data(), std::span<void* const>(in_ptr.data(), xs.size()), {}, {}};
   p->run(ctx_, b, 0, p->forward_end);
   if (options_.verify_parameters) reseal_frozen();
   pending_ = p;
@@ -176,15 +189,17 @@ void Trainer::backward(const Tensor& grad_output, Tensor* input_grad) {
   check_input(grad_output, "grad_output");
   Tensor g_copy;
   const Tensor& g = grad_output.is_contiguous() ? grad_output : (g_copy = grad_output.clone());
-  void* in_ptr[1] = {pending_input_.data()};
+  std::array<void*, kMaxInputs> in_ptr{};
+  for (std::size_t i = 0; i < pending_inputs_.size(); ++i) in_ptr[i] = pending_inputs_[i].data();
   void* seed_ptr[1] = {g.data()};
-  Bindings b{model_->flat_parameters().data(), in_ptr, {}, seed_ptr};
+  Bindings b{model_->flat_parameters().data(), std::span<void* const>(in_ptr.data(), pending_inputs_.size()), {},
+             seed_ptr};
   p->run(ctx_, b, p->forward_end, p->num_steps());
   p->accumulate_param_grads(ctx_, b, model_->flat_gradients().data());
   pending_.reset();
   if (input_grad) {
     int id = p->input_grads.at(0);
-    *input_grad = Tensor(pending_input_.shape(), pending_input_.dtype());
+    *input_grad = Tensor(pending_inputs_[0].shape(), pending_inputs_[0].dtype());
     if (id >= 0) std::memcpy(input_grad->data(), p->address(ctx_, b, id), input_grad->nbytes());
   }
 }
