@@ -15,7 +15,8 @@ class TREADLE_API Executor {
   virtual ~Executor() = default;
   virtual int num_workers() const = 0;
   // Run body(begin, end) over disjoint chunks covering [0, n). Must not return before all are done.
-  // An exception thrown by a chunk must be rethrown on the calling thread.
+  // An exception thrown by a chunk must be rethrown on the calling thread, after every other chunk
+  // has run (a kernel's result is all-or-nothing: the optimizer relies on it).
   virtual void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& body) = 0;
 };
 

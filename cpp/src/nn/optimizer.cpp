@@ -103,13 +103,10 @@ void Optimizer::step(const Tensor& params, const Tensor& grads, double lr, Execu
   check_buffer(*this, "params", params, dtype_, total_);
   check_buffer(*this, "grads", grads, dtype_, total_);
   if (!(lr >= 0.0) || !std::isfinite(lr)) throw_value_error(name(), ".step: invalid learning rate: ", lr);
+  // An executor runs every chunk before it rethrows (its contract), so an update that raises was
+  // still applied in full: the step counts either way, keeping bias corrections in step.
   ++t_;
-  try {
-    update(params, grads, lr, exec);
-  } catch (...) {
-    --t_;
-    throw;
-  }
+  update(params, grads, lr, exec);
 }
 
 }  // namespace treadle
