@@ -6,29 +6,13 @@
 #include <vector>
 
 #include "bindings.hpp"
+#include "treadle/testing.hpp"
 #include "treadle/error.hpp"
 #include "treadle/executor.hpp"
 #include "treadle/optim.hpp"
 
 namespace treadle::py_bind {
 namespace {
-
-// Splits every parallel_for into `workers` contiguous ranges and runs them last to first on the
-// calling thread: a test aid that shows whether results depend on chunking (they must not).
-class ChunkingExecutor final : public Executor {
- public:
-  explicit ChunkingExecutor(int workers) : workers_(workers) {}
-  int num_workers() const override { return workers_; }
-  void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& body) override {
-    for (int64_t w = workers_ - 1; w >= 0; --w) {
-      const int64_t b = n * w / workers_, e = n * (w + 1) / workers_;
-      if (b < e) body(b, e);
-    }
-  }
-
- private:
-  int workers_;
-};
 
 DType float_dtype(const py::handle& obj, const std::string& who) {
   const py::dtype dt = py::dtype::from_args(py::reinterpret_borrow<py::object>(obj));

@@ -7,26 +7,6 @@
 #include "treadle/testing.hpp"
 
 namespace treadle {
-namespace {
-
-// Splits every parallel_for into `workers` ranges and runs them last to first on the calling
-// thread: shows whether results depend on chunking (they must not).
-class ChunkingExecutor final : public Executor {
- public:
-  explicit ChunkingExecutor(int workers) : workers_(workers) {}
-  int num_workers() const override { return workers_; }
-  void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& body) override {
-    for (int64_t w = workers_ - 1; w >= 0; --w) {
-      const int64_t b = n * w / workers_, e = n * (w + 1) / workers_;
-      if (b < e) body(b, e);
-    }
-  }
-
- private:
-  int workers_;
-};
-
-}  // namespace
 
 OpRunResult run_op(const std::string& op, const std::vector<Tensor>& inputs, const Attrs& attrs,
                    const std::vector<Tensor>& grad_outputs, const std::string& backend, bool training,
