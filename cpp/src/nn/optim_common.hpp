@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "treadle/error.hpp"
+#include "treadle/optim.hpp"
 
 namespace treadle::optim::detail {
 
@@ -30,5 +31,22 @@ void dispatch(bool b, F&& f) {
   else
     f(std::false_type{});
 }
+
+// Base of the fused optimizers: dispatches update() on the buffers' dtype to Derived::run<T>
+// (private in Derived, which befriends this class).
+template <typename Derived>
+class FusedOptimizer : public Optimizer {
+ public:
+  using Optimizer::Optimizer;
+
+ protected:
+  void update(const Tensor& params, const Tensor& grads, double lr, Executor& exec) override {
+    auto& self = static_cast<Derived&>(*this);
+    if (dtype_ == DType::f32)
+      self.template run<float>(params, grads, lr, exec);
+    else
+      self.template run<double>(params, grads, lr, exec);
+  }
+};
 
 }  // namespace treadle::optim::detail

@@ -50,9 +50,11 @@ void rmsprop_elements(int64_t b, int64_t e, T* __restrict p, const T* __restrict
   }
 }
 
-class RMSprop final : public Optimizer {
+class RMSprop final : public detail::FusedOptimizer<RMSprop> {
+  friend class detail::FusedOptimizer<RMSprop>;
+
  public:
-  explicit RMSprop(const RMSpropOptions& o) : Optimizer(o.lr), o_(o) {
+  explicit RMSprop(const RMSpropOptions& o) : FusedOptimizer(o.lr), o_(o) {
     require(o.lr >= 0, "RMSprop", "lr (learning rate)", o.lr);
     require(o.eps > 0, "RMSprop", "eps (epsilon, must be > 0)", o.eps);
     require(o.momentum >= 0, "RMSprop", "momentum", o.momentum);
@@ -67,12 +69,6 @@ class RMSprop final : public Optimizer {
     if (o_.momentum > 0) names.push_back("momentum_buffer");
     if (o_.centered) names.push_back("grad_avg");
     return names;
-  }
-  void update(const Tensor& params, const Tensor& grads, double lr, Executor& exec) override {
-    if (dtype_ == DType::f32)
-      run<float>(params, grads, lr, exec);
-    else
-      run<double>(params, grads, lr, exec);
   }
 
  private:
@@ -134,20 +130,16 @@ AdagradStep<T> adagrad_step(const AdagradOptions& o, double lr, int64_t t) {
   return {T(-clr), T(o.weight_decay), T(o.eps), o.weight_decay != 0};
 }
 
-class Adagrad final : public Optimizer {
+class Adagrad final : public detail::FusedOptimizer<Adagrad> {
+  friend class detail::FusedOptimizer<Adagrad>;
+
  public:
-  explicit Adagrad(const AdagradOptions& o) : Optimizer(o.lr), o_(o) { check_adagrad("Adagrad", o); }
+  explicit Adagrad(const AdagradOptions& o) : FusedOptimizer(o.lr), o_(o) { check_adagrad("Adagrad", o); }
   std::string name() const override { return "Adagrad"; }
 
  protected:
   std::vector<std::string> state_names() const override { return {"sum"}; }
   void initialize_state() override { fill_state(o_.initial_accumulator_value); }
-  void update(const Tensor& params, const Tensor& grads, double lr, Executor& exec) override {
-    if (dtype_ == DType::f32)
-      run<float>(params, grads, lr, exec);
-    else
-      run<double>(params, grads, lr, exec);
-  }
 
  private:
   void fill_state(double value) {
@@ -177,9 +169,11 @@ enum class Axis { rows, cols };
 // The row/column-wise AdaGrad documented in optim.hpp. Squares are formed in the buffer's dtype and
 // summed in double: a row of C equal float32 squares then averages back to that square exactly, so
 // row-constant gradients reproduce element-wise AdaGrad (up to the compiler fusing its multiply-add).
-class MatrixAdagrad final : public Optimizer {
+class MatrixAdagrad final : public detail::FusedOptimizer<MatrixAdagrad> {
+  friend class detail::FusedOptimizer<MatrixAdagrad>;
+
  public:
-  MatrixAdagrad(const AdagradOptions& o, Axis axis) : Optimizer(o.lr), o_(o), axis_(axis) { check_adagrad(who(), o); }
+  MatrixAdagrad(const AdagradOptions& o, Axis axis) : FusedOptimizer(o.lr), o_(o), axis_(axis) { check_adagrad(who(), o); }
   std::string name() const override { return who(); }
 
  protected:
@@ -190,12 +184,6 @@ class MatrixAdagrad final : public Optimizer {
     return n;
   }
   void initialize_state() override;
-  void update(const Tensor& params, const Tensor& grads, double lr, Executor& exec) override {
-    if (dtype_ == DType::f32)
-      run<float>(params, grads, lr, exec);
-    else
-      run<double>(params, grads, lr, exec);
-  }
 
  private:
   const char* who() const { return axis_ == Axis::rows ? "RowWiseAdagrad" : "ColumnWiseAdagrad"; }

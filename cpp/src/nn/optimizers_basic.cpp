@@ -40,9 +40,11 @@ void sgd_elements(int64_t b, int64_t e, T* __restrict p, const T* __restrict g, 
   }
 }
 
-class SGD final : public Optimizer {
+class SGD final : public detail::FusedOptimizer<SGD> {
+  friend class detail::FusedOptimizer<SGD>;
+
  public:
-  explicit SGD(const SGDOptions& o) : Optimizer(o.lr), o_(o) {
+  explicit SGD(const SGDOptions& o) : FusedOptimizer(o.lr), o_(o) {
     require(o.lr >= 0, "SGD", "lr (learning rate)", o.lr);
     require(o.momentum >= 0, "SGD", "momentum", o.momentum);
     require(o.weight_decay >= 0, "SGD", "weight_decay", o.weight_decay);
@@ -57,12 +59,6 @@ class SGD final : public Optimizer {
   std::vector<std::string> state_names() const override {
     if (o_.momentum == 0) return {};
     return {"momentum_buffer"};
-  }
-  void update(const Tensor& params, const Tensor& grads, double lr, Executor& exec) override {
-    if (dtype_ == DType::f32)
-      run<float>(params, grads, lr, exec);
-    else
-      run<double>(params, grads, lr, exec);
   }
 
  private:
@@ -112,9 +108,11 @@ void adam_elements(int64_t b, int64_t e, T* __restrict p, const T* __restrict g,
   }
 }
 
-class Adam final : public Optimizer {
+class Adam final : public detail::FusedOptimizer<Adam> {
+  friend class detail::FusedOptimizer<Adam>;
+
  public:
-  Adam(const AdamOptions& o, bool decoupled) : Optimizer(o.lr), o_(o), decoupled_(decoupled) {
+  Adam(const AdamOptions& o, bool decoupled) : FusedOptimizer(o.lr), o_(o), decoupled_(decoupled) {
     const char* who = decoupled ? "AdamW" : "Adam";
     require(o.lr >= 0, who, "lr (learning rate)", o.lr);
     require(o.eps > 0, who, "eps (epsilon, must be > 0)", o.eps);
@@ -128,12 +126,6 @@ class Adam final : public Optimizer {
   std::vector<std::string> state_names() const override {
     if (o_.amsgrad) return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
     return {"exp_avg", "exp_avg_sq"};
-  }
-  void update(const Tensor& params, const Tensor& grads, double lr, Executor& exec) override {
-    if (dtype_ == DType::f32)
-      run<float>(params, grads, lr, exec);
-    else
-      run<double>(params, grads, lr, exec);
   }
 
  private:
