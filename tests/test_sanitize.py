@@ -50,14 +50,25 @@ def _missing_toolchain():
     return None
 
 
-def _script(*args, timeout):
-    env = dict(os.environ, SANITIZE_BUILD_DIR=BUILD, SANITIZE_PYTHON=sys.executable)
+def _script(*args, timeout, **extra_env):
+    env = dict(os.environ, SANITIZE_BUILD_DIR=BUILD, SANITIZE_PYTHON=sys.executable, **extra_env)
     return subprocess.run([SCRIPT, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
 
 
-def _report(proc, limit=12000):
-    """The end of the output, with stderr (where sanitizer reports go) first."""
-    return f"exit status {proc.returncode}\n--- stderr ---\n{proc.stderr[-limit:]}\n--- stdout ---\n{proc.stdout[-limit:]}"
+def _report(proc, limit=8000):
+    """The first sanitizer report in full, then the ends of stderr and stdout (the pytest summary).
+
+    A UBSan report is written when it happens, so the interpreter's dying traceback follows it; an
+    ASan report is collected from its log file at the end."""
+    err, out = proc.stderr, proc.stdout
+    parts = [f"exit status {proc.returncode}"]
+    starts = [i for i in (err.find(m) for m in REPORT_MARKERS) if i >= 0]
+    if starts:
+        begin = err.rfind("\n", 0, min(starts)) + 1
+        parts.append("--- first sanitizer report ---\n" + err[begin:begin + limit])
+    parts.append("--- end of stderr ---\n" + err[-limit // 2:])
+    parts.append("--- end of stdout ---\n" + out[-limit // 2:])
+    return "\n".join(parts)
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +109,20 @@ def test_step_passes_a_clean_probe(sanitized_build, route):
     proc = _script(*_probe_command(route, "clean"), timeout=300)
     assert proc.returncode == 0, _report(proc)
     assert not any(m in proc.stderr for m in REPORT_MARKERS), _report(proc)
+
+
+@pytest.mark.parametrize("kind", ["heap-overflow", "signed-overflow"])
+def test_python_stage_fails_on_a_report_inside_a_test(sanitized_build, tmp_path, kind):
+    """The whole Python stage (pytest, its output capture, the report files) turns a report in the
+    middle of a test into a failure that shows the report."""
+    module = os.path.join(BUILD, "probe", "libsanitize_probe_module.so")
+    test_file = tmp_path / "test_probe_inside.py"
+    test_file.write_text("import ctypes\n\n\ndef test_probe():\n"
+                         f"    ctypes.CDLL({module!r}).treadle_sanitize_probe({kind.encode()!r})\n")
+    proc = _script("python", timeout=600, SANITIZE_PYTESTS=str(test_file))
+    assert proc.returncode != 0, f"{kind} inside a test went unreported:\n" + _report(proc)
+    assert PROBES[kind] in proc.stderr, _report(proc)
+    assert "test_probe_inside.py" in proc.stderr, "the dying test should be named:\n" + _report(proc)
 
 
 def test_cpp_tests_clean_under_sanitizers(sanitized_build):
