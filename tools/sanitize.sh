@@ -122,9 +122,9 @@ sanitized_python() {
 stage_python() {
   echo "== Python tests under ASan+UBSan"
   cd "$repo"
-  # shellcheck disable=SC2086  # the list is word-split on purpose
   # --capture=sys: tests' Python output is captured as usual, but a report written to fd 2 by the
   # runtime reaches our stderr even when it kills the interpreter mid-test.
+  # shellcheck disable=SC2086  # the list is word-split on purpose
   sanitized_python "$python" -m pytest -q --capture=sys -p no:cacheprovider -p sanitize_subset $pytests
 }
 
