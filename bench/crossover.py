@@ -23,6 +23,7 @@ import json
 import math
 import os
 import sys
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import crossover_report as report  # noqa: E402 (the bench folder is not a package)
 
 TIE = 1.03        # a backend wins a point only when the next one is this much slower
+TABLE_LEAD = 1.10  # ... and a rule of the dispatch table only with this lead (noise must not flip dispatch)
 SEQ_LEN = 16      # LSTM sequence length
 IMAGE = 16        # Conv2d input height and width
 
@@ -113,6 +115,48 @@ def sweep_configs(mode):
     return [linear_config(w) for w in widths] + [conv_config(c) for c in channels] + [lstm_config(h) for h in hidden]
 
 
+# -- timing ---------------------------------------------------------------------------------------
+CLOCKS = {"cpu": time.thread_time, "wall": time.perf_counter}
+ROUND_SECONDS = 0.005
+
+
+def time_backends(runners, min_time, clock="cpu"):
+    """Median seconds per step of each runner (run(k) performs k steps), timed in alternating rounds.
+
+    "cpu" reads the calling thread's CPU time: the host backends run every step on that thread (treadle
+    starts none; oneDNN runs under a one-thread guard), so time the thread spends descheduled on a
+    shared machine does not count. A device backend needs "wall": its work is not this thread's.
+    """
+    now = CLOCKS[clock]
+    per_round = {}
+    for name, run in runners.items():
+        k, dt = 1, 0.0
+        while True:  # calibrate: k steps take about one round
+            t0 = now()
+            run(k)
+            dt = now() - t0
+            if dt >= ROUND_SECONDS / 4 or k >= 1 << 16:
+                break
+            k *= 4
+        per_round[name] = max(1, int(round(k * ROUND_SECONDS / max(dt, 1e-9))))
+        run(per_round[name])  # warm-up
+    samples = {name: [] for name in runners}
+    spent = dict.fromkeys(runners, 0.0)
+    deadline = time.perf_counter() + 30 * min_time + 2.0  # a heavily loaded machine must not hang the study
+    while min(spent.values()) < min_time and time.perf_counter() < deadline:
+        for name, run in runners.items():
+            t0 = now()
+            run(per_round[name])
+            dt = now() - t0
+            samples[name].append(dt / per_round[name])
+            spent[name] += dt
+    out = {}
+    for name, s in samples.items():
+        p25, med, p75 = np.percentile(s, [25, 50, 75])
+        out[name] = {"median_s": float(med), "p25_s": float(p25), "p75_s": float(p75), "min_s": float(min(s))}
+    return out
+
+
 # -- one point --------------------------------------------------------------------------------------
 def _backend_counts(model):
     """How many plan steps each backend runs, from describe_plans ("<node> <op> [<backend>] ...")."""
@@ -135,7 +179,7 @@ def _instances(tl, cfg, backends, state):
     return models
 
 
-def measure_point(tl, timing, cfg, batch, backends, min_time, seed=0):
+def measure_point(tl, cfg, batch, backends, min_time, clock, seed=0):
     """Times inference and a training step of `cfg` at `batch` on every backend in `backends`."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(cfg.sample_shape(batch)).astype(np.float32)
@@ -156,7 +200,7 @@ def measure_point(tl, timing, cfg, batch, backends, min_time, seed=0):
         # A pinned backend that takes no node runs everything on the reference: timing it again would
         # only measure the same kernels twice.
         timed = [b for b in backends if b == "eigen" or ran[b].get(b, 0) > 0]
-        result = timing({b: runners[b] for b in timed}, min_time, min(0.05, min_time))
+        result = time_backends({b: runners[b] for b in timed}, min_time, clock)
         ref = outs["eigen"]
         scale = max(1.0, float(np.max(np.abs(ref))))
         point[mode] = {
@@ -197,9 +241,9 @@ def crossovers(points, mode):
 def dispatch_rules(configs_results):
     """Rules (op, dtype, measure, from, backend) from the sweep: for each op, its measured points sorted
     by size; each winner holds from its point's size up to the next point that another backend won
-    (several points of one size vote). Ties keep the backend before them (the reference at the
-    start). Only ops that a backend other than the reference ran at some point get rules: elsewhere
-    "auto" is the priority order, which is what was measured.
+    (several points of one size vote). A backend must lead by TABLE_LEAD to win a point for the
+    table; ties keep the backend before them (the reference at the start). Only ops that a backend
+    other than the reference ran at some point get rules: elsewhere "auto" is the priority order.
     """
     per_op = {}
     for c in configs_results:
@@ -207,14 +251,13 @@ def dispatch_rules(configs_results):
             if op is None or c["size_measure"] is None:
                 continue
             for p in c["points"]:
-                if p.get(mode) and p["size"] is not None:
-                    per_op.setdefault(op, []).append((p["size"], p[mode]["winner"], len(p[mode]["us"]) > 1))
+                # A point where only the reference ran casts no vote: the others decline that node anyway.
+                if p.get(mode) and p["size"] is not None and len(p[mode]["us"]) > 1:
+                    per_op.setdefault(op, []).append((p["size"], _table_winner(p[mode]["us"])))
     rules = []
     for op, pts in sorted(per_op.items()):
-        if not any(compared for _, _, compared in pts):
-            continue
         by_size = {}
-        for size, w, _ in pts:
+        for size, w in pts:
             by_size.setdefault(size, []).append(w)
         current = None
         for size in sorted(by_size):
@@ -232,6 +275,11 @@ def dispatch_rules(configs_results):
     return rules
 
 
+def _table_winner(us):
+    ranked = sorted(us, key=us.get)
+    return ranked[0] if us[ranked[1]] / us[ranked[0]] >= TABLE_LEAD else "tie"
+
+
 def _measure(op):
     return "macs" if op in ("linear", "matmul", "bmm", "conv", "conv_backward_data") else "elements"
 
@@ -241,7 +289,8 @@ def write_table(result, path):
     table = {"format": "treadle-dispatch-table", "version": 1,
              "conditions": {"date": result["date"], "machine": result["machine"], "treadle": result["treadle"],
                             "threads": result["settings"]["threads"], "sweep": result["settings"]["mode"],
-                            "min_time": result["settings"]["min_time"], "tie": TIE,
+                            "min_time": result["settings"]["min_time"], "clock": result["settings"]["clock"],
+                            "lead_required": TABLE_LEAD,
                             "written_by": "python -m treadle bench crossover --write-table"},
              "rules": dispatch_rules(result["configs"])}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -259,10 +308,12 @@ def run_study(configs, batches, max_macs, min_time, backends=None, log=print, mo
     available = [b for b in wanted if b in built]
     if "eigen" not in available:
         available.insert(0, "eigen")  # the reference: every comparison and check is against it
+    devices = {s.name: s.device for s in BACKENDS}
+    clock = "cpu" if all(devices.get(b, "cpu") == "cpu" for b in available) else "wall"
     result = {"date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S"), "machine": tb.machine_info(),
               "treadle": tb.treadle_info(tl),
               "settings": {"mode": mode, "batches": list(batches), "max_macs": max_macs, "min_time": min_time,
-                           "threads": 1, "tie": TIE,
+                           "threads": 1, "tie": TIE, "clock": clock,
                            "threads_note": "treadle runs every step on the calling thread (no executor lent)"},
               "backends": {s.name: {"available": s.name in available, "device": s.device,
                                     "transfers_included": s.transfers_included,
@@ -278,7 +329,7 @@ def run_study(configs, batches, max_macs, min_time, backends=None, log=print, mo
                 continue
             load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
             log(f"  {cfg.name} batch {b} (load {load:.2f}) ..." if load is not None else f"  {cfg.name} batch {b}")
-            point = measure_point(tl, tb.time_alternating, cfg, b, available, min_time)
+            point = measure_point(tl, cfg, b, available, min_time, clock)
             point["loadavg"] = load
             entry["points"].append(point)
         entry["crossovers"] = {m: crossovers(entry["points"], m) for m in ("infer", "train")}
@@ -332,6 +383,8 @@ def _parser():
     p.add_argument("--write-table", default=None, metavar="PATH",
                    help="also write the dispatch table for backend 'auto' (load it with tl.load_dispatch_table "
                         "or TREADLE_DISPATCH_TABLE)")
+    p.add_argument("--from-result", default=None, metavar="JSON",
+                   help="measure nothing: rewrite the report (and --write-table) from a saved crossover-*.json")
     p.add_argument("--no-plot", action="store_true", help="no PNGs even when matplotlib is installed")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     return p
@@ -356,11 +409,15 @@ def main(argv=None, out_default=None):
         raise SystemExit(f"bench crossover: --min-time and --max-macs must be > 0, got {min_time}, {max_macs}")
     backends = [b.strip() for b in args.backends.split(",")] if args.backends else None
     log = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
-    result = run_study(configs, batches, max_macs, min_time, backends, log, mode)
-    print(report.to_markdown(result))
-    out = args.out or out_default or Path(__file__).resolve().parent / "results"
-    for path in write_results(result, out, plot=not args.no_plot, log=log):
-        log(f"wrote {path}")
+    if args.from_result:
+        result = json.loads(Path(args.from_result).read_text())
+        print(report.to_markdown(result))
+    else:
+        result = run_study(configs, batches, max_macs, min_time, backends, log, mode)
+        print(report.to_markdown(result))
+        out = args.out or out_default or Path(__file__).resolve().parent / "results"
+        for path in write_results(result, out, plot=not args.no_plot, log=log):
+            log(f"wrote {path}")
     if args.write_table:
         table = write_table(result, args.write_table)
         log(f"wrote {args.write_table} ({len(table['rules'])} rules)")

@@ -2,6 +2,9 @@
 import math
 from pathlib import Path
 
+_CLOCK = {"cpu": "CPU time of the calling thread, which runs every step: time spent descheduled on a busy "
+                 "machine does not count",
+          "wall": "wall-clock time: a device backend computes off this thread"}
 MODES = (("infer", "inference"), ("train", "training step"))
 
 
@@ -56,7 +59,8 @@ def _header(result):
             lines.append(f"- {name}: times include the host-device transfers (data starts on the host)")
     lines.append(f"- Method: sweep '{s['mode']}', batches {', '.join(map(str, s['batches']))}; points above "
                  f"{s['max_macs']:.3g} multiply-adds per forward skipped. Each backend pinned with set_backend; "
-                 f"backends alternated in ~10 ms rounds, >= {s['min_time']} s of steps each; median us per step. "
+                 f"backends alternated in ~5 ms rounds, >= {s['min_time']} s of steps each; median us per step "
+                 f"({_CLOCK[s['clock']]}). "
                  f"Inference = predict (inference plan); training step = forward + MSE + backward + SGD "
                  f"update (Trainer.step). treadle runs on {s['threads']} thread (the calling thread). A winner "
                  f"leads by >= {100 * (s['tie'] - 1):.0f}%, otherwise 'tie'. A backend that takes no node of a "
