@@ -66,7 +66,8 @@ class Config:
     macs: Callable                       # macs(batch) -> multiply-adds of one forward
     infer_op: str                        # the op whose table rule the inference timing decides
     train_op: Optional[str] = None       # the op whose table rule the training timing decides
-    size: Optional[Callable] = None      # size(batch) -> the op's size in the dispatch table's measure
+    size: Optional[Callable] = None      # size(batch) -> infer_op's size in the dispatch table's measure
+    train_size: Optional[Callable] = None  # size(batch) of train_op (default: `size`)
 
 
 def linear_config(width):
@@ -96,10 +97,12 @@ def lstm_config(hidden):
 
         return LastHidden()
 
-    # lstm_layer is measured in elements in the table, which depend on its saved state; no size is
-    # derived here, so its timings inform the report but write no rule.
+    # lstm_layer is measured in elements in the table, which depend on its saved state: no size is
+    # derived here, so its inference timings write no rule. Its training plan computes the weight
+    # gradients as products of (4H x seq*N) by (seq*N x H), which is what the training timing decides.
     return Config(f"lstm-{hidden}", f"LSTM({hidden}, {hidden}), {SEQ_LEN} steps, last hidden", build,
-                  lambda b: (SEQ_LEN, b, hidden), lambda b: b * SEQ_LEN * 4 * hidden * 2 * hidden, "lstm_layer")
+                  lambda b: (SEQ_LEN, b, hidden), lambda b: b * SEQ_LEN * 4 * hidden * 2 * hidden, "lstm_layer",
+                  "matmul", None, lambda b: SEQ_LEN * b * 4 * hidden * hidden)
 
 
 SWEEPS = {  # mode -> (linear widths, conv channels, lstm hidden sizes, batches, max MACs per forward, min time)
@@ -185,7 +188,9 @@ def measure_point(tl, cfg, batch, backends, min_time, clock, seed=0):
     x = rng.standard_normal(cfg.sample_shape(batch)).astype(np.float32)
     reference = cfg.build(tl)
     state = {k: np.array(v) for k, v in reference.state_dict().items()}
-    point = {"batch": batch, "macs": cfg.macs(batch), "size": cfg.size(batch) if cfg.size else None}
+    train_size = cfg.train_size or cfg.size
+    point = {"batch": batch, "macs": cfg.macs(batch), "size": {"infer": cfg.size(batch) if cfg.size else None,
+                                                              "train": train_size(batch) if train_size else None}}
     for mode in ("infer", "train"):
         models = _instances(tl, cfg, backends, state)
         if mode == "infer":
@@ -248,12 +253,12 @@ def dispatch_rules(configs_results):
     per_op = {}
     for c in configs_results:
         for mode, op in (("infer", c["infer_op"]), ("train", c["train_op"])):
-            if op is None or c["size_measure"] is None:
+            if op is None:
                 continue
             for p in c["points"]:
                 # A point where only the reference ran casts no vote: the others decline that node anyway.
-                if p.get(mode) and p["size"] is not None and len(p[mode]["us"]) > 1:
-                    per_op.setdefault(op, []).append((p["size"], _table_winner(p[mode]["us"])))
+                if p.get(mode) and p["size"][mode] is not None and len(p[mode]["us"]) > 1:
+                    per_op.setdefault(op, []).append((p["size"][mode], _table_winner(p[mode]["us"])))
     rules = []
     for op, pts in sorted(per_op.items()):
         by_size = {}
@@ -322,7 +327,9 @@ def run_study(configs, batches, max_macs, min_time, backends=None, log=print, mo
               "configs": []}
     for cfg in configs:
         entry = {"name": cfg.name, "title": cfg.title, "infer_op": cfg.infer_op, "train_op": cfg.train_op,
-                 "size_measure": _measure(cfg.infer_op) if cfg.size else None, "points": [], "skipped": []}
+                 "size_measure": {"infer": _measure(cfg.infer_op) if cfg.size else None,
+                                  "train": _measure(cfg.train_op) if cfg.train_op else None},
+                 "points": [], "skipped": []}
         for b in batches:
             if cfg.macs(b) > max_macs:
                 entry["skipped"].append(b)
