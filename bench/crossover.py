@@ -191,13 +191,13 @@ def measure_point(tl, cfg, batch, backends, min_time, clock, seed=0):
     train_size = cfg.train_size or cfg.size
     point = {"batch": batch, "macs": cfg.macs(batch), "size": {"infer": cfg.size(batch) if cfg.size else None,
                                                               "train": train_size(batch) if train_size else None}}
+    y = np.zeros_like(reference.predict(x))  # the MSE target of the training step
     for mode in ("infer", "train"):
-        models = _instances(tl, cfg, backends, state)
+        models = _instances(tl, cfg, backends, state)  # fresh models: describe_plans shows this mode's plans
         if mode == "infer":
             outs = {b: m.predict(x) for b, m in models.items()}
             runners = {b: (lambda k, m=m: [m.predict(x) for _ in range(k)]) for b, m in models.items()}
         else:
-            y = np.zeros_like(models[backends[0]].predict(x))
             trainers = {b: tl.Trainer(m, tl.loss.MSE(), tl.optim.SGD(lr=0.0)) for b, m in models.items()}
             outs = {b: np.array([t.step(x, y)]) for b, t in trainers.items()}
             runners = {b: (lambda k, t=t: [t.step(x, y) for _ in range(k)]) for b, t in trainers.items()}
@@ -230,7 +230,7 @@ def winner(us):
 
 
 def crossovers(points, mode):
-    """Where the winner changes along the batch axis: [{from_batch, to_batch, before, after}]."""
+    """Where the winner changes along the batch axis: [{between_batch: [b0, b1], before, after}]."""
     out, prev = [], None
     for p in points:
         w = p[mode]["winner"]
