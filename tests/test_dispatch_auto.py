@@ -119,6 +119,17 @@ def test_shipped_table_is_the_default_and_records_its_conditions():
     assert {r["op"] for r in shipped["rules"]} >= {"linear"}
 
 
+def test_without_any_table_auto_is_the_priority_order():
+    tl._core.set_default_dispatch_table("")  # what a C++ host without TREADLE_DISPATCH_TABLE has
+    try:
+        assert tl.dispatch_table_source() == "none"
+        assert tl.dispatch_lookup("linear", "float32", 10**6) == ""
+        model = tl.nn.Sequential(tl.nn.Linear(256, 256))
+        assert linear_backend(model, np.ones((512, 256), np.float32)) == tl.backends()[0]
+    finally:
+        tl._core.set_default_dispatch_table(tl.dispatch.default_table_path())
+
+
 # -- lookup and plans -------------------------------------------------------------------------------
 def test_lookup_follows_the_ranges(tmp_path):
     tl.load_dispatch_table(write(tmp_path, table(rule(start=100), rule(start=1000, backend="onednn"),
