@@ -88,6 +88,21 @@ def _config_table(c, backends):
     return lines
 
 
+def _ratio_table(result, backend):
+    """eigen time / `backend` time per configuration and batch ('-': the backend took no node)."""
+    batches = result["settings"]["batches"]
+    lines = []
+    for mode, label in MODES:
+        lines += [f"\n## {label}: eigen time / {backend} time (> 1: {backend} faster; '-': it takes no node)\n",
+                  "| configuration \\ batch | " + " | ".join(map(str, batches)) + " |", "|" + "---|" * (len(batches) + 1)]
+        for c in result["configs"]:
+            by_batch = {p["batch"]: p[mode]["us"] for p in c["points"]}
+            cells = ["" if b not in by_batch else "-" if backend not in by_batch[b]
+                     else f"{by_batch[b]['eigen'] / by_batch[b][backend]:.2f}" for b in batches]
+            lines.append(f"| {c['title']} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def to_markdown(result):
     backends = [n for n, b in result["backends"].items() if b["available"]]
     lines = _header(result)
@@ -95,6 +110,8 @@ def to_markdown(result):
               "|---|---|---|"]
     for c in result["configs"]:
         lines.append(f"| {c['title']} | " + " | ".join(summarize(c, m, backends) for m, _ in MODES) + " |")
+    for b in backends[1:]:
+        lines += _ratio_table(result, b)
     lines.append("\n## Times (us per step, median)")
     for c in result["configs"]:
         lines += _config_table(c, backends)
