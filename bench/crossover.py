@@ -414,7 +414,10 @@ def main(argv=None, out_default=None):
     min_time = min_time if args.min_time is None else args.min_time
     if min_time <= 0 or max_macs <= 0 or math.isnan(min_time):
         raise SystemExit(f"bench crossover: --min-time and --max-macs must be > 0, got {min_time}, {max_macs}")
-    backends = [b.strip() for b in args.backends.split(",")] if args.backends else None
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()] if args.backends else None
+    unknown = sorted(set(backends or []) - {s.name for s in BACKENDS})
+    if unknown:
+        raise SystemExit(f"bench crossover: unknown backend(s) {unknown}; known: {[s.name for s in BACKENDS]}")
     log = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
     if args.from_result:
         result = json.loads(Path(args.from_result).read_text())
