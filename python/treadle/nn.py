@@ -178,6 +178,18 @@ class Module:
         self._compiled().set_backend(name)
         return self
 
+    @property
+    def deterministic(self):
+        """Deterministic mode (off by default): plans skip kernels a backend marks non-deterministic,
+        and backend "auto" uses the fixed priority order instead of the measured dispatch table, so
+        runs with the same seed, data and executor chunking agree to the bit whatever the
+        environment. Setting it drops compiled plans. See docs/hardening.md."""
+        return self._compiled().deterministic
+
+    @deterministic.setter
+    def deterministic(self, on):
+        self._compiled().deterministic = bool(on)
+
     def __repr__(self):
         if not self._modules:
             return f"{type(self).__name__}({self.extra_repr()})"

@@ -32,6 +32,7 @@ struct PlanKey {
   Shape target_shape;
   DType target_dtype = DType::f32;
   std::string backend;  // "" = automatic dispatch
+  bool deterministic = false;
   auto operator<=>(const PlanKey&) const = default;
 };
 
@@ -73,6 +74,12 @@ class TREADLE_API Model {
   // (treadle/dispatch.hpp) or "" for automatic dispatch in priority order.
   void set_backend(const std::string& name);
   const std::string& backend() const { return backend_; }
+  // Deterministic mode: every plan gives bitwise the same results run after run, whatever the
+  // environment: kernels a backend marks non-deterministic are skipped, and "auto" ignores the
+  // measured dispatch table (which a user's run or TREADLE_DISPATCH_TABLE may change) in favour of
+  // the fixed priority order. Drops compiled plans. docs/hardening.md lists what else matters.
+  void set_deterministic(bool on);
+  bool deterministic() const { return deterministic_; }
 
   // Inference on shared weights; thread-safe (each call takes its own context unless given one).
   std::vector<Tensor> predict(const std::vector<Tensor>& inputs, Context* ctx = nullptr);
@@ -118,6 +125,7 @@ class TREADLE_API Model {
   DType dtype_ = DType::f32;
   Tensor flat_params_, flat_grads_;
   std::string backend_;
+  bool deterministic_ = false;
   mutable std::mutex mutex_;  // guards plans_ and contexts_
   std::map<PlanKey, std::shared_ptr<const Plan>> plans_;
   std::vector<std::unique_ptr<Context>> free_contexts_;

@@ -98,6 +98,13 @@ void Model::set_backend(const std::string& name) {
   ++generation_;
 }
 
+void Model::set_deterministic(bool on) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  deterministic_ = on;
+  plans_.clear();
+  ++generation_;
+}
+
 std::vector<Value> Model::trace(Graph& g, const std::vector<Value>& inputs) const {
   if (forward_) return forward_(g, inputs);
   if (inputs.size() != 1) throw_value_error("model: expected 1 input, got ", inputs.size());
@@ -119,6 +126,7 @@ PlanKey Model::infer_key(const std::vector<Tensor>& inputs) const {
     key.input_dtypes.push_back(t.dtype());
   }
   key.backend = backend_;
+  key.deterministic = deterministic_;
   return key;
 }
 
