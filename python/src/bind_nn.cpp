@@ -128,6 +128,8 @@ void bind_nn(py::module_& m) {
       .def("zero_grad", &Model::zero_grad)
       .def("set_backend", &Model::set_backend, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("backend", &Model::backend)
+      .def("set_precision", &Model::set_precision, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("precision", &Model::precision)
       .def("predict", &predict_py, py::arg("x"), py::arg("ctx") = nullptr, py::arg("out") = py::none())
       .def("state_dict", [](const Model& mm) {
         py::dict d;

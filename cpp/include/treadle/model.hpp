@@ -32,6 +32,7 @@ struct PlanKey {
   Shape target_shape;
   DType target_dtype = DType::f32;
   std::string backend;  // "" = automatic dispatch
+  std::string precision;  // of the forward's matrix products: "" (float32) or "bf16"
   auto operator<=>(const PlanKey&) const = default;
 };
 
@@ -72,6 +73,11 @@ class TREADLE_API Model {
   // Pin every plan to one backend ("eigen", "onednn", ...) or "" for automatic dispatch.
   void set_backend(const std::string& name);
   const std::string& backend() const { return backend_; }
+  // Compute precision of the matrix products (linear, matmul, bmm) of the forward and of their
+  // gradients: "float32" (default) or "bf16" (operands rounded to bfloat16, float32 accumulation
+  // and results; parameters stay float32). Only for float32 models; drops compiled plans.
+  void set_precision(const std::string& name);
+  const std::string& precision() const { return precision_; }
 
   // Inference on shared weights; thread-safe (each call takes its own context unless given one).
   std::vector<Tensor> predict(const std::vector<Tensor>& inputs, Context* ctx = nullptr);
@@ -111,6 +117,7 @@ class TREADLE_API Model {
   DType dtype_ = DType::f32;
   Tensor flat_params_, flat_grads_;
   std::string backend_;
+  std::string precision_ = "float32";
   mutable std::mutex mutex_;  // guards plans_ and contexts_
   std::map<PlanKey, std::shared_ptr<const Plan>> plans_;
   std::vector<std::unique_ptr<Context>> free_contexts_;
