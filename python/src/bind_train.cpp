@@ -39,6 +39,17 @@ void bind_train(py::module_& m) {
       .def_readwrite("verify_parameters", &TrainerOptions::verify_parameters)
       .def_readwrite("memory_budget", &TrainerOptions::memory_budget);
 
+  py::class_<StepTask>(m, "StepTask")
+      .def_readonly("name", &StepTask::name)
+      .def_readonly("deps", &StepTask::deps)
+      .def_readonly("params", &StepTask::params)
+      .def_readonly("grad_ranges", &StepTask::grad_ranges)
+      .def("__repr__", [](const StepTask& t) {
+        std::string deps;
+        for (int d : t.deps) deps += (deps.empty() ? "" : ", ") + std::to_string(d);
+        return "StepTask('" + t.name + "', deps=[" + deps + "], params=" + std::to_string(t.params.size()) + ")";
+      });
+
   py::class_<Trainer, std::shared_ptr<Trainer>>(m, "Trainer")
       .def(py::init([](std::shared_ptr<Model> model, const Loss& loss, std::shared_ptr<Optimizer> opt,
                        TrainerOptions options, uint64_t seed, Executor* executor) {
@@ -83,6 +94,14 @@ void bind_train(py::module_& m) {
         if (!input_grad) return py::none();
         return numpy_copy(dx);
       }, py::arg("grad_output"), py::arg("input_grad") = false)
+      .def("begin_step", [](Trainer& t, const py::handle& x, const py::handle& y, int depth) {
+        std::vector<Tensor> xs = model_inputs(x, "begin_step(x)");
+        Tensor ty = tensor_from_numpy(y, "begin_step(y)");
+        py::gil_scoped_release release;  // may compile, which re-acquires the GIL to trace
+        return t.begin_step(Trainer::Inputs(xs), ty, depth);
+      }, py::arg("x"), py::arg("y"), py::arg("depth") = 1)
+      .def("run_task", &Trainer::run_task, py::call_guard<py::gil_scoped_release>())
+      .def("finish_step", &Trainer::finish_step, py::call_guard<py::gil_scoped_release>())
       .def("zero_grad", &Trainer::zero_grad, py::call_guard<py::gil_scoped_release>())
       .def("update", &Trainer::update, py::call_guard<py::gil_scoped_release>())
       .def("set_schedule", &Trainer::set_schedule)
