@@ -11,7 +11,12 @@ alternate in rounds (bench/onednn_mlp.py's timing); medians per call. At 1 threa
 computes on the calling thread, so the median CPU time of that thread is the measure (robust on a
 shared machine); at 2 threads treadle gets a tl.PoolExecutor over a 2-worker concurrent.futures
 pool (the host's threads) through a Context, torch set_num_threads(2), and wall time is the measure.
-Writes bench/results/bf16_matmul.{json,md} and prints the table.
+
+A training step (W3: MLP 1024-1024x3-10, relu, batch 256, cross-entropy, Adam; same weights and
+data) at 1 thread, CPU time: treadle on oneDNN in float32 and with set_precision("bf16"), torch in
+float32 and under torch.autocast("cpu", bfloat16) (its CPU mixed precision: products in bf16).
+
+Writes bench/results/bf16_matmul.{json,md} and prints the tables.
 """
 import argparse
 import concurrent.futures
@@ -32,6 +37,7 @@ import treadle.bench as tb  # noqa: E402
 
 sys.path.insert(0, str(here))
 from onednn_mlp import time_alternating  # noqa: E402
+import workloads  # noqa: E402
 
 
 def treadle_runner(n, precision, a, out, ctx):
@@ -74,6 +80,53 @@ def bench_size(torch, n, threads, min_time):
             "max_rel_err_vs_float64": diffs}
 
 
+def bench_training_step(torch, min_time, seed=0):
+    """W3 training step, 1 thread, CPU time: treadle oneDNN float32 / bf16, torch float32 / autocast bf16."""
+    torch.set_num_threads(1)
+    w = next(w for w in workloads.all_workloads() if w.name == "W3")
+    torch.manual_seed(seed)
+    tmodel = w.build_torch(torch).float().train()
+    state = {k: v.detach().numpy() for k, v in tmodel.state_dict().items()}
+    x, y = tb._data(w, np.random.default_rng(seed))
+    runners, first = {}, {}
+    for precision in ("float32", "bf16"):
+        model = w.build_treadle(tl)
+        model.load_state_dict(state)
+        model.set_backend("onednn").set_precision(precision)
+        tr = tl.Trainer(model, tl.loss.CrossEntropy(), tl.optim.Adam(lr=1e-3))
+        first["treadle-" + precision] = tr.step(x, y)
+        runners["treadle-" + precision] = lambda k, tr=tr: [tr.step(x, y) for _ in range(k)]
+    tx, ty, tloss = torch.from_numpy(x), torch.from_numpy(y), torch.nn.CrossEntropyLoss()
+    for precision in ("float32", "bf16"):
+        m = w.build_torch(torch).float().train()
+        m.load_state_dict(tmodel.state_dict())
+        opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+
+        def step(m=m, opt=opt, bf16=precision == "bf16"):
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss = tloss(m(tx), ty)
+            loss.backward()
+            opt.step()
+            return loss.item()
+        first["torch-" + precision] = step()
+        runners["torch-" + precision] = lambda k, step=step: [step() for _ in range(k)]
+    timing = time_alternating(runners, min_time)
+    flops = 3 * w.forward_flops * w.batch
+    return {"workload": w.name, "title": w.title, "batch": w.batch, "threads": 1, "measure": "cpu",
+            "first_loss": first, "us": {k: v["cpu_s"] * 1e6 for k, v in timing.items()},
+            "gflops": {k: flops / v["cpu_s"] / 1e9 for k, v in timing.items()}}
+
+
+def markdown_step(r):
+    u, g = r["us"], r["gflops"]
+    lines = [f"Training step {r['workload']} ({r['title']}, batch {r['batch']}), 1 thread, median CPU time:", "",
+             "| runner | us | GFLOP/s | first loss |", "|---|---|---|---|"]
+    for k in u:
+        lines.append(f"| {k} | {u[k]:.0f} | {g[k]:.0f} | {r['first_loss'][k]:.5f} |")
+    return "\n".join(lines)
+
+
 def markdown(rows):
     lines = ["n^3 matrix product, GFLOP/s (median per call: CPU time of the calling thread at 1 thread, wall time "
              "at 2).", "",
@@ -92,6 +145,7 @@ def main(argv=None):
     p.add_argument("--min-time", type=float, default=1.0, help="seconds of timed calls per runner")
     p.add_argument("--sizes", default="1024,2048")
     p.add_argument("--threads", default="1,2")
+    p.add_argument("--no-step", action="store_true", help="skip the W3 training-step comparison")
     p.add_argument("--out", default=str(here / "results"))
     args = p.parse_args(argv)
     if "onednn" not in tl.backends():
@@ -100,11 +154,12 @@ def main(argv=None):
     import torch
     rows = [bench_size(torch, int(n), int(t), args.min_time)
             for t in args.threads.split(",") for n in args.sizes.split(",")]
+    step = None if args.no_step else bench_training_step(torch, args.min_time)
     torch.set_num_threads(1)
-    table = markdown(rows)
+    table = markdown(rows) + ("\n\n" + markdown_step(step) if step else "")
     print(table)
     os.makedirs(args.out, exist_ok=True)
-    result = {"machine": tb.machine_info(), "loadavg": os.getloadavg()[0], "rows": rows}
+    result = {"machine": tb.machine_info(), "loadavg": os.getloadavg()[0], "rows": rows, "training_step": step}
     Path(args.out, "bf16_matmul.json").write_text(json.dumps(result, indent=1))
     Path(args.out, "bf16_matmul.md").write_text(table + "\n")
     return 0
