@@ -52,7 +52,8 @@ inline std::size_t padded_bytes(int64_t numel, std::size_t elem_size) {
 // both matrix operands into float32 copies.
 inline std::size_t bf16_operand_workspace(const std::vector<TensorMeta>& in, const Attrs& attrs) {
   if (!is_bf16_compute(attrs)) return 0;
-  return padded_bytes(shape_numel(in.at(0).shape), sizeof(float)) + padded_bytes(shape_numel(in.at(1).shape), sizeof(float));
+  return padded_bytes(shape_numel(in.at(0).shape), sizeof(float)) +
+         padded_bytes(shape_numel(in.at(1).shape), sizeof(float));
 }
 
 // The upper 16 bits of x rounded to nearest even: x as a bfloat16. NaNs stay NaN (quiet); the

@@ -19,9 +19,11 @@ std::pair<const T*, const T*> product_operands(const KernelArgs& a) {
   if constexpr (std::is_same_v<T, float>) {
     if (is_bf16_compute(a.attrs())) {
       float* c0 = static_cast<float*>(a.workspace);
-      float* c1 = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + padded_bytes(a.in[0].numel, sizeof(float)));
+      char* ws = static_cast<char*>(a.workspace);
+      float* c1 = reinterpret_cast<float*>(ws + padded_bytes(a.in[0].numel, sizeof(float)));
       auto round_into = [&a](const float* src, float* dst, int64_t n) {
-        parallel_chunks(a.exec, n, kElementGrain, [&](int64_t i0, int64_t i1) { round_to_bf16(src + i0, dst + i0, i1 - i0); });
+        parallel_chunks(a.exec, n, kElementGrain,
+                        [&](int64_t i0, int64_t i1) { round_to_bf16(src + i0, dst + i0, i1 - i0); });
       };
       round_into(p0, c0, a.in[0].numel);
       round_into(p1, c1, a.in[1].numel);
