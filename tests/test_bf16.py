@@ -231,3 +231,39 @@ def test_precision_errors():
     net.to("float32").set_precision("bf16")
     with pytest.raises(TypeError, match="Model.to: precision 'bf16' needs float32 parameters"):
         net.to("float64")
+
+
+def _encoder(backend, precision, x):
+    tl.manual_seed(1)
+    net = tl.nn.Sequential(tl.nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True))
+    return net.set_backend(backend).set_precision(precision).predict(x)
+
+
+def test_attention_products_follow_the_model_precision():
+    """A transformer layer: linear projections and the bmm of attention all in bf16, norms float32."""
+    x = randn(np.random.default_rng(0), 16, 24, 64)
+    results = {b: _encoder(b, "bf16", x) for b in BACKENDS}
+    for backend, y16 in results.items():
+        assert 1e-4 < rel_err(y16, _encoder(backend, "float32", x)) < 1e-2  # measured 9.7e-4
+    for y16 in results.values():
+        assert rel_err(y16, results["eigen"]) < 1e-5
+
+
+def _cnn_curve(precision, backend, epochs=10):
+    rng = np.random.default_rng(0)
+    x, y = randn(rng, 128, 1, 12, 12), rng.integers(0, 5, 128)
+    tl.manual_seed(2)
+    net = tl.nn.Sequential(tl.nn.Conv2d(1, 8, 3, padding=1), tl.nn.ReLU(), tl.nn.MaxPool2d(2), tl.nn.Flatten(),
+                           tl.nn.Linear(8 * 36, 64), tl.nn.ReLU(), tl.nn.Linear(64, 5))
+    trainer = tl.Trainer(net.set_backend(backend).set_precision(precision), tl.loss.CrossEntropy(),
+                         tl.optim.Adam(lr=3e-3))
+    return np.array([trainer.fit(x, y, epochs=1, batch_size=32, shuffle=False)["loss"][-1] for _ in range(epochs)])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cnn_training_curve_in_bf16_follows_float32(backend):
+    """Convolutions stay float32; the classifier's linear layers compute in bf16. Measured: within
+    1.3e-2 relative of the float32 curve over 10 epochs (loss 1.65 -> 0.89); asserted 4e-2."""
+    f32, b16 = _cnn_curve("float32", backend), _cnn_curve("bf16", backend)
+    np.testing.assert_allclose(b16, f32, rtol=4e-2)
+    assert b16[-1] < 0.7 * b16[0] and not np.array_equal(b16, f32)
