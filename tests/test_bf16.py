@@ -127,6 +127,30 @@ def test_onednn_bf16_does_not_depend_on_executor_chunking(case):
             np.testing.assert_array_equal(a, b, err_msg=f"workers={workers}")
 
 
+@pytest.mark.skipif(not HAS_ONEDNN, reason="treadle was built without oneDNN")
+def test_onednn_bf16_concurrent_predictions_are_bitwise_serial():
+    """The staged bf16 operands live in each context's workspace: threads never share them."""
+    import threading
+
+    rng = np.random.default_rng(2)
+    net = _mlp(1, widths=(64, 300, 600, 10)).set_backend("onednn").set_precision("bf16")
+    xs = [randn(rng, 300, 64) for _ in range(6)]
+    serial = [net.predict(x) for x in xs]
+    results = [None] * len(xs)
+
+    def work(i):
+        for _ in range(4):
+            results[i] = net.predict(xs[i])
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(xs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for a, b in zip(serial, results):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_precision_attribute_is_checked():
     x, w = np.ones((4, 3), F32), np.ones((2, 3), F32)
     with pytest.raises(ValueError, match="linear: unknown precision 'fp8'"):
