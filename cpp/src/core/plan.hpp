@@ -89,6 +89,8 @@ class Plan {
   std::vector<std::pair<int64_t, int>> param_grads;  // (byte offset in flat buffer, gradient value id)
   std::vector<int> input_grads;                      // per input: gradient value id or -1
   std::vector<PlanStep> steps;
+  const void* owner = nullptr;  // the model that compiled it, and its generation then (API checks)
+  uint64_t owner_generation = 0;
 
  private:
   void plan_memory();
