@@ -229,7 +229,8 @@ void Model::predict_into(const Plan& plan, const std::vector<Tensor>& inputs, co
                          Context* ctx) {
   const Plan* p = &plan;
   if (p->owner != this || p->owner_generation != generation_)
-    throw_value_error("predict: the plan belongs to another model or to this model before a dtype or backend change");
+    throw_value_error("predict: the plan belongs to another model or to this model before a dtype, backend or "
+                      "precision change");
   if (inputs.size() != p->inputs.size())
     throw_value_error("predict: expected ", p->inputs.size(), " inputs, got ", inputs.size());
   for (std::size_t i = 0; i < inputs.size(); ++i) {
