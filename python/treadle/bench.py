@@ -537,9 +537,9 @@ def main(argv=None, workloads=None):
     """Entry point of `python -m treadle bench [options]`; returns the process exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["crossover"]:
-        print("bench crossover: the backend crossover study is not implemented yet (issue 5, second part)",
-              file=sys.stderr)
-        return 2
+        from .bench_crossover import main as crossover_main  # the backend study: bench/crossover.py
+
+        return crossover_main(argv[1:])
     args = _parser().parse_args(argv)
     if args.min_time <= 0 or args.warmup < 0:
         raise SystemExit(f"bench: --min-time must be > 0 and --warmup >= 0, got {args.min_time}, {args.warmup}")

@@ -173,7 +173,8 @@ class Module:
         return self._compiled().dtype
 
     def set_backend(self, name):
-        """Pins every plan to one backend ("eigen", ...); "" restores automatic dispatch."""
+        """Pins every plan to one backend ("eigen", ...); "auto": per node as the measured dispatch table
+        says (treadle.dispatch); "" restores automatic dispatch in priority order."""
         self._compiled().set_backend(name)
         return self
 

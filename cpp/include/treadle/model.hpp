@@ -70,7 +70,8 @@ class TREADLE_API Model {
   void to(DType dtype);
   void zero_grad();
 
-  // Pin every plan to one backend ("eigen", "onednn", ...) or "" for automatic dispatch.
+  // Pin every plan to one backend ("eigen", "onednn", ...), "auto" for the measured dispatch table
+  // (treadle/dispatch.hpp) or "" for automatic dispatch in priority order.
   void set_backend(const std::string& name);
   const std::string& backend() const { return backend_; }
   // Compute precision of the matrix products (linear, matmul, bmm) of the forward and of their

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "core/dispatch_table.hpp"
 #include "core/op_registry.hpp"
 #include "treadle/error.hpp"
 
@@ -68,7 +69,8 @@ void Plan::select_kernels(const std::string& backend) {
   std::vector<const Backend*> order = available_backends();
   // A pinned backend takes every node it supports; backends are partial, so the rest falls back to
   // the reference (the last in priority order).
-  if (!backend.empty()) {
+  const bool measured = backend == kAutoBackend;  // "auto": per node, as the dispatch table says
+  if (!backend.empty() && !measured) {
     const Backend* pinned = backend_by_name(backend);
     order = {pinned};
     if (pinned != available_backends().back()) order.push_back(available_backends().back());
@@ -91,7 +93,7 @@ void Plan::select_kernels(const std::string& backend) {
         throw_runtime_error("plan: op '", def.name, "' writes input ", k, ", which must be a parameter or an input");
     }
     if (def.view_of >= 0) continue;
-    for (const Backend* b : order) {
+    for (const Backend* b : measured ? auto_backend_order(graph, node) : order) {
       if (KernelFn fn = b->find(graph, node)) {
         s.kernel = fn;
         s.backend = b;

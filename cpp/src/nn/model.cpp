@@ -95,7 +95,7 @@ void Model::to(DType dtype) {
 void Model::zero_grad() { std::memset(flat_grads_.data(), 0, flat_grads_.nbytes()); }
 
 void Model::set_backend(const std::string& name) {
-  if (!name.empty()) backend_by_name(name);  // validates
+  if (!name.empty() && name != "auto") backend_by_name(name);  // validates; "auto": the measured dispatch table
   std::lock_guard<std::mutex> lock(mutex_);
   backend_ = name;
   plans_.clear();
