@@ -190,6 +190,12 @@ class Module:
     def deterministic(self, on):
         self._compiled().deterministic = bool(on)
 
+    def set_precision(self, name):
+        """Compute precision of the matrix products: "float32" (default) or "bf16" (operands rounded
+        to bfloat16, float32 accumulation; parameters stay float32). Float32 models only."""
+        self._compiled().set_precision(name)
+        return self
+
     def __repr__(self):
         if not self._modules:
             return f"{type(self).__name__}({self.extra_repr()})"

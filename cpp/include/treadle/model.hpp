@@ -33,6 +33,7 @@ struct PlanKey {
   DType target_dtype = DType::f32;
   std::string backend;  // "" = automatic dispatch
   bool deterministic = false;
+  std::string precision;  // of the forward's matrix products: "" (float32) or "bf16"
   auto operator<=>(const PlanKey&) const = default;
 };
 
@@ -80,6 +81,11 @@ class TREADLE_API Model {
   // the fixed priority order. Drops compiled plans. docs/hardening.md lists what else matters.
   void set_deterministic(bool on);
   bool deterministic() const { return deterministic_; }
+  // Compute precision of the matrix products (linear, matmul, bmm) of the forward and of their
+  // gradients: "float32" (default) or "bf16" (operands rounded to bfloat16, float32 accumulation
+  // and results; parameters stay float32). Only for float32 models; drops compiled plans.
+  void set_precision(const std::string& name);
+  const std::string& precision() const { return precision_; }
 
   // Inference on shared weights; thread-safe (each call takes its own context unless given one).
   std::vector<Tensor> predict(const std::vector<Tensor>& inputs, Context* ctx = nullptr);
@@ -126,6 +132,7 @@ class TREADLE_API Model {
   Tensor flat_params_, flat_grads_;
   std::string backend_;
   bool deterministic_ = false;
+  std::string precision_ = "float32";
   mutable std::mutex mutex_;  // guards plans_ and contexts_
   std::map<PlanKey, std::shared_ptr<const Plan>> plans_;
   std::vector<std::unique_ptr<Context>> free_contexts_;
