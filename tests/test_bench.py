@@ -13,7 +13,7 @@ def workloads():
     return {w.name: w for w in tb.load_workloads()}
 
 
-def test_workload_list_is_issue_5s(workloads):
+def test_workload_list_is_the_documented_one(workloads):
     assert set(workloads) == {"W1", "W2", "W3", "W4", "W5", "W6", "W1-b1", "W2-b1"}
     assert not workloads["W1-b1"].train and workloads["W1-b1"].batch == 1
 
