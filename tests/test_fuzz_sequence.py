@@ -15,9 +15,25 @@ import treadle as tl  # noqa: E402
 from fuzzmodules import (DOCUMENTED, FLOATS, FUZZ, LAYOUTS, check_predict, check_step, expect_documented,  # noqa: E402
                          fill, layout, near, torch_pair)
 
-# torch's fused inference path for attention layers skips NaN masks checks and zeroes padded
-# positions; the reference is the plain composite path.
+# The reference is torch's explicit path (scores, softmax, weights): its fused inference path and its
+# scaled_dot_product_attention kernel give 0 where a query is NaN or a row is fully masked, where
+# the explicit path (and treadle) give NaN.
 torch.backends.mha.set_fastpath_enabled(False)
+
+
+def _explicit(mha):
+    """Makes a torch MultiheadAttention always take the need_weights path (the weights are dropped
+    by the callers that did not ask for them)."""
+    forward = mha.forward
+
+    def explicit(*args, **kwargs):
+        wanted = kwargs.get("need_weights", True)
+        kwargs["need_weights"] = True
+        out, w = forward(*args, **kwargs)
+        return out, w if wanted else None
+
+    mha.forward = explicit
+    return mha
 
 
 def _rng(data):
@@ -40,10 +56,6 @@ def masks(draw, shape, dtype):
     if kind == "values":
         return fill(r, shape, dtype)
     return layout(np.where(keep, 0, -np.inf).astype(dtype), draw(st.sampled_from(LAYOUTS)))
-
-
-def _drops(masks):
-    return any(m.dtype.kind == "f" and np.isneginf(m).any() for m in masks)
 
 
 # ---- attention ----------------------------------------------------------------------------------------------
@@ -92,7 +104,7 @@ def test_fuzz_multihead_attention(e, heads, batch_first, bias, dtype, data):
     need_weights = data.draw(st.booleans())
     causal = "attn" not in which and data.draw(st.integers(0, 3)) == 0
     torch.manual_seed(0)
-    ref = _TorchAttend(torch.nn.MultiheadAttention(e, heads, bias=bias, batch_first=batch_first), which,
+    ref = _TorchAttend(_explicit(torch.nn.MultiheadAttention(e, heads, bias=bias, batch_first=batch_first)), which,
                        need_weights, causal)
     ref, net = torch_pair(ref, _Attend(mha, which, need_weights, causal), dtype)
     n, lq, s = (data.draw(st.integers(1, 3)) for _ in range(3))
@@ -107,9 +119,7 @@ def test_fuzz_multihead_attention(e, heads, batch_first, bias, dtype, data):
     mask_shapes = {"kpm": (n, s), "attn": (lq, s) if data.draw(st.booleans()) else (n * max(heads, 1), lq, s)}
     extra = [data.draw(masks(mask_shapes[w], dtype)) for w in which]
     inputs = [q, k, v] + extra
-    # A row whose keys are all masked has no defined result: torch's fused path gives zeros, its
-    # explicit softmax (need_weights) NaN, treadle NaN. Positions are compared only without -inf masks.
-    out = check_predict(net, ref, inputs, dtype, names, nan_positions=not _drops(extra))
+    out = check_predict(net, ref, inputs, dtype, names)
     if out is not None and not need_weights and data.draw(st.booleans()):
         x0 = [fill(_rng(data), a.shape, dtype) for a in (q, k, v)] + [np.where(np.isfinite(m), m, -1e3) for m in extra]
         check_step(net, ref, x0, inputs, names, _rng(data))
@@ -154,13 +164,15 @@ def test_fuzz_transformer_encoder_layer(d, heads, ff, activation, norm_first, ba
     which = data.draw(st.sampled_from([(), ("kpm",), ("attn",), ("kpm", "attn")]))
     causal = "attn" not in which and data.draw(st.integers(0, 3)) == 0
     torch.manual_seed(0)
-    ref = _TorchEncode(torch.nn.TransformerEncoderLayer(d, heads, **kw), which, causal)
+    ref = torch.nn.TransformerEncoderLayer(d, heads, **kw)
+    _explicit(ref.self_attn)
+    ref = _TorchEncode(ref, which, causal)
     ref, net = torch_pair(ref, _Encode(layer, which, causal), dtype)
     n, length = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 4))
     src = data.draw(near((n, length, d) if batch_first else (length, n, d), dtype))
     attn_shape = (length, length) if data.draw(st.booleans()) else (n * heads, length, length)
     extra = [data.draw(masks({"kpm": (n, length), "attn": attn_shape}[w], dtype)) for w in which]
-    out = check_predict(net, ref, [src] + extra, dtype, names, nan_positions=not (causal or _drops(extra)))
+    out = check_predict(net, ref, [src] + extra, dtype, names)
     if out is not None and data.draw(st.booleans()):
         x0 = [fill(_rng(data), src.shape, dtype)] + [np.where(np.isfinite(m), m, -1e3) for m in extra]
         check_step(net, ref, x0, [src] + extra, names, _rng(data))
