@@ -234,13 +234,11 @@ def test_fuzz_recurrent(kind, num_layers, bidirectional, batch_first, has_state,
     x = data.draw(near((n, steps, inp) if batch_first else (steps, n, inp), dtype))
     state_shape = (num_layers * (1 + bidirectional), n, hidden)
     inputs = [x] + [data.draw(near(state_shape, dtype)) for _ in range(has_state * (1 + (kind == "LSTM")))]
-    if has_lengths:
-        lengths = _rng(data).integers(1, steps + 1, size=n)
-        if data.draw(st.integers(0, 3)) == 0:  # out of range, wrong shape or wrong dtype
-            lengths = data.draw(near((n,), "int64", lo=steps + 1))
-        inputs.append(layout(np.asarray(lengths, dtype=np.int64), data.draw(st.sampled_from(LAYOUTS)))
-                      if isinstance(lengths, np.ndarray) and lengths.dtype.kind == "i" and
-                      data.draw(st.integers(0, 4)) else lengths)
+    if has_lengths and data.draw(st.integers(0, 3)):
+        lengths = _rng(data).integers(1, steps + 1, size=n).astype(np.int64)
+        inputs.append(layout(lengths, data.draw(st.sampled_from(LAYOUTS))))
+    elif has_lengths:  # 0, -1 or steps + 1, a wrong shape or dtype
+        inputs.append(data.draw(near((n,), "int64", lo=steps + 1)))
     out = check_predict(net, ref, inputs, dtype, names)
     if out is not None and not states_out and data.draw(st.booleans()):
         x0 = [fill(_rng(data), a.shape, dtype) if a.dtype.kind == "f" else a for a in inputs]
