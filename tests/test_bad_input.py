@@ -194,3 +194,9 @@ def test_nan_is_accepted_without_check_finite():
     s = Setup(check_finite=False)
     loss = s.mse.evaluate(np.full((BATCH, N_IN), np.nan, np.float32), s.y)
     assert np.isnan(loss)
+
+
+def test_predict_rejects_a_context_of_the_wrong_type():
+    net = tl.nn.Sequential(tl.nn.Linear(8, 3))
+    with pytest.raises(TypeError, match="predict: context must be a treadle Context or None, got int"):
+        net.predict(np.ones((1, 8), np.float32), context=3)

@@ -59,5 +59,7 @@ def test_time_alternating_gives_medians():
     assert set(r) == {"a", "b"} and all(v["median_s"] > 0 and v["steps"] > 0 for v in r.values())
 
 
-def test_crossover_is_announced_not_silently_run():
-    assert tb.main(["crossover"]) == 2
+def test_crossover_has_its_own_options():  # the study itself: tests/test_dispatch_auto.py
+    with pytest.raises(SystemExit) as e:
+        tb.main(["crossover", "--help"])
+    assert e.value.code == 0

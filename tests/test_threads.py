@@ -308,3 +308,55 @@ def test_gil_is_released_during_forward_and_backward(big_model):
         trainer.backward(g)
 
     assert _progress_during(phases) > 0
+
+
+def test_policy_threads_read_weights_between_updates_bitwise(rng):
+    """The RL-policy pattern: four host threads each with its own Context evaluate batch-1 inputs on
+    one model while a fifth trains it; the host's reader/writer lock keeps reads out of updates.
+    Every action must equal, bitwise, what the weights of the version it read give serially."""
+    net = _mlp(5)
+    trainer = tl.Trainer(net, tl.loss.MSE(), tl.optim.Adam(lr=1e-2), seed=1)
+    x_train = rng.standard_normal((32, 8)).astype(np.float32)
+    y_train = rng.standard_normal((32, 2)).astype(np.float32)
+    states = rng.standard_normal((4, 50, 1, 8)).astype(np.float32)
+    lock = threading.Condition()
+    readers, version = [0], [0]
+    snapshots = {0: net.flat_parameters().copy()}
+    records, errors = [], []
+
+    def policy(k):
+        ctx = tl.Context()  # one context per host thread: its own activations
+        try:
+            for i in range(states.shape[1]):
+                with lock:  # shared side: wait out an update in progress
+                    readers[0] += 1
+                    v = version[0]
+                try:
+                    action = net.predict(states[k, i], context=ctx)
+                finally:
+                    with lock:
+                        readers[0] -= 1
+                        lock.notify_all()
+                records.append((v, k, i, action))
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=policy, args=(k,)) for k in range(4)]
+    for th in threads:
+        th.start()
+    for _ in range(40):
+        trainer.compute_gradients(x_train, y_train)  # reads the weights: may overlap the readers
+        with lock:  # exclusive side: the update writes the weights in place
+            lock.wait_for(lambda: readers[0] == 0)
+            trainer.update()
+            trainer.zero_grad()
+            version[0] += 1
+            snapshots[version[0]] = net.flat_parameters().copy()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    assert len(records) == 200
+    twin = _mlp(5)
+    for v, k, i, action in records:
+        twin.flat_parameters()[:] = snapshots[v]
+        np.testing.assert_array_equal(action, twin.predict(states[k, i]))

@@ -6,6 +6,7 @@
 #include "treadle/error.hpp"
 #include "treadle/module.hpp"
 #include "treadle/ops.hpp"
+#include "treadle/profile.hpp"
 #include "treadle/testing.hpp"
 
 namespace treadle::py_bind {
@@ -110,6 +111,35 @@ void bind_functional(py::module_& m) {
 
 }  // namespace
 
+namespace {
+void bind_profiler(py::module_& m) {
+  py::class_<Profiler>(m, "Profiler", "Per-node kernel times of plan runs (treadle/profile.hpp).")
+      .def(py::init<>())
+      .def("nodes", [](const Profiler& p) {
+        py::list out;
+        for (const NodeProfile& n : p.nodes()) {
+          py::dict d;
+          d["plan"] = n.plan;
+          d["node"] = n.node;
+          d["op"] = n.op;
+          d["module"] = n.scope;
+          d["backend"] = n.backend;
+          d["pass"] = n.pass;
+          d["output_shape"] = py::tuple(py::cast(std::vector<int64_t>(n.output_shape.begin(), n.output_shape.end())));
+          d["calls"] = n.calls;
+          d["seconds"] = n.seconds;
+          out.append(d);
+        }
+        return out;
+      })
+      .def_property_readonly("total_seconds", &Profiler::total_seconds)
+      .def("report", &Profiler::report, py::arg("top") = 20)
+      .def("reset", &Profiler::reset);
+  // Installs `p` (or None) process-wide; the Python side keeps the installed object alive.
+  m.def("_set_global_profiler", [](Profiler* p) { set_global_profiler(p); }, py::arg("profiler").none(true));
+}
+}  // namespace
+
 void bind_core(py::module_& m) {
   m.def("backends", &backend_names);
   m.def("manual_seed", &manual_seed, py::arg("seed"), "Seeds the generator used to initialise parameters.");
@@ -144,6 +174,7 @@ void bind_core(py::module_& m) {
       .def("pop_scope", &Graph::pop_scope);
   bind_symbol(m);
   bind_functional(m);
+  bind_profiler(m);
 }
 
 }  // namespace treadle::py_bind

@@ -10,12 +10,15 @@
 namespace treadle::py_bind {
 namespace {
 
+// An array or a tuple of arrays is borrowed (the caller's arguments keep it alive for the whole
+// call); items of a list are not, since another thread may replace them while the GIL is released.
 std::vector<Tensor> tensors_from(const py::handle& xs, const char* what) {
   std::vector<Tensor> out;
   if (py::isinstance<py::array>(xs)) {
-    out.push_back(tensor_from_numpy(xs, what));
+    out.push_back(tensor_from_numpy(xs, what, false, /*borrowed=*/true));
   } else if (py::isinstance<py::list>(xs) || py::isinstance<py::tuple>(xs)) {
-    for (auto x : xs) out.push_back(tensor_from_numpy(x, what));
+    const bool borrowed = py::isinstance<py::tuple>(xs);
+    for (auto x : xs) out.push_back(tensor_from_numpy(x, what, false, borrowed));
   } else {
     out.push_back(tensor_from_numpy(xs, what));  // raises TypeError naming the type
   }
@@ -23,18 +26,25 @@ std::vector<Tensor> tensors_from(const py::handle& xs, const char* what) {
 }
 
 // Results are written straight into numpy arrays (fresh ones, or the caller's `out`).
-py::object predict_py(Model& model, const py::handle& xs, Context* ctx, const py::object& out) {
+py::object predict_py(Model& model, const py::handle& xs, const py::object& context, const py::object& out) {
+  // The context is taken as an object: pybind11's caster looks None up as a foreign type first
+  // (a failed attribute lookup, about 1 us), a third of a batch-1 prediction.
+  if (!context.is_none() && !py::isinstance<Context>(context))
+    throw_type_error("predict: context must be a treadle Context or None, got ",
+                     std::string(py::str(py::type::handle_of(context).attr("__name__"))));
+  Context* ctx = context.is_none() ? nullptr : context.cast<Context*>();
   std::vector<Tensor> in = tensors_from(xs, "predict");
-  std::vector<std::pair<Shape, DType>> shapes;
+  std::shared_ptr<const Plan> plan;
   {
     py::gil_scoped_release release;  // may compile, which re-acquires the GIL to trace
-    shapes = model.output_shapes(in);
+    plan = model.infer_plan(in);
   }
+  const std::vector<std::pair<Shape, DType>> shapes = Model::output_shapes(*plan);
   std::vector<Tensor> dst;
   py::list arrays;
   if (!out.is_none()) {
     if (shapes.size() != 1) throw_value_error("predict: out= needs a single-output model");
-    dst.push_back(tensor_from_numpy(out, "predict(out=...)", /*writable=*/true));
+    dst.push_back(tensor_from_numpy(out, "predict(out=...)", /*writable=*/true, /*borrowed=*/true));
     if (dst[0].shape() != shapes[0].first || dst[0].dtype() != shapes[0].second)
       throw_value_error("predict: out must be ", dtype_name(shapes[0].second), shape_str(shapes[0].first), ", got ",
                         dtype_name(dst[0].dtype()), shape_str(dst[0].shape()));
@@ -42,13 +52,13 @@ py::object predict_py(Model& model, const py::handle& xs, Context* ctx, const py
   } else {
     for (auto& [shape, dtype] : shapes) {
       py::array a(numpy_dtype(dtype), std::vector<py::ssize_t>(shape.begin(), shape.end()));
-      dst.push_back(tensor_from_numpy(a, "predict"));
-      arrays.append(a);
+      arrays.append(a);  // holds `a` for the borrowed tensor below
+      dst.push_back(tensor_from_numpy(a, "predict", false, /*borrowed=*/true));
     }
   }
   {
     py::gil_scoped_release release;
-    model.predict_into(in, dst, ctx);
+    model.predict_into(*plan, in, dst, ctx);
   }
   if (arrays.size() == 1) return arrays[0];
   return py::tuple(arrays);
@@ -128,7 +138,7 @@ void bind_nn(py::module_& m) {
       .def("zero_grad", &Model::zero_grad)
       .def("set_backend", &Model::set_backend, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("backend", &Model::backend)
-      .def("predict", &predict_py, py::arg("x"), py::arg("ctx") = nullptr, py::arg("out") = py::none())
+      .def("predict", &predict_py, py::arg("x"), py::arg("ctx") = py::none(), py::arg("out") = py::none())
       .def("state_dict", [](const Model& mm) {
         py::dict d;
         for (const auto& [name, p] : mm.named_parameters()) d[py::str(name)] = numpy_copy(p->value());  // torch order

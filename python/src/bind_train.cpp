@@ -17,17 +17,23 @@ py::dict memory_dict(const MemoryReport& r) {
 
 namespace {
 // A model's inputs: one array, or a list/tuple of arrays for models with several inputs (e.g. a
-// sequence and its lengths).
+// sequence and its lengths). The trainer keeps no input past the call (forward copies), so an
+// array or a tuple's items are borrowed from the caller's arguments; a list's items are not (another
+// thread may replace them while the GIL is released).
 std::vector<Tensor> model_inputs(const py::handle& x, const char* what) {
   std::vector<Tensor> out;
   if (py::isinstance<py::list>(x) || py::isinstance<py::tuple>(x)) {
-    for (auto item : x) out.push_back(tensor_from_numpy(item, what));
+    const bool borrowed = py::isinstance<py::tuple>(x);
+    for (auto item : x) out.push_back(tensor_from_numpy(item, what, false, borrowed));
     if (out.empty()) throw_value_error(what, ": no inputs given");
   } else {
-    out.push_back(tensor_from_numpy(x, what));
+    out.push_back(tensor_from_numpy(x, what, false, /*borrowed=*/true));
   }
   return out;
 }
+
+// The target, borrowed like an input array.
+Tensor target_of(const py::handle& y, const char* what) { return tensor_from_numpy(y, what, false, true); }
 }  // namespace
 
 void bind_train(py::module_& m) {
@@ -39,6 +45,17 @@ void bind_train(py::module_& m) {
       .def_readwrite("verify_parameters", &TrainerOptions::verify_parameters)
       .def_readwrite("memory_budget", &TrainerOptions::memory_budget);
 
+  py::class_<StepTask>(m, "StepTask")
+      .def_readonly("name", &StepTask::name)
+      .def_readonly("deps", &StepTask::deps)
+      .def_readonly("params", &StepTask::params)
+      .def_readonly("grad_ranges", &StepTask::grad_ranges)
+      .def("__repr__", [](const StepTask& t) {
+        std::string deps;
+        for (int d : t.deps) deps += (deps.empty() ? "" : ", ") + std::to_string(d);
+        return "StepTask('" + t.name + "', deps=[" + deps + "], params=" + std::to_string(t.params.size()) + ")";
+      });
+
   py::class_<Trainer, std::shared_ptr<Trainer>>(m, "Trainer")
       .def(py::init([](std::shared_ptr<Model> model, const Loss& loss, std::shared_ptr<Optimizer> opt,
                        TrainerOptions options, uint64_t seed, Executor* executor) {
@@ -48,19 +65,19 @@ void bind_train(py::module_& m) {
            py::arg("seed") = 0, py::arg("executor") = nullptr, py::keep_alive<1, 2>(), py::keep_alive<1, 7>())
       .def("step", [](Trainer& t, const py::handle& x, const py::handle& y) {
         std::vector<Tensor> xs = model_inputs(x, "step(x)");
-        Tensor ty = tensor_from_numpy(y, "step(y)");
+        Tensor ty = target_of(y, "step(y)");
         py::gil_scoped_release release;
         return t.step(Trainer::Inputs(xs), ty);
       })
       .def("compute_gradients", [](Trainer& t, const py::handle& x, const py::handle& y) {
         std::vector<Tensor> xs = model_inputs(x, "compute_gradients(x)");
-        Tensor ty = tensor_from_numpy(y, "compute_gradients(y)");
+        Tensor ty = target_of(y, "compute_gradients(y)");
         py::gil_scoped_release release;
         return t.compute_gradients(Trainer::Inputs(xs), ty);
       })
       .def("evaluate", [](Trainer& t, const py::handle& x, const py::handle& y) {
         std::vector<Tensor> xs = model_inputs(x, "evaluate(x)");
-        Tensor ty = tensor_from_numpy(y, "evaluate(y)");
+        Tensor ty = target_of(y, "evaluate(y)");
         py::gil_scoped_release release;
         return t.evaluate(Trainer::Inputs(xs), ty);
       })
@@ -74,7 +91,7 @@ void bind_train(py::module_& m) {
         return numpy_copy(y);
       }, py::arg("x"), py::arg("input_grad") = false)
       .def("backward", [](Trainer& t, const py::handle& g, bool input_grad) -> py::object {
-        Tensor tg = tensor_from_numpy(g, "backward(grad_output)");
+        Tensor tg = target_of(g, "backward(grad_output)");
         Tensor dx;
         {
           py::gil_scoped_release release;
@@ -83,6 +100,14 @@ void bind_train(py::module_& m) {
         if (!input_grad) return py::none();
         return numpy_copy(dx);
       }, py::arg("grad_output"), py::arg("input_grad") = false)
+      .def("begin_step", [](Trainer& t, const py::handle& x, const py::handle& y, int depth) {
+        std::vector<Tensor> xs = model_inputs(x, "begin_step(x)");
+        Tensor ty = target_of(y, "begin_step(y)");
+        py::gil_scoped_release release;  // may compile, which re-acquires the GIL to trace
+        return t.begin_step(Trainer::Inputs(xs), ty, depth);
+      }, py::arg("x"), py::arg("y"), py::arg("depth") = 1)
+      .def("run_task", &Trainer::run_task, py::call_guard<py::gil_scoped_release>())
+      .def("finish_step", &Trainer::finish_step, py::call_guard<py::gil_scoped_release>())
       .def("zero_grad", &Trainer::zero_grad, py::call_guard<py::gil_scoped_release>())
       .def("update", &Trainer::update, py::call_guard<py::gil_scoped_release>())
       .def("set_schedule", &Trainer::set_schedule)

@@ -15,8 +15,10 @@ namespace treadle::py_bind {
 
 // Wraps a numpy array without copying. The array must be C-contiguous, aligned and of a supported
 // dtype; otherwise TypeError/ValueError naming `what` and the problem. `writable` additionally
-// rejects read-only arrays.
-Tensor tensor_from_numpy(const py::handle& obj, const char* what, bool writable = false);
+// rejects read-only arrays. The tensor keeps the array alive, unless `borrowed`: for tensors that
+// live only during a call whose arguments hold the arrays (saves two allocations and a GIL
+// round trip per array on the batch-1 paths).
+Tensor tensor_from_numpy(const py::handle& obj, const char* what, bool writable = false, bool borrowed = false);
 // A numpy array that owns a copy of `t`.
 py::array numpy_copy(const Tensor& t);
 // A numpy array viewing `t`'s memory (kept alive by `owner`); writes go to the tensor.
@@ -38,5 +40,6 @@ void bind_attention(py::module_& m);
 void bind_layers(py::module_& m);
 void bind_serialize(py::module_& m);
 void bind_conv(py::module_& m);
+void bind_dispatch(py::module_& m);
 
 }  // namespace treadle::py_bind

@@ -39,7 +39,7 @@ DType dtype_from_py(const py::handle& obj) {
   return dtype_from_numpy(py::dtype::from_args(py::reinterpret_borrow<py::object>(obj)), "dtype");
 }
 
-Tensor tensor_from_numpy(const py::handle& obj, const char* what, bool writable) {
+Tensor tensor_from_numpy(const py::handle& obj, const char* what, bool writable, bool borrowed) {
   if (!py::isinstance<py::array>(obj))
     throw_type_error(what, ": expected a numpy array, got ", std::string(py::str(py::type::handle_of(obj).attr("__name__"))));
   auto arr = py::reinterpret_borrow<py::array>(obj);
@@ -50,6 +50,7 @@ Tensor tensor_from_numpy(const py::handle& obj, const char* what, bool writable)
     throw_value_error(what, ": array data is not aligned to its element size");
   if (writable && !arr.writeable()) throw_value_error(what, ": array is read-only");
   Shape shape(arr.shape(), arr.shape() + arr.ndim());
+  if (borrowed) return Tensor::wrap(const_cast<void*>(arr.data()), std::move(shape), dt);
   // The tensor keeps the array alive; releasing it needs the GIL, which may not be held then.
   auto* keep = new py::object(arr);
   std::shared_ptr<void> owner(keep, [](void* p) {

@@ -275,35 +275,30 @@ def bench_workload(w, tl, torch, threads, min_time, warmup, seed=0, torch_adam="
     return rows, pair
 
 
-# -- profiling aid (layer level, without per-node timing in the core) ------------------------------
-def profile_layers(w, tl, x, min_time=0.2):
-    """Per-layer time of a Sequential workload by differencing prefixes.
+# -- profiling aid: per-node times from the core's profiler ------------------------------------------
+def profile_workload(pair, tl, min_time=0.2, top=12):
+    """Where a workload's training step spends its time: every kernel call timed by `tl.profile`.
 
-    The core does not time its plan nodes yet, so this times Sequential(layers[:k]) for every k
-    (inference, and forward + MSE + backward via compute_gradients) and attributes the difference
-    between consecutive prefixes to layer k. All prefixes are timed in one alternating run and
-    compared by their fastest round, which a busy machine disturbs least. The first layer's line
-    includes the per-call overhead; layers cheaper than the noise can come out slightly negative.
+    Runs training steps (inference when the workload has none) for about `min_time` seconds and
+    returns the `top` slowest nodes and the time per module and pass, each with its share of the
+    total kernel time (per-call overhead outside kernels is not in it: compare the total with the
+    step time in the main table).
     """
-    if w.treadle_layers is None:
-        return None
-    n_layers = len(w.treadle_layers(tl))
-    runners = {}
-    for k in range(1, n_layers + 1):
-        model = tl.nn.Sequential(*w.treadle_layers(tl)[:k])
-        trainer = tl.Trainer(model, tl.loss.MSE(), tl.optim.SGD(lr=0.0))
-        target = np.zeros_like(model.predict(x))
-        runners[("infer", k)] = lambda n, m=model: [m.predict(x) for _ in range(n)]
-        runners[("grads", k)] = lambda n, t=trainer, y=target: [t.compute_gradients(x, y) for _ in range(n)]
-    r = time_alternating(runners, min_time, min_time / 4)
-    best = {key: v["min_s"] * 1e6 for key, v in r.items()}
-    layers, rows = w.treadle_layers(tl), []
-    for k in range(1, n_layers + 1):
-        prev = {kind: best[(kind, k - 1)] if k > 1 else 0.0 for kind in ("infer", "grads")}
-        rows.append({"layer": f"{k - 1}: {layers[k - 1]!r}".replace("\n", " "),
-                     "infer_us": best[("infer", k)] - prev["infer"], "fwd_bwd_us": best[("grads", k)] - prev["grads"],
-                     "infer_cumulative_us": best[("infer", k)], "fwd_bwd_cumulative_us": best[("grads", k)]})
-    return rows
+    run = pair.treadle_train if pair.w.train else (lambda: pair.model.predict(pair.x))
+    run()  # compile outside the profile
+    calls, start = 0, time.perf_counter()
+    with tl.profile() as prof:
+        while time.perf_counter() - start < min_time:
+            run()
+            calls += 1
+    total = prof.total_seconds or 1.0
+    nodes = [{"op": n["op"], "backend": n["backend"], "pass": n["pass"], "module": n["module"] or "<root>",
+              "output_shape": list(n["output_shape"]), "us_per_step": n["seconds"] / calls * 1e6,
+              "share": n["seconds"] / total} for n in prof.nodes()[:top]]
+    modules = [{"module": m, "pass": p, "us_per_step": sec / calls * 1e6, "share": sec / total}
+               for (m, p), sec in prof.by_module()[:top]]
+    return {"steps": calls, "kernel_us_per_step": prof.total_seconds / calls * 1e6, "nodes": nodes,
+            "modules": modules}
 
 
 def call_overhead(tl, min_time=0.2):
@@ -413,13 +408,16 @@ def _main_table(rows):
 
 def _profile_lines(profile):
     lines = []
-    for name, rows in (profile or {}).items():
-        lines.append(f"\n## Layer profile of {name} (treadle, by prefix differencing of fastest rounds; the first "
-                     f"layer includes the call overhead; 'up to here' = the prefix ending at this layer)\n")
-        lines.append("| layer | inference us | up to here | forward+backward us | up to here |\n|---|---|---|---|---|")
-        for p in rows:
-            lines.append(f"| {p['layer']} | {_us(p['infer_us'])} | {_us(p['infer_cumulative_us'])} | "
-                         f"{_us(p['fwd_bwd_us'])} | {_us(p['fwd_bwd_cumulative_us'])} |")
+    for name, p in (profile or {}).items():
+        lines.append(f"\n## Profile of {name} (treadle, {p['steps']} steps, kernel time "
+                     f"{_us(p['kernel_us_per_step'])} per step)\n")
+        lines.append("| share | us per step | op | backend | pass | module | output |\n|---|---|---|---|---|---|---|")
+        for n in p["nodes"]:
+            lines.append(f"| {n['share']:.1%} | {_us(n['us_per_step'])} | {n['op']} | {n['backend']} | {n['pass']} | "
+                         f"{n['module']} | {tuple(n['output_shape'])} |")
+        lines.append("\n| share | us per step | module | pass |\n|---|---|---|---|")
+        for m in p["modules"]:
+            lines.append(f"| {m['share']:.1%} | {_us(m['us_per_step'])} | {m['module']} | {m['pass']} |")
     return lines
 
 
@@ -485,9 +483,9 @@ def run_suite(workloads, threads=(1, 2), min_time=1.0, warmup=0.2, gemm=True, pr
             log(f"{w.name}: {w.title}")
             rows, pair = bench_workload(w, tl, torch, threads, min_time, warmup, seed, torch_adam, log)
             result["rows"].extend(rows)
-            if profile and pair is not None and rows[0]["status"] == "ok" and w.treadle_layers is not None:
-                log(f"  {w.name} layer profile ...")
-                result["profile"][w.name] = profile_layers(w, tl, pair.x, min(0.2, min_time))
+            if profile and pair is not None and rows[0]["status"] == "ok":
+                log(f"  {w.name} profile ...")
+                result["profile"][w.name] = profile_workload(pair, tl, min(0.5, min_time))
     finally:
         torch.set_num_threads(saved_threads)
     return result
@@ -526,7 +524,7 @@ def _parser():
     p.add_argument("--out", default=None, help="results folder (default bench/results in the source tree)")
     p.add_argument("--no-gemm", action="store_true", help="skip the GEMM peak measurement")
     p.add_argument("--profile", action="store_true",
-                   help="layer-level treadle profile of Sequential workloads (also TREADLE_PROFILE=1)")
+                   help="per-node treadle profile of each workload (where the step time goes)")
     p.add_argument("--torch-adam", choices=["default", "foreach", "fused"], default="default",
                    help="torch.optim.Adam implementation (default: torch's own choice)")
     p.add_argument("--seed", type=int, default=0)
@@ -539,9 +537,9 @@ def main(argv=None, workloads=None):
     """Entry point of `python -m treadle bench [options]`; returns the process exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["crossover"]:
-        print("bench crossover: the backend crossover study is not implemented yet (issue 5, second part)",
-              file=sys.stderr)
-        return 2
+        from .bench_crossover import main as crossover_main  # the backend study: bench/crossover.py
+
+        return crossover_main(argv[1:])
     args = _parser().parse_args(argv)
     if args.min_time <= 0 or args.warmup < 0:
         raise SystemExit(f"bench: --min-time must be > 0 and --warmup >= 0, got {args.min_time}, {args.warmup}")
@@ -558,7 +556,7 @@ def main(argv=None, workloads=None):
         raise SystemExit(f"bench: --threads must list positive integers, got {args.threads!r}")
     log = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
     result = run_suite(available, threads, args.min_time, args.warmup, gemm=not args.no_gemm,
-                       profile=args.profile or os.environ.get("TREADLE_PROFILE", "") not in ("", "0"),
+                       profile=args.profile,
                        seed=args.seed, torch_adam=args.torch_adam, log=log)
     print(to_markdown(result))
     for path in write_results(result, args.out or _default_out_dir()):

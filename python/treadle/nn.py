@@ -139,7 +139,10 @@ class Module:
 
     def predict(self, x, out=None, context=None):
         """Inference (eval mode) on a numpy batch; safe to call from many threads at once."""
-        return self._compiled().predict(x, context, out)
+        model = self._model  # the compiled model, looked up inline: this is the batch-1 hot path
+        if model is None:
+            model = self._compiled()
+        return model.predict(x, context, out)
 
     def memory_report(self, x_shape, training=True, dtype=None):
         """Bytes this model needs for inputs of shape `x_shape` (a tuple, or a list of tuples for
@@ -170,7 +173,8 @@ class Module:
         return self._compiled().dtype
 
     def set_backend(self, name):
-        """Pins every plan to one backend ("eigen", ...); "" restores automatic dispatch."""
+        """Pins every plan to one backend ("eigen", ...); "auto": per node as the measured dispatch table
+        says (treadle.dispatch); "" restores automatic dispatch in priority order."""
         self._compiled().set_backend(name)
         return self
 

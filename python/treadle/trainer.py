@@ -10,7 +10,9 @@ class Trainer:
     `step(x, y)` runs zero_grad + forward + loss + backward + update in one C++ call with the GIL
     released. For an external scheduler the phases are separate: `forward`, `backward` (from a
     host-computed output gradient, optionally returning the input gradient), `compute_gradients`,
-    `zero_grad` and `update`, so the host can interleave its own work (e.g. an allreduce).
+    `zero_grad` and `update`, so the host can interleave its own work (e.g. an allreduce). Finer
+    still, `begin_step` hands the step out as per-module tasks with dependencies, for a task
+    scheduler (examples/python_scheduler.py).
 
     Guards (all off by default; docs/hardening.md): `check_finite` rejects NaN/Inf data,
     `skip_nonfinite` skips updates whose loss or gradient norm is not finite (`skipped_steps`),
@@ -68,6 +70,27 @@ class Trainer:
     def update(self):
         """Gradient clipping (if set) and one optimizer step at the scheduled learning rate."""
         self._native.update()
+
+    def begin_step(self, x, y, depth=1):
+        """Starts a training step handed out as tasks, for a host scheduler.
+
+        Zeroes the gradients, checks and copies the batch, and returns the step's tasks: one per
+        module (the first `depth` components of its path) and pass ("forward fc1", "loss",
+        "backward fc1"), each with `deps` (indices of tasks that must finish first), `params` (the
+        trainable parameters whose gradients are final once it has run) and `grad_ranges`
+        (their [start, stop) element ranges in `model.flat_gradients()`). Run each with
+        `run_task(i)` once its dependencies are done (from any thread; the GIL is released), then
+        `finish_step()`. Any order that respects `deps` gives bitwise the result of `step(x, y)`.
+        """
+        return list(self._native.begin_step(x, y, int(depth)))
+
+    def run_task(self, index):
+        """Runs task `index` of the step begun by `begin_step`."""
+        self._native.run_task(int(index))
+
+    def finish_step(self):
+        """After every task has run: clipping and the optimizer update, as in `step`; returns the loss."""
+        return self._native.finish_step()
 
     @property
     def lr(self):

@@ -9,6 +9,8 @@
 
 namespace treadle {
 
+class Profiler;
+
 class TREADLE_API Context {
  public:
   explicit Context(Executor* executor = nullptr, uint64_t seed = 0);
@@ -37,6 +39,10 @@ class TREADLE_API Context {
   // with ValueError before any of its kernels runs, instead of failing an allocation mid-step.
   std::size_t memory_budget() const { return memory_budget_; }
   void set_memory_budget(std::size_t bytes) { memory_budget_ = bytes; }
+  // Per-node timing of the plans run on this context (null: the process-wide one, if any;
+  // treadle/profile.hpp). The profiler is the caller's and must outlive its use here.
+  Profiler* profiler() const { return profiler_; }
+  void set_profiler(Profiler* p) { profiler_ = p; }
 
  private:
   Executor* executor_;
@@ -44,6 +50,7 @@ class TREADLE_API Context {
   void* arena_ = nullptr;
   std::size_t arena_bytes_ = 0;
   std::size_t memory_budget_ = 0;
+  Profiler* profiler_ = nullptr;
   bool check_numerics_ = false;
 };
 

@@ -69,7 +69,8 @@ class TREADLE_API Model {
   void to(DType dtype);
   void zero_grad();
 
-  // Pin every plan to one backend ("eigen", "onednn", ...) or "" for automatic dispatch.
+  // Pin every plan to one backend ("eigen", "onednn", ...), "auto" for the measured dispatch table
+  // (treadle/dispatch.hpp) or "" for automatic dispatch in priority order.
   void set_backend(const std::string& name);
   const std::string& backend() const { return backend_; }
 
@@ -80,6 +81,12 @@ class TREADLE_API Model {
   // (output_shapes() tells them). Thread-safe like predict.
   void predict_into(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs, Context* ctx = nullptr);
   std::vector<std::pair<Shape, DType>> output_shapes(const std::vector<Tensor>& inputs);
+  // The same two steps with the inference plan looked up once (the batch-1 path of bindings):
+  // infer_plan validates the inputs and returns their plan (opaque outside the library).
+  std::shared_ptr<const Plan> infer_plan(const std::vector<Tensor>& inputs);
+  static std::vector<std::pair<Shape, DType>> output_shapes(const Plan& plan);
+  void predict_into(const Plan& plan, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                    Context* ctx = nullptr);
 
   // Copies of the parameters by name (PyTorch state_dict keys), and loading them back.
   std::map<std::string, Tensor> state_dict() const;
@@ -116,7 +123,6 @@ class TREADLE_API Model {
   std::vector<std::unique_ptr<Context>> free_contexts_;
   std::atomic<uint64_t> generation_{0};
   // The inference plan used last, answered without building a key (guarded by mutex_).
-  std::shared_ptr<const Plan> infer_plan(const std::vector<Tensor>& inputs);
   struct LastInfer {
     uint64_t generation = ~uint64_t{0};
     std::vector<Shape> shapes;

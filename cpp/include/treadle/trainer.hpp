@@ -30,6 +30,15 @@ struct TrainerOptions {
   std::size_t memory_budget = 0;
 };
 
+// One task of a training step split for a host scheduler (Trainer::begin_step).
+struct StepTask {
+  std::string name;        // "forward fc1", "loss", "backward fc1" (module path and pass)
+  std::vector<int> deps;   // tasks that must have finished before this one starts
+  // Trainable parameters whose gradient is final once this task has run: their names and their
+  // [offset, offset + numel) element ranges in trainable_gradients(), e.g. to start an allreduce.
+  std::vector<std::string> params;
+  std::vector<std::pair<int64_t, int64_t>> grad_ranges;
+};
 
 class TREADLE_API Trainer {
  public:
@@ -60,6 +69,21 @@ class TREADLE_API Trainer {
   void zero_grad() { model_->zero_grad(); }
   // (clip) + optimizer step with the scheduled learning rate.
   void update();
+
+  // A training step as tasks with dependencies, for a host scheduler that overlaps them with its
+  // own work (docs/executors.md). begin_step zeroes the gradients, checks and copies the batch and
+  // returns the tasks: one per module (the first `depth` components of its path) and pass.
+  // run_task(k) runs one; tasks whose dependencies have all finished may run concurrently from
+  // different host threads (they then share the context's executor, which must allow that). A
+  // task's parameter gradients are complete in trainable_gradients() when it returns.
+  // finish_step() requires every task to have run, then clips and updates like step() and returns
+  // the loss. Any order respecting the dependencies gives bitwise the result of step().
+  const std::vector<StepTask>& begin_step(const Tensor& x, const Tensor& y, int depth = 1) {
+    return begin_step(Inputs(&x, 1), y, depth);
+  }
+  const std::vector<StepTask>& begin_step(Inputs xs, const Tensor& y, int depth = 1);
+  void run_task(int k);
+  double finish_step();
 
   Model& model() { return *model_; }
   Optimizer& optimizer() { return *optimizer_; }
@@ -110,6 +134,9 @@ class TREADLE_API Trainer {
   std::shared_ptr<const Plan> pending_;  // plan whose forward ran last (for backward)
   std::vector<Tensor> pending_inputs_;  // private copies of the last forward's inputs
   int64_t skipped_ = 0;
+  struct TaskedStep;  // the step begin_step prepared (trainer_tasks.cpp)
+  void end_tasked_step();  // another run reuses the context's memory: a tasked step is void
+  std::unique_ptr<TaskedStep> tasked_;
   std::vector<uint64_t> checksums_;  // per layout slot; empty until the first update
   uint64_t sealed_generation_ = 0;   // the model's generation when checksums_ were taken
 };

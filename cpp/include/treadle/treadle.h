@@ -47,6 +47,10 @@ typedef struct treadle_trainer treadle_trainer;
 /* The message of this thread's last error ("" when none); never NULL. */
 TREADLE_C_API const char* treadle_last_error(void);
 TREADLE_C_API const char* treadle_version(void);
+/* Sets this thread's last error to `message` (NULL clears it) and returns `status`: for language
+ * bindings that detect a mistake themselves (the Fortran module's dtype checks), so that it reads
+ * back through treadle_last_error() like any other. */
+TREADLE_C_API int treadle_set_last_error(int status, const char* message);
 
 /* -- models ---------------------------------------------------------------------------------- */
 /* A fresh model from a JSON description; parameters initialised as torch.nn does from the global

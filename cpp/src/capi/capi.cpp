@@ -109,6 +109,15 @@ extern "C" {
 const char* treadle_last_error(void) { return last_error.c_str(); }
 const char* treadle_version(void) { return serialize_version(); }
 
+int treadle_set_last_error(int status, const char* message) {
+  try {
+    last_error = message ? message : "";
+  } catch (...) {  // out of memory for the copy: nothing may unwind into C
+    last_error.clear();
+  }
+  return status;
+}
+
 int treadle_model_from_json(const char* json, treadle_dtype dtype, uint64_t seed, treadle_model** out) {
   return guarded("treadle_model_from_json", [&] {
     need(out, "out") = nullptr;

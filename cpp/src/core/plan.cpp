@@ -1,9 +1,12 @@
 #include "core/plan.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <sstream>
 
+#include "core/dispatch_table.hpp"
 #include "core/op_registry.hpp"
 #include "treadle/error.hpp"
 
@@ -47,7 +50,11 @@ int64_t place(std::vector<Interval>& items, std::vector<int64_t>& offset_of) {
   return align_up(total);
 }
 
+std::atomic<uint64_t> g_next_plan_id{1};
+
 }  // namespace
+
+Plan::Plan(bool training) : graph(training), id_(g_next_plan_id.fetch_add(1)) {}
 
 void Plan::finalize(const std::vector<int64_t>& param_offsets, const std::string& backend) {
   param_offsets_ = param_offsets;
@@ -62,7 +69,8 @@ void Plan::select_kernels(const std::string& backend) {
   std::vector<const Backend*> order = available_backends();
   // A pinned backend takes every node it supports; backends are partial, so the rest falls back to
   // the reference (the last in priority order).
-  if (!backend.empty()) {
+  const bool measured = backend == kAutoBackend;  // "auto": per node, as the dispatch table says
+  if (!backend.empty() && !measured) {
     const Backend* pinned = backend_by_name(backend);
     order = {pinned};
     if (pinned != available_backends().back()) order.push_back(available_backends().back());
@@ -85,7 +93,7 @@ void Plan::select_kernels(const std::string& backend) {
         throw_runtime_error("plan: op '", def.name, "' writes input ", k, ", which must be a parameter or an input");
     }
     if (def.view_of >= 0) continue;
-    for (const Backend* b : order) {
+    for (const Backend* b : measured ? auto_backend_order(graph, node) : order) {
       if (KernelFn fn = b->find(graph, node)) {
         s.kernel = fn;
         s.backend = b;
@@ -174,9 +182,13 @@ void* Plan::address(Context& ctx, const Bindings& b, int id) const {
 }
 
 void Plan::run(Context& ctx, const Bindings& b, int begin, int end) const {
+  run_with_counter(ctx, b, begin, end, ctx.next_rng_counter());
+}
+
+void Plan::run_with_counter(Context& ctx, const Bindings& b, int begin, int end, uint64_t counter) const {
   constexpr int kMaxOperands = 16;
   char* arena = static_cast<char*>(ctx.arena(arena_bytes_));
-  const uint64_t counter = ctx.next_rng_counter();
+  Profiler* profiler = ctx.profiler() ? ctx.profiler() : global_profiler();
   std::array<TensorRef, kMaxOperands> refs;
   for (int s = begin; s < end; ++s) {
     const PlanStep& step = steps[s];
@@ -192,7 +204,13 @@ void Plan::run(Context& ctx, const Bindings& b, int begin, int end) const {
     KernelArgs args{node, refs.data(), nin, refs.data() + nin, nout, ctx.executor(), arena + workspace_offset_,
                     ctx.seed(), counter};
     args.state = step.state.get();
-    step.kernel(args);
+    if (profiler) {
+      const auto t0 = std::chrono::steady_clock::now();
+      step.kernel(args);
+      record_time(*profiler, s, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    } else {
+      step.kernel(args);
+    }
     if (ctx.check_numerics()) check_numerics(s, refs.data() + nin);
   }
 }
@@ -212,6 +230,27 @@ std::pair<int64_t, int64_t> find_nonfinite(const void* data, int64_t n) {
 }
 }  // namespace
 
+const char* Plan::pass_of(int s) const {
+  // Loss nodes follow the forward pass and end at the loss value's producer.
+  if (s < forward_end) return "forward";
+  return loss >= 0 && steps[s].node <= graph.info(loss).producer ? "loss" : "backward";
+}
+
+void Plan::record_time(Profiler& profiler, int s, double seconds) const {
+  profiler.record(id_, s, seconds, [&] {
+    const Node& node = graph.nodes()[steps[s].node];
+    NodeProfile p;
+    p.plan = id_;
+    p.node = steps[s].node;
+    p.op = OpRegistry::instance().at(node.op).name;
+    p.scope = node.scope;
+    p.backend = steps[s].backend ? steps[s].backend->name() : "view";
+    p.pass = pass_of(s);
+    if (!node.outputs.empty()) p.output_shape = graph.info(node.outputs[0]).shape;
+    return p;
+  });
+}
+
 void Plan::check_numerics(int s, const TensorRef* outs) const {
   const Node& node = graph.nodes()[steps[s].node];
   for (std::size_t k = 0; k < node.outputs.size(); ++k) {
@@ -222,9 +261,7 @@ void Plan::check_numerics(int s, const TensorRef* outs) const {
     if (bad.first < 0) continue;
     double v = r.dtype == DType::f32 ? static_cast<const float*>(r.data)[bad.first]
                                      : static_cast<const double*>(r.data)[bad.first];
-    // Loss nodes follow the forward pass and end at the loss value's producer.
-    const char* pass = s < forward_end ? "forward"
-                       : (loss >= 0 && s <= graph.info(loss).producer) ? "loss" : "backward";
+    const char* pass = pass_of(s);
     throw_value_error("check_numerics: node ", steps[s].node, " '", OpRegistry::instance().at(node.op).name,
                       "' in module '", node.scope.empty() ? "<root>" : node.scope, "' (", pass,
                       " pass) produced ", std::isnan(v) ? "NaN" : "Inf", " in output ", k, " of shape ",

@@ -13,6 +13,7 @@
 #include "backends/kernel.hpp"
 #include "treadle/context.hpp"
 #include "treadle/graph.hpp"
+#include "treadle/profile.hpp"
 
 namespace treadle {
 
@@ -33,6 +34,18 @@ struct PlanStep {
   std::shared_ptr<const void> state;  // the backend's prepared state for this node (Backend::prepare)
 };
 
+// A contiguous run of plan steps that a host scheduler may run as one task: the steps of one
+// module (scope prefix) in one pass. `deps` are the earlier tasks it must wait for, derived from
+// data flow and from the memory plan (a task must not overwrite arena bytes an earlier task still
+// reads, and tasks that use the kernel workspace are ordered). `param_grads` are indices into
+// Plan::param_grads whose gradient is final once this task has run.
+struct PlanTask {
+  std::string name;  // "forward fc1", "loss", "backward fc1"
+  int begin = 0, end = 0;
+  std::vector<int> deps;
+  std::vector<int> param_grads;
+};
+
 // Memory handed to a run: parameters and the host's data, by slot.
 struct Bindings {
   void* params = nullptr;
@@ -43,7 +56,7 @@ struct Bindings {
 
 class Plan {
  public:
-  explicit Plan(bool training) : graph(training) {}
+  explicit Plan(bool training);
 
   // Places values and picks kernels. `param_offsets[k]` is the byte offset of graph parameter k in
   // the flat parameter buffer. `backend` pins one backend ("" = priority order with fallback).
@@ -51,6 +64,14 @@ class Plan {
 
   // Runs steps [begin, end) on `ctx`. Throws what a kernel throws.
   void run(Context& ctx, const Bindings& b, int begin, int end) const;
+  // The same with the dropout RNG counter given: the tasks of one step share one counter, so the
+  // step draws the same masks however the host splits it.
+  void run_with_counter(Context& ctx, const Bindings& b, int begin, int end, uint64_t counter) const;
+  // Splits the steps into tasks, one per module scope (its first `depth` path components) and pass,
+  // with the dependencies that make any order respecting them equal to the sequential run.
+  std::vector<PlanTask> partition_tasks(int depth) const;
+  // A number no other plan in this process shares (profiles key on it).
+  uint64_t id() const { return id_; }
   // Address of value `id` for a run on `ctx` with bindings `b`.
   void* address(Context& ctx, const Bindings& b, int id) const;
   // Adds every parameter gradient of the last backward run into `grads` (flat buffer, same layout
@@ -68,13 +89,20 @@ class Plan {
   std::vector<std::pair<int64_t, int>> param_grads;  // (byte offset in flat buffer, gradient value id)
   std::vector<int> input_grads;                      // per input: gradient value id or -1
   std::vector<PlanStep> steps;
+  const void* owner = nullptr;  // the model that compiled it, and its generation then (API checks)
+  uint64_t owner_generation = 0;
 
  private:
   void plan_memory();
   // Anomaly mode: throws ValueError if an output of step `s` holds NaN/Inf.
   void check_numerics(int s, const TensorRef* outs) const;
   void select_kernels(const std::string& backend);
+  // Profiling: adds one kernel call of step `s` to `profiler`.
+  void record_time(Profiler& profiler, int s, double seconds) const;
+  // "forward", "loss" or "backward" for step `s`.
+  const char* pass_of(int s) const;
   std::vector<Location> loc_;
+  uint64_t id_;
   std::vector<int64_t> param_offsets_;
   std::size_t arena_bytes_ = 0, workspace_offset_ = 0;
 };

@@ -91,7 +91,7 @@ void Model::to(DType dtype) {
 void Model::zero_grad() { std::memset(flat_grads_.data(), 0, flat_grads_.nbytes()); }
 
 void Model::set_backend(const std::string& name) {
-  if (!name.empty()) backend_by_name(name);  // validates
+  if (!name.empty() && name != "auto") backend_by_name(name);  // validates; "auto": the measured dispatch table
   std::lock_guard<std::mutex> lock(mutex_);
   backend_ = name;
   plans_.clear();
@@ -134,6 +134,8 @@ std::shared_ptr<const Plan> Model::plan(const PlanKey& key, const Loss* loss) {
   };
   auto plan = compile_plan(key, [this](Graph& g, const std::vector<Value>& in) { return trace(g, in); }, loss,
                            offset_of);
+  plan->owner = this;
+  plan->owner_generation = generation_;
   plans_.emplace(key, plan);
   return plan;
 }
@@ -195,14 +197,32 @@ void Model::return_context(std::unique_ptr<Context> c) {
 }
 
 std::vector<std::pair<Shape, DType>> Model::output_shapes(const std::vector<Tensor>& inputs) {
-  std::shared_ptr<const Plan> p = infer_plan(inputs);
+  return output_shapes(*infer_plan(inputs));
+}
+
+std::vector<std::pair<Shape, DType>> Model::output_shapes(const Plan& plan) {
   std::vector<std::pair<Shape, DType>> out;
-  for (int id : p->outputs) out.emplace_back(p->graph.info(id).shape, p->graph.info(id).dtype);
+  for (int id : plan.outputs) out.emplace_back(plan.graph.info(id).shape, plan.graph.info(id).dtype);
   return out;
 }
 
 void Model::predict_into(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs, Context* ctx) {
-  std::shared_ptr<const Plan> p = infer_plan(inputs);
+  predict_into(*infer_plan(inputs), inputs, outputs, ctx);
+}
+
+void Model::predict_into(const Plan& plan, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                         Context* ctx) {
+  const Plan* p = &plan;
+  if (p->owner != this || p->owner_generation != generation_)
+    throw_value_error("predict: the plan belongs to another model or to this model before a dtype or backend change");
+  if (inputs.size() != p->inputs.size())
+    throw_value_error("predict: expected ", p->inputs.size(), " inputs, got ", inputs.size());
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const ValueInfo& info = p->graph.info(p->inputs[i]);
+    if (!inputs[i].defined() || inputs[i].shape() != info.shape || inputs[i].dtype() != info.dtype)
+      throw_value_error("predict: input ", i, " must be ", dtype_name(info.dtype), shape_str(info.shape),
+                        " for this plan");
+  }
   if (outputs.size() != p->outputs.size())
     throw_value_error("predict: expected ", p->outputs.size(), " output buffers, got ", outputs.size());
   for (std::size_t k = 0; k < outputs.size(); ++k) {

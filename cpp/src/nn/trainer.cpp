@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/plan.hpp"
+#include "nn/trainer_tasks.hpp"
 #include "treadle/error.hpp"
 
 namespace treadle {
@@ -124,6 +125,7 @@ double Trainer::run_loss_plan(Inputs xs, const Tensor& y, PlanMode mode) {
   void* tgt_ptr[1] = {yc.data()};
   Bindings b{model_->flat_parameters().data(), std::span<void* const>(in_ptr.data(), xs.size()), tgt_ptr, {}};
   pending_.reset();  // this run reuses the context's activation memory: a pending backward is void
+  end_tasked_step();
   p->run(ctx_, b, 0, p->num_steps());
   if (mode == PlanMode::train_loss) {
     p->accumulate_param_grads(ctx_, b, model_->flat_gradients().data());
@@ -165,6 +167,7 @@ Tensor Trainer::forward(Inputs xs, bool input_grad) {
     in_ptr[i] = held.data();
   }
   Bindings b{model_->flat_parameters().data(), std::span<void* const>(in_ptr.data(), xs.size()), {}, {}};
+  end_tasked_step();
   p->run(ctx_, b, 0, p->forward_end);
   if (options_.verify_parameters) reseal_frozen();
   pending_ = p;

@@ -95,6 +95,27 @@ void scale_kernel(const KernelArgs& a) {
   });
 }
 
+// Column sums of a row-major (rows, cols) matrix, reading it row by row (contiguous, vectorised).
+// Each element sums blocks of kBlock rows in order and then the block sums in order: error grows
+// with kBlock + rows / kBlock instead of rows, and the order never depends on the chunking.
+template <typename T>
+void column_sums(Executor& exec, const T* x, int64_t rows, int64_t cols, T* y) {
+  constexpr int64_t kTile = 256, kBlock = 128;
+  parallel_chunks(exec, cols, 64, [&](int64_t c0, int64_t c1) {
+    for (int64_t t0 = c0; t0 < c1; t0 += kTile) {
+      const int64_t w = std::min(kTile, c1 - t0);
+      alignas(64) T block[kTile];
+      VecMap<T> out(y + t0, w), acc(block, w);
+      out.setZero();
+      for (int64_t r0 = 0; r0 < rows; r0 += kBlock) {
+        acc.setZero();
+        for (int64_t r = r0; r < std::min(rows, r0 + kBlock); ++r) acc += ConstVecMap<T>(x + r * cols + t0, w);
+        out += acc;
+      }
+    }
+  });
+}
+
 // Sums the input over its broadcast dimensions. Parallel over output elements only, each summed
 // in a fixed order, so it is deterministic under any chunking.
 template <typename T>
@@ -103,11 +124,7 @@ void sum_to_kernel(const KernelArgs& a) {
   const Shape& xs = *X.shape;
   const int64_t cols = X.dim(-1);
   if (Y.ndim() > 0 && !xs.empty() && Y.numel == cols && Y.dim(-1) == cols) {  // (..., C) -> (C): column sums
-    ConstMapR<T> Xm(X.ptr<T>(), X.numel / cols, cols);
-    parallel_chunks(a.exec, cols, 64, [&](int64_t c0, int64_t c1) {
-      Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>(Y.ptr<T>() + c0, c1 - c0) =
-          Xm.middleCols(c0, c1 - c0).colwise().sum();
-    });
+    column_sums(a.exec, X.ptr<T>(), X.numel / cols, cols, Y.ptr<T>());
     return;
   }
   auto sy = broadcast_strides(*Y.shape, xs);

@@ -1,0 +1,145 @@
+// A training step handed to the host as tasks (Trainer::begin_step / run_task / finish_step).
+#include <cmath>
+
+#include "nn/trainer_tasks.hpp"
+#include "treadle/error.hpp"
+
+namespace treadle {
+
+namespace {
+// The public description of the plan's tasks: names, dependencies and the trainable gradients each
+// one completes (by name and element range in the trainable gradient buffer).
+std::vector<StepTask> describe_tasks(const Plan& p, const std::vector<PlanTask>& plan_tasks, const Model& m) {
+  const std::size_t es = dtype_size(m.dtype());
+  std::vector<StepTask> out;
+  for (const PlanTask& t : plan_tasks) {
+    StepTask st{t.name, t.deps, {}, {}};
+    for (int g : t.param_grads) {
+      const int64_t offset = p.param_grads[g].first / static_cast<int64_t>(es);
+      for (const ParamSlot& slot : m.trainable_layout())
+        if (slot.offset == offset) {
+          st.params.push_back(slot.name);
+          st.grad_ranges.emplace_back(slot.offset, slot.offset + slot.numel);
+        }
+    }
+    out.push_back(std::move(st));
+  }
+  return out;
+}
+}  // namespace
+
+const std::vector<StepTask>& Trainer::begin_step(Inputs xs, const Tensor& y, int depth) {
+  if (depth < 1) throw_value_error("Trainer.begin_step: depth must be >= 1, got ", depth);
+  for (const Tensor& x : xs) check_input(x, "input");
+  check_input(y, "target");
+  if (options_.verify_parameters) verify_parameters();
+  std::shared_ptr<const Plan> p = plan_for(PlanMode::train_loss, xs, &y, false);
+  const ValueInfo& out = p->graph.info(p->outputs.at(0));
+  loss_.check_target(out.shape, out.dtype, y);
+  if (!tasked_) tasked_ = std::make_unique<TaskedStep>();
+  TaskedStep& ts = *tasked_;
+  if (ts.plan != p || ts.depth != depth) {
+    ts.plan_tasks = p->partition_tasks(depth);
+    ts.tasks = describe_tasks(*p, ts.plan_tasks, *model_);
+    ts.state = std::make_unique<std::atomic<int>[]>(ts.tasks.size());
+    ts.plan = p;
+    ts.depth = depth;
+  }
+  // Private copies of the batch: the host may reuse its arrays while tasks are pending.
+  pending_.reset();
+  pending_inputs_.resize(xs.size());
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    Tensor& held = pending_inputs_[i];
+    if (!held.defined() || held.shape() != xs[i].shape() || held.dtype() != xs[i].dtype())
+      held = Tensor(xs[i].shape(), xs[i].dtype());
+    held.copy_from(xs[i]);
+    ts.inputs[i] = held.data();
+  }
+  ts.num_inputs = xs.size();
+  if (!ts.target.defined() || ts.target.shape() != y.shape() || ts.target.dtype() != y.dtype())
+    ts.target = Tensor(y.shape(), y.dtype());
+  ts.target.copy_from(y);
+  ts.target_ptr[0] = ts.target.data();
+  zero_grad();
+  ctx_.arena(p->arena_bytes());  // grown here, so concurrent tasks only read the pointer
+  ts.rng_counter = ctx_.next_rng_counter();
+  for (std::size_t k = 0; k < ts.tasks.size(); ++k) ts.state[k].store(0);
+  ts.active = true;
+  ts.failed = false;
+  return ts.tasks;
+}
+
+void Trainer::run_task(int k) {
+  if (!tasked_ || !tasked_->active)
+    throw_value_error("Trainer.run_task: no step in progress (call begin_step first; any other training or "
+                      "evaluation call in between ends it)");
+  TaskedStep& ts = *tasked_;
+  const int n = static_cast<int>(ts.tasks.size());
+  if (k < 0 || k >= n) throw_value_error("Trainer.run_task: task ", k, " out of range [0, ", n, ")");
+  for (int d : ts.tasks[k].deps)
+    if (ts.state[d].load(std::memory_order_acquire) != 2)
+      throw_value_error("Trainer.run_task: task ", k, " '", ts.tasks[k].name, "' depends on task ", d, " '",
+                        ts.tasks[d].name, "', which has not finished");
+  int expected = 0;
+  if (!ts.state[k].compare_exchange_strong(expected, 1))
+    throw_value_error("Trainer.run_task: task ", k, " '", ts.tasks[k].name, "' was already run in this step");
+  const PlanTask& t = ts.plan_tasks[k];
+  const Bindings b = ts.bindings(*model_);
+  try {
+    ts.plan->run_with_counter(ctx_, b, t.begin, t.end, ts.rng_counter);
+  } catch (...) {
+    ts.failed = true;  // the step cannot finish; parameters stay untouched
+    throw;
+  }
+  // Each parameter gradient belongs to exactly one task, so concurrent tasks add disjoint ranges.
+  const std::size_t es = dtype_size(model_->dtype());
+  for (int g : t.param_grads) {
+    const auto& [offset, value] = ts.plan->param_grads[g];
+    const int64_t numel = shape_numel(ts.plan->graph.info(value).shape);
+    const void* src = ts.plan->address(ctx_, b, value);
+    void* dst = static_cast<char*>(model_->flat_gradients().data()) + offset;
+    if (es == 4) {
+      float* d = static_cast<float*>(dst);
+      const float* s = static_cast<const float*>(src);
+      for (int64_t i = 0; i < numel; ++i) d[i] += s[i];
+    } else {
+      double* d = static_cast<double*>(dst);
+      const double* s = static_cast<const double*>(src);
+      for (int64_t i = 0; i < numel; ++i) d[i] += s[i];
+    }
+  }
+  ts.state[k].store(2, std::memory_order_release);
+}
+
+double Trainer::finish_step() {
+  if (!tasked_ || !tasked_->active) throw_value_error("Trainer.finish_step: no step in progress (call begin_step)");
+  TaskedStep& ts = *tasked_;
+  if (ts.failed) {
+    ts.active = false;
+    throw_value_error("Trainer.finish_step: a task of this step raised; the step is abandoned and the parameters "
+                      "are unchanged");
+  }
+  for (std::size_t k = 0; k < ts.tasks.size(); ++k)
+    if (ts.state[k].load(std::memory_order_acquire) != 2)
+      throw_value_error("Trainer.finish_step: task ", k, " '", ts.tasks[k].name, "' has not run");
+  ts.active = false;
+  const Bindings b = ts.bindings(*model_);
+  const double loss = ts.plan->graph.info(ts.plan->loss).dtype == DType::f32
+                          ? *static_cast<const float*>(ts.plan->address(ctx_, b, ts.plan->loss))
+                          : *static_cast<const double*>(ts.plan->address(ctx_, b, ts.plan->loss));
+  if (options_.verify_parameters) reseal_frozen();  // the forward updated running statistics
+  if (options_.skip_nonfinite && !std::isfinite(loss)) {
+    ++skipped_;
+    return loss;
+  }
+  if (options_.check_finite && !std::isfinite(loss))
+    throw_value_error("Trainer.finish_step: loss is ", loss, "; parameters left unchanged");
+  update();
+  return loss;
+}
+
+void Trainer::end_tasked_step() {
+  if (tasked_) tasked_->active = false;
+}
+
+}  // namespace treadle

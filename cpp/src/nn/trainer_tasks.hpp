@@ -1,0 +1,32 @@
+#pragma once
+// The state of a training step handed to the host as tasks (Trainer::begin_step).
+#include <array>
+#include <atomic>
+#include <memory>
+
+#include "core/plan.hpp"
+#include "treadle/trainer.hpp"
+
+namespace treadle {
+
+struct Trainer::TaskedStep {
+  std::shared_ptr<const Plan> plan;
+  int depth = 0;
+  std::vector<PlanTask> plan_tasks;
+  std::vector<StepTask> tasks;
+  std::unique_ptr<std::atomic<int>[]> state;  // per task: 0 waiting, 1 running, 2 done
+  std::array<void*, kMaxInputs> inputs{};
+  std::size_t num_inputs = 0;
+  Tensor target;
+  void* target_ptr[1] = {nullptr};
+  uint64_t rng_counter = 0;
+  bool active = false;
+  bool failed = false;
+
+  Bindings bindings(const Model& m) const {
+    return Bindings{m.flat_parameters().data(), std::span<void* const>(inputs.data(), num_inputs),
+                    std::span<void* const>(target_ptr, 1), {}};
+  }
+};
+
+}  // namespace treadle

@@ -1,0 +1,214 @@
+! The C API of treadle (treadle/treadle.h) as Fortran interfaces: module treadle_c, one interface per
+! C function under the C name with a c_ prefix, with treadle.h's arguments (strings NUL-terminated,
+! buffers as type(c_ptr), shapes row-major int64). Most programs `use treadle` (treadle.f90), which
+! wraps these for Fortran strings and arrays; this layer is for what the wrappers do not cover.
+module treadle_c
+  use, intrinsic :: iso_c_binding, only: c_char, c_int, c_int64_t, c_ptr, c_size_t
+  implicit none
+  private
+
+  ! Status codes (enum treadle_status) and dtypes (enum treadle_dtype).
+  integer(c_int), parameter, public :: TREADLE_OK = 0
+  integer(c_int), parameter, public :: TREADLE_ERROR_VALUE = 1     ! bad value or shape
+  integer(c_int), parameter, public :: TREADLE_ERROR_TYPE = 2      ! bad dtype or array kind
+  integer(c_int), parameter, public :: TREADLE_ERROR_IO = 3        ! file system error
+  integer(c_int), parameter, public :: TREADLE_ERROR_ARGUMENT = 4  ! null handle, bad rank, array too small
+  integer(c_int), parameter, public :: TREADLE_ERROR_MEMORY = 5
+  integer(c_int), parameter, public :: TREADLE_ERROR_INTERNAL = 6
+  integer(c_int), parameter, public :: TREADLE_F32 = 0, TREADLE_F64 = 1
+
+  public :: c_treadle_last_error, c_treadle_version, c_treadle_set_last_error
+  public :: c_treadle_model_from_json, c_treadle_model_load, c_treadle_model_load_weights, c_treadle_model_save
+  public :: c_treadle_model_free, c_treadle_model_dtype, c_treadle_model_num_parameters
+  public :: c_treadle_model_get_parameters, c_treadle_model_set_parameters, c_treadle_model_output_shape
+  public :: c_treadle_model_predict, c_treadle_trainer_create, c_treadle_trainer_free, c_treadle_trainer_step
+  public :: c_treadle_trainer_evaluate, c_treadle_trainer_zero_grad, c_treadle_trainer_forward
+  public :: c_treadle_trainer_backward, c_treadle_trainer_update, c_treadle_trainer_get_gradients, c_strlen
+
+  interface
+    function c_treadle_last_error() result(message) bind(C, name="treadle_last_error")
+      import :: c_ptr
+      type(c_ptr) :: message
+    end function c_treadle_last_error
+
+    function c_treadle_version() result(version) bind(C, name="treadle_version")
+      import :: c_ptr
+      type(c_ptr) :: version
+    end function c_treadle_version
+
+    function c_treadle_set_last_error(status, message) result(status_out) bind(C, name="treadle_set_last_error")
+      import :: c_char, c_int
+      integer(c_int), value :: status
+      character(kind=c_char), dimension(*), intent(in) :: message
+      integer(c_int) :: status_out
+    end function c_treadle_set_last_error
+
+    function c_treadle_model_from_json(json, dtype, seed, out) result(status) bind(C, name="treadle_model_from_json")
+      import :: c_char, c_int, c_int64_t, c_ptr
+      character(kind=c_char), dimension(*), intent(in) :: json
+      integer(c_int), value :: dtype
+      integer(c_int64_t), value :: seed  ! uint64_t in C: the same bits
+      type(c_ptr), intent(out) :: out
+      integer(c_int) :: status
+    end function c_treadle_model_from_json
+
+    function c_treadle_model_load(path, out) result(status) bind(C, name="treadle_model_load")
+      import :: c_char, c_int, c_ptr
+      character(kind=c_char), dimension(*), intent(in) :: path
+      type(c_ptr), intent(out) :: out
+      integer(c_int) :: status
+    end function c_treadle_model_load
+
+    function c_treadle_model_load_weights(model, path) result(status) bind(C, name="treadle_model_load_weights")
+      import :: c_char, c_int, c_ptr
+      type(c_ptr), value :: model
+      character(kind=c_char), dimension(*), intent(in) :: path
+      integer(c_int) :: status
+    end function c_treadle_model_load_weights
+
+    function c_treadle_model_save(model, path) result(status) bind(C, name="treadle_model_save")
+      import :: c_char, c_int, c_ptr
+      type(c_ptr), value :: model
+      character(kind=c_char), dimension(*), intent(in) :: path
+      integer(c_int) :: status
+    end function c_treadle_model_save
+
+    subroutine c_treadle_model_free(model) bind(C, name="treadle_model_free")
+      import :: c_ptr
+      type(c_ptr), value :: model
+    end subroutine c_treadle_model_free
+
+    function c_treadle_model_dtype(model, out) result(status) bind(C, name="treadle_model_dtype")
+      import :: c_int, c_ptr
+      type(c_ptr), value :: model
+      integer(c_int), intent(out) :: out
+      integer(c_int) :: status
+    end function c_treadle_model_dtype
+
+    function c_treadle_model_num_parameters(model, out) result(status) bind(C, name="treadle_model_num_parameters")
+      import :: c_int, c_int64_t, c_ptr
+      type(c_ptr), value :: model
+      integer(c_int64_t), intent(out) :: out
+      integer(c_int) :: status
+    end function c_treadle_model_num_parameters
+
+    function c_treadle_model_get_parameters(model, buffer, count) result(status) &
+        bind(C, name="treadle_model_get_parameters")
+      import :: c_int, c_int64_t, c_ptr
+      type(c_ptr), value :: model, buffer
+      integer(c_int64_t), value :: count
+      integer(c_int) :: status
+    end function c_treadle_model_get_parameters
+
+    function c_treadle_model_set_parameters(model, buffer, count) result(status) &
+        bind(C, name="treadle_model_set_parameters")
+      import :: c_int, c_int64_t, c_ptr
+      type(c_ptr), value :: model, buffer
+      integer(c_int64_t), value :: count
+      integer(c_int) :: status
+    end function c_treadle_model_set_parameters
+
+    function c_treadle_model_output_shape(model, x_ndim, x_shape, capacity, out_ndim, out_shape) result(status) &
+        bind(C, name="treadle_model_output_shape")
+      import :: c_int, c_int64_t, c_ptr
+      type(c_ptr), value :: model
+      integer(c_int), value :: x_ndim, capacity
+      integer(c_int64_t), dimension(*), intent(in) :: x_shape
+      integer(c_int), intent(out) :: out_ndim
+      integer(c_int64_t), dimension(*), intent(inout) :: out_shape
+      integer(c_int) :: status
+    end function c_treadle_model_output_shape
+
+    function c_treadle_model_predict(model, x, x_ndim, x_shape, y, y_count) result(status) &
+        bind(C, name="treadle_model_predict")
+      import :: c_int, c_int64_t, c_ptr
+      type(c_ptr), value :: model, x, y
+      integer(c_int), value :: x_ndim
+      integer(c_int64_t), dimension(*), intent(in) :: x_shape
+      integer(c_int64_t), value :: y_count
+      integer(c_int) :: status
+    end function c_treadle_model_predict
+
+    ! options_json: a JSON object, or "" (just the NUL) for the optimizer's defaults.
+    function c_treadle_trainer_create(model, loss, optimizer, options_json, seed, out) result(status) &
+        bind(C, name="treadle_trainer_create")
+      import :: c_char, c_int, c_int64_t, c_ptr
+      type(c_ptr), value :: model
+      character(kind=c_char), dimension(*), intent(in) :: loss, optimizer, options_json
+      integer(c_int64_t), value :: seed
+      type(c_ptr), intent(out) :: out
+      integer(c_int) :: status
+    end function c_treadle_trainer_create
+
+    subroutine c_treadle_trainer_free(trainer) bind(C, name="treadle_trainer_free")
+      import :: c_ptr
+      type(c_ptr), value :: trainer
+    end subroutine c_treadle_trainer_free
+
+    ! loss: c_loc of a real(c_double), or c_null_ptr (here and in c_treadle_trainer_evaluate).
+    function c_treadle_trainer_step(trainer, x, x_ndim, x_shape, y, y_ndim, y_shape, loss) result(status) &
+        bind(C, name="treadle_trainer_step")
+      import :: c_int, c_int64_t, c_ptr
+      type(c_ptr), value :: trainer, x, y, loss
+      integer(c_int), value :: x_ndim, y_ndim
+      integer(c_int64_t), dimension(*), intent(in) :: x_shape, y_shape
+      integer(c_int) :: status
+    end function c_treadle_trainer_step
+
+    function c_treadle_trainer_evaluate(trainer, x, x_ndim, x_shape, y, y_ndim, y_shape, loss) result(status) &
+        bind(C, name="treadle_trainer_evaluate")
+      import :: c_int, c_int64_t, c_ptr
+      type(c_ptr), value :: trainer, x, y, loss
+      integer(c_int), value :: x_ndim, y_ndim
+      integer(c_int64_t), dimension(*), intent(in) :: x_shape, y_shape
+      integer(c_int) :: status
+    end function c_treadle_trainer_evaluate
+
+    function c_treadle_trainer_zero_grad(trainer) result(status) bind(C, name="treadle_trainer_zero_grad")
+      import :: c_int, c_ptr
+      type(c_ptr), value :: trainer
+      integer(c_int) :: status
+    end function c_treadle_trainer_zero_grad
+
+    function c_treadle_trainer_forward(trainer, x, x_ndim, x_shape, out, out_count) result(status) &
+        bind(C, name="treadle_trainer_forward")
+      import :: c_int, c_int64_t, c_ptr
+      type(c_ptr), value :: trainer, x, out
+      integer(c_int), value :: x_ndim
+      integer(c_int64_t), dimension(*), intent(in) :: x_shape
+      integer(c_int64_t), value :: out_count
+      integer(c_int) :: status
+    end function c_treadle_trainer_forward
+
+    function c_treadle_trainer_backward(trainer, grad_out, ndim, shape) result(status) &
+        bind(C, name="treadle_trainer_backward")
+      import :: c_int, c_int64_t, c_ptr
+      type(c_ptr), value :: trainer, grad_out
+      integer(c_int), value :: ndim
+      integer(c_int64_t), dimension(*), intent(in) :: shape
+      integer(c_int) :: status
+    end function c_treadle_trainer_backward
+
+    function c_treadle_trainer_update(trainer) result(status) bind(C, name="treadle_trainer_update")
+      import :: c_int, c_ptr
+      type(c_ptr), value :: trainer
+      integer(c_int) :: status
+    end function c_treadle_trainer_update
+
+    function c_treadle_trainer_get_gradients(trainer, buffer, count) result(status) &
+        bind(C, name="treadle_trainer_get_gradients")
+      import :: c_int, c_int64_t, c_ptr
+      type(c_ptr), value :: trainer, buffer
+      integer(c_int64_t), value :: count
+      integer(c_int) :: status
+    end function c_treadle_trainer_get_gradients
+
+    ! for reading C strings (treadle_error_message, treadle_version)
+    function c_strlen(s) result(n) bind(C, name="strlen")
+      import :: c_ptr, c_size_t
+      type(c_ptr), value :: s
+      integer(c_size_t) :: n
+    end function c_strlen
+  end interface
+
+end module treadle_c
