@@ -240,7 +240,10 @@ def test_fuzz_upsample(mode, dtype, data):
         return
     ref = torch.nn.Upsample(mode=mode, **kw)
     shape = tuple(data.draw(st.integers(1, 4)) for _ in range(4))
-    _fuzz_layer(data, tl.nn.Sequential(net), ref, shape, dtype, names, step=False)
+    # A bilinear output on an input grid point has a zero-weight neighbour, which a NaN/Inf turns into
+    # NaN; whether the point lands exactly on the grid or 1 ulp off depends on fused multiply-adds
+    # (torch's float32 path fuses, its float64 path does not), so NaN positions are not compared there.
+    _fuzz_layer(data, tl.nn.Sequential(net), ref, shape, dtype, names, step=False, nan_positions=mode == "nearest")
 
 
 @FUZZ
