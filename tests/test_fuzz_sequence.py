@@ -244,3 +244,14 @@ def test_fuzz_recurrent(kind, num_layers, bidirectional, batch_first, has_state,
         x0 = [fill(_rng(data), a.shape, dtype) if a.dtype.kind == "f" else a for a in inputs]
         check_step(net, ref, x0, inputs, names, _rng(data))
 
+
+
+def test_refused_input_of_several_is_named_by_position():
+    net = _Attend(tl.nn.MultiheadAttention(4, 2, batch_first=True), ("attn",), False, False)
+    x = np.zeros((1, 3, 4), np.float32)
+    with pytest.raises(TypeError, match=r"predict \(input 3 of 4\): unsupported dtype bool"):
+        net.predict([x, x, x, np.zeros((3, 3), bool)])
+    with pytest.raises(ValueError, match=r"predict \(input 0 of 4\): array is not C-contiguous"):
+        net.predict((np.zeros((1, 3, 8), np.float32)[..., ::2], x, x, np.zeros((3, 3), np.float32)))
+    with pytest.raises(TypeError, match=r"^predict: unsupported dtype bool"):  # one input: as before
+        tl.nn.Sequential(tl.nn.Linear(2, 2)).predict([np.zeros((1, 2), bool)])
