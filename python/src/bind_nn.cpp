@@ -155,7 +155,10 @@ void bind_nn(py::module_& m) {
       .def("to", [](Model& mm, const py::object& dt) { mm.to(dtype_from_py(dt)); })
       .def("zero_grad", &Model::zero_grad)
       .def("set_backend", &Model::set_backend, py::call_guard<py::gil_scoped_release>())
+      .def_property("deterministic", &Model::deterministic, &Model::set_deterministic)
       .def_property_readonly("backend", &Model::backend)
+      .def("set_precision", &Model::set_precision, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("precision", &Model::precision)
       .def("predict", &predict_py, py::arg("x"), py::arg("ctx") = py::none(), py::arg("out") = py::none())
       .def("state_dict", [](const Model& mm) {
         py::dict d;
