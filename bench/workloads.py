@@ -1,4 +1,4 @@
-"""The benchmark workloads of issue 5, each defined once for treadle and once for PyTorch.
+"""The benchmark workloads, each defined once for treadle and once for PyTorch.
 
 A workload builds the same architecture in both frameworks with the same parameter names
 (PyTorch's state_dict keys), so the harness copies PyTorch's initial weights into treadle and both
@@ -26,7 +26,7 @@ class Workload:
     forward_flops: int = 0         # multiply-add FLOPs (x2) of one sample's forward, GEMM-like layers only
     train: bool = True             # False: inference-only (the batch-1 latency cases)
     treadle_layers: Optional[Callable] = None  # treadle_layers(tl) -> fresh layer list (Sequential models; profiling)
-    target_train: Optional[float] = None       # issue 5 goals, ratio PyTorch time / treadle time
+    target_train: Optional[float] = None       # goals, ratio PyTorch time / treadle time
     target_infer: Optional[float] = None
     notes: list = field(default_factory=list)
 
@@ -164,7 +164,7 @@ ENCODER_FLOPS = (2 * TSEQ * D_MODEL * 4 * D_MODEL      # q, k, v, out projection
 
 
 def all_workloads():
-    """Issue 5's list, in table order."""
+    """The workloads, in table order."""
     return [
         _mlp("W1", "tiny MLP 8-32-32-1 tanh, MSE", W1_WIDTHS, "tanh", 32, "mse", target_train=10.0),
         _mlp("W2", "small MLP 64-128-128-10 relu, CE", W2_WIDTHS, "relu", 128, "cross_entropy", target_train=5.0),

@@ -13,7 +13,7 @@ def workloads():
     return {w.name: w for w in tb.load_workloads()}
 
 
-def test_workload_list_is_issue_5s(workloads):
+def test_workload_list_is_the_documented_one(workloads):
     assert set(workloads) == {"W1", "W2", "W3", "W4", "W5", "W6", "W1-b1", "W2-b1"}
     assert not workloads["W1-b1"].train and workloads["W1-b1"].batch == 1
 
@@ -59,5 +59,7 @@ def test_time_alternating_gives_medians():
     assert set(r) == {"a", "b"} and all(v["median_s"] > 0 and v["steps"] > 0 for v in r.values())
 
 
-def test_crossover_is_announced_not_silently_run():
-    assert tb.main(["crossover"]) == 2
+def test_crossover_has_its_own_options():  # the study itself: tests/test_dispatch_auto.py
+    with pytest.raises(SystemExit) as e:
+        tb.main(["crossover", "--help"])
+    assert e.value.code == 0

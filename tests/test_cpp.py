@@ -13,7 +13,7 @@ import tempfile
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GROUPS = ["training", "chunked_predict", "chunked_training", "bad_input", "no_alloc", "hardening"]
+GROUPS = ["training", "chunked_predict", "chunked_training", "bad_input", "no_alloc", "hardening", "tasks"]
 
 
 def _eigen_available():

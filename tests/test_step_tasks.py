@@ -256,3 +256,50 @@ def test_tasks_start_no_threads():
             trainer.run_task(i)
         trainer.finish_step()
     assert threading.active_count() == before
+
+
+class GatedPool:
+    """A host pool whose submit() waits for a gate, then runs the chunk: holds a task mid-kernel."""
+
+    def __init__(self):
+        self.gate, self.entered = threading.Event(), threading.Event()
+
+    def submit(self, fn):
+        from concurrent.futures import Future
+        self.entered.set()
+        self.gate.wait()
+        future = Future()
+        future.set_result(fn())
+        return future
+
+
+def test_new_calls_refuse_while_a_task_runs():
+    pool = GatedPool()
+    tl.manual_seed(7)
+    trainer = tl.Trainer(mlp_with_dropout(), tl.loss.MSE(), tl.optim.Adam(lr=1e-2),
+                         executor=tl.PoolExecutor(pool, 2))
+    rng = np.random.default_rng(10)
+    x, y = batch(rng, (4096, 6), 5, "float32")  # the first linear splits into several chunks
+    trainer.begin_step(x, y)
+    thread_errors = []
+
+    def run_first():
+        try:
+            trainer.run_task(0)
+        except Exception as e:  # pragma: no cover - reported below
+            thread_errors.append(e)
+
+    th = threading.Thread(target=run_first)
+    th.start()
+    assert pool.entered.wait(30)  # task 0 is inside its first kernel, waiting on the gate
+    with pytest.raises(ValueError, match="task 0 'forward 0' of the step in progress is still running"):
+        trainer.begin_step(x, y)
+    with pytest.raises(ValueError, match="task 0 'forward 0' of the step in progress is still running"):
+        trainer.evaluate(x, y)
+    pool.gate.set()
+    th.join()
+    assert not thread_errors, thread_errors
+    tasks = trainer.begin_step(x, y)  # the task has finished: a new step may start
+    for i in range(len(tasks)):
+        trainer.run_task(i)
+    assert np.isfinite(trainer.finish_step())

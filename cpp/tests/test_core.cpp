@@ -2,6 +2,7 @@
 // on a host executor that chunks work differently from the serial one, and get typed errors for bad
 // input. A plain executable: prints one line per check and exits non-zero if any check failed.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -285,6 +286,49 @@ void test_hardening_guards() {
   }
 }
 
+// A training step run as tasks, always picking the last ready task (an order unlike the plan's),
+// equals Trainer::step bitwise, and after warm-up the tasked steps allocate nothing either.
+void test_tasked_steps() {
+  using namespace treadle;
+  auto ref_model = make_mlp(5), model = make_mlp(5);
+  Trainer ref(ref_model, loss::mse(), optim::adam({}));
+  Trainer tasked(model, loss::mse(), optim::adam({}));
+  Tensor x, y;
+  make_data(48, x, y, 3);
+  auto run_tasks = [&] {
+    const std::vector<StepTask>& tasks = tasked.begin_step(x, y);
+    std::array<char, 64> done{};  // not a vector: the count below must see only the library's allocations
+    for (std::size_t left = tasks.size(); left > 0; --left) {
+      for (std::size_t k = tasks.size(); k-- > 0;) {
+        bool ready = !done[k];
+        for (int d : tasks[k].deps) ready = ready && done[d];
+        if (ready) {
+          tasked.run_task(static_cast<int>(k));
+          done[k] = 1;
+          break;
+        }
+      }
+    }
+    return tasked.finish_step();
+  };
+  bool same = true;
+  for (int i = 0; i < 5; ++i) same = same && ref.step(x, y) == run_tasks();
+  check(same && bitwise_equal(ref_model->flat_parameters(), model->flat_parameters()),
+        "tasks in last-ready-first order equal Trainer::step bitwise over 5 steps");
+  const std::size_t before = g_allocations;
+  for (int i = 0; i < 20; ++i) run_tasks();
+  const std::size_t allocations = g_allocations - before;  // before the message below allocates
+  check(allocations == 0, "20 tasked steps after warm-up allocate nothing (" + std::to_string(allocations) +
+                              " allocations)");
+  bool threw = false;
+  try {
+    tasked.finish_step();
+  } catch (const ValueError&) {
+    threw = true;
+  }
+  check(threw, "finish_step without begin_step throws ValueError");
+}
+
 }  // namespace
 
 // Usage: test_core [name...] runs the named groups (all by default); test_core --list names them.
@@ -296,6 +340,7 @@ int main(int argc, char** argv) {
       {"bad_input", test_bad_input_throws_typed_errors},
       {"no_alloc", test_steps_allocate_nothing},
       {"hardening", test_hardening_guards},
+      {"tasks", test_tasked_steps},
   };
   std::vector<std::string> wanted(argv + 1, argv + argc);
   if (wanted.size() == 1 && wanted[0] == "--list") {

@@ -10,6 +10,13 @@
 namespace treadle::py_bind {
 namespace {
 
+// "what: message" as "what (input i of n): message", for a model with several inputs.
+std::string name_input(const char* message, const char* what, std::size_t i, std::size_t n) {
+  const std::string m(message), prefix = std::string(what) + ":";
+  const std::string rest = m.rfind(prefix, 0) == 0 ? m.substr(prefix.size()) : " " + m;
+  return std::string(what) + " (input " + std::to_string(i) + " of " + std::to_string(n) + "):" + rest;
+}
+
 // An array or a tuple of arrays is borrowed (the caller's arguments keep it alive for the whole
 // call); items of a list are not, since another thread may replace them while the GIL is released.
 std::vector<Tensor> tensors_from(const py::handle& xs, const char* what) {
@@ -18,7 +25,18 @@ std::vector<Tensor> tensors_from(const py::handle& xs, const char* what) {
     out.push_back(tensor_from_numpy(xs, what, false, /*borrowed=*/true));
   } else if (py::isinstance<py::list>(xs) || py::isinstance<py::tuple>(xs)) {
     const bool borrowed = py::isinstance<py::tuple>(xs);
-    for (auto x : xs) out.push_back(tensor_from_numpy(x, what, false, borrowed));
+    const std::size_t n = py::len(xs);
+    for (auto x : xs) {
+      try {  // a refused array of several is named by its position (costs nothing unless thrown)
+        out.push_back(tensor_from_numpy(x, what, false, borrowed));
+      } catch (const ValueError& e) {
+        if (n < 2) throw;
+        throw_value_error(name_input(e.what(), what, out.size(), n));
+      } catch (const TypeError& e) {
+        if (n < 2) throw;
+        throw_type_error(name_input(e.what(), what, out.size(), n));
+      }
+    }
   } else {
     out.push_back(tensor_from_numpy(xs, what));  // raises TypeError naming the type
   }
@@ -137,7 +155,10 @@ void bind_nn(py::module_& m) {
       .def("to", [](Model& mm, const py::object& dt) { mm.to(dtype_from_py(dt)); })
       .def("zero_grad", &Model::zero_grad)
       .def("set_backend", &Model::set_backend, py::call_guard<py::gil_scoped_release>())
+      .def_property("deterministic", &Model::deterministic, &Model::set_deterministic)
       .def_property_readonly("backend", &Model::backend)
+      .def("set_precision", &Model::set_precision, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("precision", &Model::precision)
       .def("predict", &predict_py, py::arg("x"), py::arg("ctx") = py::none(), py::arg("out") = py::none())
       .def("state_dict", [](const Model& mm) {
         py::dict d;

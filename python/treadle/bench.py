@@ -395,7 +395,7 @@ def _header_lines(result):
 
 def _main_table(rows):
     lines = ["| workload | batch | threads | train treadle | train torch | train ratio | infer treadle | "
-             "infer torch | infer ratio | GFLOP/s train (tl / torch) | target (issue 5) | load | check |",
+             "infer torch | infer ratio | GFLOP/s train (tl / torch) | target | load | check |",
              "|" + "---|" * 13]
     for r in rows:
         tr, inf = r["train_us"] or {}, r["infer_us"] or {}
@@ -516,7 +516,7 @@ def _default_out_dir():
 
 
 def _parser():
-    p = argparse.ArgumentParser(prog="python -m treadle bench", description="treadle vs PyTorch benchmarks (issue 5)")
+    p = argparse.ArgumentParser(prog="python -m treadle bench", description="treadle vs PyTorch benchmarks")
     p.add_argument("--workloads", default="all", help="comma-separated names (W1,W2,...,W1-b1) or 'all'")
     p.add_argument("--threads", default="1,2", help="PyTorch thread counts, comma-separated (default 1,2)")
     p.add_argument("--min-time", type=float, default=1.0, help="seconds of timed steps per side (default 1.0)")
@@ -537,9 +537,9 @@ def main(argv=None, workloads=None):
     """Entry point of `python -m treadle bench [options]`; returns the process exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["crossover"]:
-        print("bench crossover: the backend crossover study is not implemented yet (issue 5, second part)",
-              file=sys.stderr)
-        return 2
+        from .bench_crossover import main as crossover_main  # the backend study: bench/crossover.py
+
+        return crossover_main(argv[1:])
     args = _parser().parse_args(argv)
     if args.min_time <= 0 or args.warmup < 0:
         raise SystemExit(f"bench: --min-time must be > 0 and --warmup >= 0, got {args.min_time}, {args.warmup}")

@@ -7,6 +7,8 @@ loss op on (prediction, target). Semantics follow torch.nn.functional: `reductio
     loss = tl.loss.CrossEntropy()          # logits (N, C) or (N, C, d...), int64 labels (N) or (N, d...)
     loss = tl.loss.Huber(delta=0.5, reduction="sum")
 """
+import numpy as np
+
 from . import _core
 
 __all__ = ["Loss", "MSE", "L1", "Huber", "CrossEntropy", "BCEWithLogits"]
@@ -43,7 +45,13 @@ class Loss:
 
     def __call__(self, pred, target, backend=""):
         """Evaluates the loss on numpy arrays (one op call; for inspection, not for training loops)."""
-        outputs, _ = _core.run_op(self.op, [pred, target], self._attrs(), None, backend, False, 0)
+        # Any layout is fine here (a copy when strided): the op itself checks dtypes and shapes.
+        arrays = [np.ascontiguousarray(a) for a in (pred, target)]
+        for what, a in zip(("prediction", "target"), arrays):
+            if a.dtype.name not in ("float32", "float64", "int32", "int64"):
+                raise TypeError(f"{type(self).__name__}: {what} has unsupported dtype {a.dtype} "
+                                "(expected float32 or float64; int64 class indices for CrossEntropy)")
+        outputs, _ = _core.run_op(self.op, arrays, self._attrs(), None, backend, False, 0)
         return outputs[0]
 
     def __eq__(self, other):

@@ -173,8 +173,27 @@ class Module:
         return self._compiled().dtype
 
     def set_backend(self, name):
-        """Pins every plan to one backend ("eigen", ...); "" restores automatic dispatch."""
+        """Pins every plan to one backend ("eigen", ...); "auto": per node as the measured dispatch table
+        says (treadle.dispatch); "" restores automatic dispatch in priority order."""
         self._compiled().set_backend(name)
+        return self
+
+    @property
+    def deterministic(self):
+        """Deterministic mode (off by default): plans skip kernels a backend marks non-deterministic,
+        and backend "auto" uses the fixed priority order instead of the measured dispatch table, so
+        runs with the same seed, data and executor chunking agree to the bit whatever the
+        environment. Setting it drops compiled plans. See docs/hardening.md."""
+        return self._compiled().deterministic
+
+    @deterministic.setter
+    def deterministic(self, on):
+        self._compiled().deterministic = bool(on)
+
+    def set_precision(self, name):
+        """Compute precision of the matrix products: "float32" (default) or "bf16" (operands rounded
+        to bfloat16, float32 accumulation; parameters stay float32). Float32 models only."""
+        self._compiled().set_precision(name)
         return self
 
     def __repr__(self):

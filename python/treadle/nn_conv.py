@@ -4,6 +4,8 @@ Layout is channels-first as in PyTorch: (N, C, L), (N, C, H, W), (N, C, D, H, W)
 (C, *spatial) is accepted too. The layers are implemented in the C++ core; these classes only turn
 PyTorch-style arguments (an int or a tuple) into the lists the core takes.
 """
+import numbers
+
 from . import _core
 from .nn import _NativeModule
 
@@ -215,8 +217,11 @@ class _AvgPoolNd(_NativeModule):
         k = _dims(layer, "kernel_size", kernel_size, nd)
         s = [] if stride is None else _dims(layer, "stride", stride, nd)
         p = _dims(layer, "padding", padding, nd)
-        if divisor_override is not None and int(divisor_override) <= 0:
-            raise ValueError(f"{layer}: divisor_override must be positive, got {divisor_override}")
+        if divisor_override is not None:
+            if isinstance(divisor_override, bool) or not isinstance(divisor_override, numbers.Integral):
+                raise TypeError(f"{layer}: divisor_override must be an int or None, got {divisor_override!r}")
+            if divisor_override <= 0:
+                raise ValueError(f"{layer}: divisor_override must be positive, got {divisor_override}")
         super().__init__(_core.AvgPool(nd, k, s, p, bool(ceil_mode), bool(count_include_pad),
                                        int(divisor_override or 0)))
         self.kernel_size, self.stride = kernel_size, kernel_size if stride is None else stride
@@ -255,6 +260,9 @@ class _AdaptiveAvgPoolNd(_NativeModule):
     def __init__(self, output_size):
         layer, nd = type(self).__name__, self._nd
         size = _dims(layer, "output_size", output_size, nd, allow_none=True)
+        # The core reads -1 as "keep the input's size" (None); a negative size given here is an error.
+        if any(v is not None and v < 1 for v in size):
+            raise ValueError(f"{layer}: output_size must be positive (or None), got {output_size!r}")
         super().__init__(_core.AdaptiveAvgPool(nd, [-1 if v is None else v for v in size]))
         self.output_size = output_size
 

@@ -107,6 +107,7 @@ class TREADLE_API Graph {
   const std::vector<ValueInfo>& values() const { return values_; }
   std::vector<ValueInfo>& values() { return values_; }
   const std::vector<Node>& nodes() const { return nodes_; }
+  std::vector<Node>& nodes() { return nodes_; }  // for plan-time rewrites of attributes
   const std::vector<std::shared_ptr<Parameter>>& parameters() const { return params_; }
   const ValueInfo& info(int id) const { return values_.at(id); }
 

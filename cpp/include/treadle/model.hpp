@@ -32,6 +32,8 @@ struct PlanKey {
   Shape target_shape;
   DType target_dtype = DType::f32;
   std::string backend;  // "" = automatic dispatch
+  bool deterministic = false;
+  std::string precision;  // of the forward's matrix products: "" (float32) or "bf16"
   auto operator<=>(const PlanKey&) const = default;
 };
 
@@ -69,9 +71,21 @@ class TREADLE_API Model {
   void to(DType dtype);
   void zero_grad();
 
-  // Pin every plan to one backend ("eigen", "onednn", ...) or "" for automatic dispatch.
+  // Pin every plan to one backend ("eigen", "onednn", ...), "auto" for the measured dispatch table
+  // (treadle/dispatch.hpp) or "" for automatic dispatch in priority order.
   void set_backend(const std::string& name);
   const std::string& backend() const { return backend_; }
+  // Deterministic mode: every plan gives bitwise the same results run after run, whatever the
+  // environment: kernels a backend marks non-deterministic are skipped, and "auto" ignores the
+  // measured dispatch table (which a user's run or TREADLE_DISPATCH_TABLE may change) in favour of
+  // the fixed priority order. Drops compiled plans. docs/hardening.md lists what else matters.
+  void set_deterministic(bool on);
+  bool deterministic() const { return deterministic_; }
+  // Compute precision of the matrix products (linear, matmul, bmm) of the forward and of their
+  // gradients: "float32" (default) or "bf16" (operands rounded to bfloat16, float32 accumulation
+  // and results; parameters stay float32). Only for float32 models; drops compiled plans.
+  void set_precision(const std::string& name);
+  const std::string& precision() const { return precision_; }
 
   // Inference on shared weights; thread-safe (each call takes its own context unless given one).
   std::vector<Tensor> predict(const std::vector<Tensor>& inputs, Context* ctx = nullptr);
@@ -117,6 +131,8 @@ class TREADLE_API Model {
   DType dtype_ = DType::f32;
   Tensor flat_params_, flat_grads_;
   std::string backend_;
+  bool deterministic_ = false;
+  std::string precision_ = "float32";
   mutable std::mutex mutex_;  // guards plans_ and contexts_
   std::map<PlanKey, std::shared_ptr<const Plan>> plans_;
   std::vector<std::unique_ptr<Context>> free_contexts_;

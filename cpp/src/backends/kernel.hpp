@@ -67,6 +67,10 @@ class Backend {
   // Called once per node this backend's kernel was chosen for; the state reaches the kernel as
   // KernelArgs::state. Backends whose kernels need no state keep the default.
   virtual PreparedNode prepare(const Graph& g, const Node& node) const { return {}; }
+  // Whether this backend's kernel for the node gives bitwise the same result on every run with the
+  // same inputs (no atomics-order or autotuned-algorithm dependence). Plans compiled with
+  // deterministic=true skip kernels that are not. Every CPU kernel of this build is.
+  virtual bool deterministic(const Graph& g, const Node& node) const { return true; }
 };
 
 // Backends in priority order (fastest first; the Eigen reference last).

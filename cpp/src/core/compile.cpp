@@ -1,9 +1,34 @@
 #include "core/compile.hpp"
 
+#include <algorithm>
+#include <iterator>
+
+#include "core/op_registry.hpp"
+#include "ops/precision.hpp"
 #include "treadle/error.hpp"
 #include "treadle/ops.hpp"
 
 namespace treadle {
+namespace {
+
+// Sets the compute precision of the forward's matrix products (nodes [0, end)). Runs before the
+// loss and the backward pass are added: losses keep float32, and the products of the gradient
+// rules inherit the precision of the node they differentiate. Attributes are re-validated by the
+// op's own check, so a non-float32 product is refused there with the op's name.
+void set_product_precision(Graph& g, int end, const std::string& precision) {
+  if (precision.empty() || precision == "float32") return;
+  check_precision_name("compile_plan", precision);
+  const OpRegistry& reg = OpRegistry::instance();
+  const int ops[] = {reg.id("linear"), reg.id("matmul"), reg.id("bmm")};
+  for (int n = 0; n < end; ++n) {
+    Node& node = g.nodes()[n];
+    if (std::find(std::begin(ops), std::end(ops), node.op) == std::end(ops)) continue;
+    node.attrs.set(kPrecisionAttr, precision);
+    check_precision_attr(reg.at(node.op).name, node.attrs, g.info(node.inputs.at(0)).dtype);
+  }
+}
+
+}  // namespace
 
 std::shared_ptr<Plan> compile_plan(const PlanKey& key, const TraceFn& trace, const Loss* loss,
                                    const ParamOffsetFn& param_offset) {
@@ -20,6 +45,7 @@ std::shared_ptr<Plan> compile_plan(const PlanKey& key, const TraceFn& trace, con
   if (outputs.empty()) throw_value_error("model: forward returned no outputs");
   for (const Value& v : outputs) plan->outputs.push_back(v.id());
   plan->forward_end = static_cast<int>(g.nodes().size());
+  set_product_precision(g, plan->forward_end, key.precision);
 
   std::vector<std::pair<int, int>> seeds;
   if (key.mode == PlanMode::train_loss || key.mode == PlanMode::eval_loss) {
@@ -59,7 +85,7 @@ std::shared_ptr<Plan> compile_plan(const PlanKey& key, const TraceFn& trace, con
     if (key.input_grad)
       plan->input_grads.assign(grads.begin() + static_cast<std::ptrdiff_t>(num_params), grads.end());
   }
-  plan->finalize(offsets, key.backend);
+  plan->finalize(offsets, key.backend, key.deterministic);
   return plan;
 }
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "core/dispatch_table.hpp"
 #include "core/op_registry.hpp"
 #include "treadle/error.hpp"
 
@@ -55,20 +56,23 @@ std::atomic<uint64_t> g_next_plan_id{1};
 
 Plan::Plan(bool training) : graph(training), id_(g_next_plan_id.fetch_add(1)) {}
 
-void Plan::finalize(const std::vector<int64_t>& param_offsets, const std::string& backend) {
+void Plan::finalize(const std::vector<int64_t>& param_offsets, const std::string& backend, bool deterministic) {
   param_offsets_ = param_offsets;
   steps.clear();
   for (int n = 0; n < static_cast<int>(graph.nodes().size()); ++n) steps.push_back(PlanStep{n});
-  select_kernels(backend);
+  select_kernels(backend, deterministic);
   plan_memory();
 }
 
-void Plan::select_kernels(const std::string& backend) {
+void Plan::select_kernels(const std::string& backend, bool deterministic) {
   const OpRegistry& reg = OpRegistry::instance();
   std::vector<const Backend*> order = available_backends();
   // A pinned backend takes every node it supports; backends are partial, so the rest falls back to
   // the reference (the last in priority order).
-  if (!backend.empty()) {
+  // "auto": per node, as the dispatch table says; deterministic plans keep the fixed priority order
+  // (a table is an input from outside the program and may change between runs).
+  const bool measured = backend == kAutoBackend && !deterministic;
+  if (!backend.empty() && backend != kAutoBackend) {
     const Backend* pinned = backend_by_name(backend);
     order = {pinned};
     if (pinned != available_backends().back()) order.push_back(available_backends().back());
@@ -91,7 +95,8 @@ void Plan::select_kernels(const std::string& backend) {
         throw_runtime_error("plan: op '", def.name, "' writes input ", k, ", which must be a parameter or an input");
     }
     if (def.view_of >= 0) continue;
-    for (const Backend* b : order) {
+    for (const Backend* b : measured ? auto_backend_order(graph, node) : order) {
+      if (deterministic && !b->deterministic(graph, node)) continue;
       if (KernelFn fn = b->find(graph, node)) {
         s.kernel = fn;
         s.backend = b;
@@ -103,8 +108,9 @@ void Plan::select_kernels(const std::string& backend) {
     }
     if (!s.kernel) {
       DType dt = node.inputs.empty() ? graph.info(node.outputs[0]).dtype : graph.info(node.inputs[0]).dtype;
-      throw_value_error("no backend", backend.empty() ? "" : " '" + backend + "'", " implements op '", def.name,
-                        "' for ", dtype_name(dt));
+      throw_value_error("no ", deterministic ? "deterministic " : "", "backend",
+                        backend.empty() ? "" : " '" + backend + "'", " implements op '", def.name, "' for ",
+                        dtype_name(dt));
     }
   }
 }

@@ -59,8 +59,10 @@ class Plan {
   explicit Plan(bool training);
 
   // Places values and picks kernels. `param_offsets[k]` is the byte offset of graph parameter k in
-  // the flat parameter buffer. `backend` pins one backend ("" = priority order with fallback).
-  void finalize(const std::vector<int64_t>& param_offsets, const std::string& backend);
+  // the flat parameter buffer. `backend` pins one backend ("" = priority order with fallback,
+  // "auto" = the measured dispatch table). `deterministic` skips kernels a backend marks
+  // non-deterministic and makes "auto" the fixed priority order.
+  void finalize(const std::vector<int64_t>& param_offsets, const std::string& backend, bool deterministic = false);
 
   // Runs steps [begin, end) on `ctx`. Throws what a kernel throws.
   void run(Context& ctx, const Bindings& b, int begin, int end) const;
@@ -96,7 +98,7 @@ class Plan {
   void plan_memory();
   // Anomaly mode: throws ValueError if an output of step `s` holds NaN/Inf.
   void check_numerics(int s, const TensorRef* outs) const;
-  void select_kernels(const std::string& backend);
+  void select_kernels(const std::string& backend, bool deterministic);
   // Profiling: adds one kernel call of step `s` to `profiler`.
   void record_time(Profiler& profiler, int s, double seconds) const;
   // "forward", "loss" or "backward" for step `s`.

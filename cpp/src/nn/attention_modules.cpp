@@ -64,6 +64,23 @@ std::array<Value, 3> MultiheadAttention::project(Value query, Value key, Value v
 
 std::pair<Value, Value> MultiheadAttention::attend(Value query, Value key, Value value, const AttentionMasks& masks,
                                                    bool need_weights) {
+  // Checked here so that a wrong dtype names this module and the input, not an inner op.
+  const DType dtype = in_proj_weight_->value().dtype();
+  struct Named {
+    const char* name;
+    Value value;
+    bool mask;
+  };
+  const Named inputs[] = {{"query", query, false},
+                          {"key", key, false},
+                          {"value", value, false},
+                          {"attn_mask", masks.attn_mask, true},
+                          {"key_padding_mask", masks.key_padding_mask, true}};
+  for (const Named& in : inputs)
+    if (in.value.defined() && in.value.dtype() != dtype)
+      throw_type_error("MultiheadAttention: ", in.name, " must be ", dtype_name(dtype),
+                       in.mask ? " (an additive mask: 0 keeps a position, -inf drops it)" : "", ", got ",
+                       dtype_name(in.value.dtype()));
   for (Value v : {query, key, value})
     if (v.ndim() != 3 || v.dim(2) != embed_dim_)
       throw_value_error("MultiheadAttention: expected inputs of shape ", batch_first_ ? "(N, L, " : "(L, N, ",
@@ -120,7 +137,8 @@ TransformerEncoderLayer::TransformerEncoderLayer(int64_t d_model, int64_t nhead,
     : dropout_(dropout), activation_(activation), norm_first_(norm_first) {
   if (activation != "relu" && activation != "gelu")
     throw_value_error("TransformerEncoderLayer: activation must be 'relu' or 'gelu', got '", activation, "'");
-  if (dim_feedforward <= 0) throw_value_error("TransformerEncoderLayer: dim_feedforward must be positive");
+  if (dim_feedforward <= 0)
+    throw_value_error("TransformerEncoderLayer: dim_feedforward must be positive, got ", dim_feedforward);
   // Registration order gives torch's state_dict order.
   self_attn_ = std::make_shared<MultiheadAttention>(d_model, nhead, dropout, bias, batch_first, dtype);
   register_module("self_attn", self_attn_);

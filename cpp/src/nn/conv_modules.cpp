@@ -67,6 +67,10 @@ Value batched(const std::string& layer, Value x, int nd, int64_t channels, const
   if (channels > 0 && got != channels)
     throw_value_error(layer, ": expected input of shape (N, ", c, ", ", spatial_names(nd), "), got ",
                       shape_str(x.shape()));
+  // Padding alone would otherwise make an output out of nothing (torch refuses these too).
+  for (int64_t i = x.ndim() - nd; i < x.ndim(); ++i)
+    if (x.dim(i) < 1)
+      throw_value_error(layer, ": input ", shape_str(x.shape()), " has an empty spatial dimension");
   if (!unbatched) return body(x);
   Shape s = x.shape();
   s.insert(s.begin(), 1);

@@ -150,6 +150,9 @@ Value BatchNorm::forward(Value x) {
   if (batch_stats && shape_numel(xs) / features_ < 2)
     throw_value_error(type_name(), ": expected more than 1 value per channel when training, got input of shape ",
                       shape_str(xs));
+  // With batch statistics a constant channel has variance 0: eps = 0 would divide by zero (torch refuses too).
+  if (batch_stats && !(eps_ > 0))
+    throw_value_error(type_name(), ": eps must be positive when normalising with batch statistics, got ", eps_);
   const bool update = x.graph().training() && tracked;
   return ops::batch_norm(x, update || !batch_stats ? param(x, running_mean_) : Value(),
                          update || !batch_stats ? param(x, running_var_) : Value(), param(x, weight_),
@@ -244,6 +247,8 @@ Upsample::Upsample(Shape size, std::vector<double> scale_factor, std::string mod
 Value Upsample::forward(Value x) {
   const Shape xs = x.shape();
   if (xs.size() != 4) throw_value_error("Upsample: expected input of shape (N, C, H, W), got ", shape_str(xs));
+  if (xs[2] < 1 || xs[3] < 1)
+    throw_value_error("Upsample: input of shape ", shape_str(xs), " has an empty spatial dimension");
   Shape out = size_;
   if (out.empty())  // torch: floor(input_size * scale_factor)
     out = {static_cast<int64_t>(std::floor(static_cast<double>(xs[2]) * scale_[0])),

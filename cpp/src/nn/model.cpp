@@ -5,6 +5,7 @@
 #include <set>
 
 #include "core/compile.hpp"
+#include "ops/precision.hpp"
 #include "treadle/error.hpp"
 
 namespace treadle {
@@ -83,6 +84,9 @@ void Model::pack_parameters() {
 void Model::to(DType dtype) {
   if (dtype != DType::f32 && dtype != DType::f64)
     throw_type_error("Model.to: dtype must be float32 or float64, got ", dtype_name(dtype));
+  if (dtype != DType::f32 && precision_ != "float32")
+    throw_type_error("Model.to: precision '", precision_, "' needs float32 parameters, got ", dtype_name(dtype),
+                     "; call set_precision(\"float32\") first");
   for (auto& [name, p] : params_) p->rebind(p->value().to(dtype));
   dtype_ = dtype;
   pack_parameters();
@@ -91,9 +95,26 @@ void Model::to(DType dtype) {
 void Model::zero_grad() { std::memset(flat_grads_.data(), 0, flat_grads_.nbytes()); }
 
 void Model::set_backend(const std::string& name) {
-  if (!name.empty()) backend_by_name(name);  // validates
+  if (!name.empty() && name != "auto") backend_by_name(name);  // validates; "auto": the measured dispatch table
   std::lock_guard<std::mutex> lock(mutex_);
   backend_ = name;
+  plans_.clear();
+  ++generation_;
+}
+
+void Model::set_deterministic(bool on) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  deterministic_ = on;
+  plans_.clear();
+  ++generation_;
+}
+
+void Model::set_precision(const std::string& name) {
+  check_precision_name("Model.set_precision", name);
+  if (name != "float32" && dtype_ != DType::f32)
+    throw_type_error("Model.set_precision: precision '", name, "' needs a float32 model, got ", dtype_name(dtype_));
+  std::lock_guard<std::mutex> lock(mutex_);
+  precision_ = name;
   plans_.clear();
   ++generation_;
 }
@@ -119,6 +140,8 @@ PlanKey Model::infer_key(const std::vector<Tensor>& inputs) const {
     key.input_dtypes.push_back(t.dtype());
   }
   key.backend = backend_;
+  key.deterministic = deterministic_;
+  if (precision_ != "float32") key.precision = precision_;
   return key;
 }
 
@@ -214,7 +237,8 @@ void Model::predict_into(const Plan& plan, const std::vector<Tensor>& inputs, co
                          Context* ctx) {
   const Plan* p = &plan;
   if (p->owner != this || p->owner_generation != generation_)
-    throw_value_error("predict: the plan belongs to another model or to this model before a dtype or backend change");
+    throw_value_error("predict: the plan belongs to another model or to this model before a dtype, backend or "
+                      "precision change");
   if (inputs.size() != p->inputs.size())
     throw_value_error("predict: expected ", p->inputs.size(), " inputs, got ", inputs.size());
   for (std::size_t i = 0; i < inputs.size(); ++i) {

@@ -38,6 +38,10 @@ const std::vector<StepTask>& Trainer::begin_step(Inputs xs, const Tensor& y, int
   loss_.check_target(out.shape, out.dtype, y);
   if (!tasked_) tasked_ = std::make_unique<TaskedStep>();
   TaskedStep& ts = *tasked_;
+  for (std::size_t k = 0; ts.active && k < ts.tasks.size(); ++k)
+    if (ts.state[k].load(std::memory_order_acquire) == 1)
+      throw_value_error("Trainer.begin_step: task ", k, " '", ts.tasks[k].name,
+                        "' of the step in progress is still running; wait for it first");
   if (ts.plan != p || ts.depth != depth) {
     ts.plan_tasks = p->partition_tasks(depth);
     ts.tasks = describe_tasks(*p, ts.plan_tasks, *model_);
@@ -139,7 +143,13 @@ double Trainer::finish_step() {
 }
 
 void Trainer::end_tasked_step() {
-  if (tasked_) tasked_->active = false;
+  if (!tasked_ || !tasked_->active) return;
+  TaskedStep& ts = *tasked_;
+  for (std::size_t k = 0; k < ts.tasks.size(); ++k)
+    if (ts.state[k].load(std::memory_order_acquire) == 1)
+      throw_value_error("Trainer: task ", k, " '", ts.tasks[k].name,
+                        "' of the step in progress is still running; wait for it before another training call");
+  ts.active = false;
 }
 
 }  // namespace treadle

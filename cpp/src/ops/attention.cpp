@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "core/op_registry.hpp"
+#include "ops/precision.hpp"
 #include "treadle/error.hpp"
 #include "treadle/ops.hpp"
 
@@ -14,6 +15,7 @@ std::vector<TensorMeta> infer_bmm(const std::vector<TensorMeta>& in, Attrs& attr
   check_num_inputs("bmm", in, 2);
   check_floating("bmm", in[0]);
   check_same_dtype("bmm", in);
+  check_precision_attr("bmm", attrs, in[0].dtype);
   const Shape &a = in[0].shape, &b = in[1].shape;
   if (a.size() != 3 || b.size() != 3 || a[0] != b[0])
     throw_value_error("bmm: expected 3-D operands with the same batch size, got ", shape_str(a), " and ", shape_str(b));
@@ -26,13 +28,14 @@ std::vector<TensorMeta> infer_bmm(const std::vector<TensorMeta>& in, Attrs& attr
   return {{{a[0], m, n}, in[0].dtype}};
 }
 
-// Same rules as matmul, per batch element.
+// Same rules as matmul, per batch element, in the node's precision.
 std::vector<Value> grad_bmm(const GradContext& c) {
   const bool ta = c.node.attrs.i_or("trans_a", 0), tb = c.node.attrs.i_or("trans_b", 0);
   Value a = c.inputs[0], b = c.inputs[1], dc = c.grad_outputs[0];
   std::vector<Value> g(2);
-  if (c.needs_grad[0]) g[0] = !ta ? ops::bmm(dc, b, false, !tb) : ops::bmm(b, dc, tb, true);
-  if (c.needs_grad[1]) g[1] = !tb ? ops::bmm(a, dc, !ta, false) : ops::bmm(dc, a, true, ta);
+  auto mm = [&](Value p, Value q, bool tp, bool tq) { return precision_product("bmm", c.node, p, q, tp, tq); };
+  if (c.needs_grad[0]) g[0] = !ta ? mm(dc, b, false, !tb) : mm(b, dc, tb, true);
+  if (c.needs_grad[1]) g[1] = !tb ? mm(a, dc, !ta, false) : mm(dc, a, true, ta);
   return g;
 }
 
@@ -72,7 +75,7 @@ std::vector<TensorMeta> infer_causal_mask(const std::vector<TensorMeta>& in, Att
 }  // namespace
 
 void register_attention_ops(OpRegistry& r) {
-  r.add({.name = "bmm", .infer = infer_bmm, .grad = grad_bmm});
+  r.add({.name = "bmm", .infer = infer_bmm, .grad = grad_bmm, .workspace = bf16_operand_workspace});
   r.add({.name = "permute", .infer = infer_permute, .grad = grad_permute});
   r.add({.name = "causal_mask", .infer = infer_causal_mask});
 }

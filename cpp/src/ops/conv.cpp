@@ -111,6 +111,12 @@ void check_rank(const char* op, const char* what, const Shape& s) {
     throw_value_error(op, ": ", what, " must be (N, C, *spatial) with 1 to 3 spatial dimensions, got ", shape_str(s));
 }
 
+// An empty spatial extent would make an output out of padding alone (torch refuses it too).
+void check_spatial(const char* op, const Shape& x, int nd) {
+  for (int i = 0; i < nd; ++i)
+    if (x[2 + i] < 1) throw_value_error(op, ": input ", shape_str(x), " has an empty spatial dimension");
+}
+
 }  // namespace
 
 ConvGeometry conv_geometry_forward(const Shape& x, const Shape& w, const Attrs& attrs) {
@@ -128,6 +134,7 @@ ConvGeometry conv_geometry_forward(const Shape& x, const Shape& w, const Attrs& 
   g.kernel = spatial_of(w, g.nd);
   for (int64_t k : g.kernel)
     if (k < 1) throw_value_error(op, ": kernel sizes must be >= 1, got weight ", shape_str(w));
+  check_spatial(op, x, g.nd);
   read_conv_window(op, attrs, g);
   if (w[1] * g.groups != g.channels)
     throw_value_error(op, ": expected input with ", w[1] * g.groups, " channels (weight ", shape_str(w),
@@ -143,6 +150,7 @@ ConvGeometry conv_geometry_backward_data(const Shape& dy, const Shape& w, const 
   if (w.size() != dy.size())
     throw_value_error(op, ": weight must be (in_channels, out_channels/groups, *kernel) with ", g.nd,
                       " kernel dimensions, got ", shape_str(w));
+  check_spatial(op, dy, g.nd);
   g.batch = dy[0];
   g.out_channels = w[0];
   g.groups = attrs.i_or("groups", 1);

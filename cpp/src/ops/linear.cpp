@@ -1,15 +1,18 @@
-// Linear (x @ W^T + b) and 2-D matmul with transpose flags. Gradients are matmuls and a reduction.
+// Linear (x @ W^T + b) and 2-D matmul with transpose flags. Gradients are matmuls and a reduction;
+// a node's compute precision (ops/precision.hpp) carries over to the products of its gradient.
 #include "core/op_registry.hpp"
+#include "ops/precision.hpp"
 #include "treadle/error.hpp"
 #include "treadle/ops.hpp"
 
 namespace treadle {
 namespace {
 
-std::vector<TensorMeta> infer_linear(const std::vector<TensorMeta>& in, Attrs&) {
+std::vector<TensorMeta> infer_linear(const std::vector<TensorMeta>& in, Attrs& attrs) {
   if (in.size() != 2 && in.size() != 3) throw_value_error("linear: expected 2 or 3 inputs, got ", in.size());
   check_floating("linear", in[0]);
   check_same_dtype("linear", in);
+  check_precision_attr("linear", attrs, in[0].dtype);
   const Shape &x = in[0].shape, &w = in[1].shape;
   if (w.size() != 2) throw_value_error("linear: weight must be 2-D (out, in), got ", shape_str(w));
   if (x.empty()) throw_value_error("linear: input must have at least 1 dimension, got a scalar");
@@ -33,10 +36,10 @@ std::vector<Value> grad_linear(const GradContext& c) {
   Value dy = as_2d(c.grad_outputs[0]);
   std::vector<Value> g(c.inputs.size());
   if (c.needs_grad[0]) {
-    Value dx = ops::matmul(dy, w);
+    Value dx = precision_product("matmul", c.node, dy, w, false, false);
     g[0] = x.ndim() == 2 ? dx : ops::reshape(dx, x.shape());
   }
-  if (c.needs_grad[1]) g[1] = ops::matmul(dy, as_2d(x), true, false);
+  if (c.needs_grad[1]) g[1] = precision_product("matmul", c.node, dy, as_2d(x), true, false);
   if (c.inputs.size() == 3 && c.needs_grad[2]) g[2] = ops::sum_to(dy, c.inputs[2].shape());
   return g;
 }
@@ -45,6 +48,7 @@ std::vector<TensorMeta> infer_matmul(const std::vector<TensorMeta>& in, Attrs& a
   check_num_inputs("matmul", in, 2);
   check_floating("matmul", in[0]);
   check_same_dtype("matmul", in);
+  check_precision_attr("matmul", attrs, in[0].dtype);
   const Shape &a = in[0].shape, &b = in[1].shape;
   if (a.size() != 2 || b.size() != 2)
     throw_value_error("matmul: expected 2-D operands, got ", shape_str(a), " and ", shape_str(b));
@@ -61,18 +65,17 @@ std::vector<Value> grad_matmul(const GradContext& c) {
   bool ta = c.node.attrs.i_or("trans_a", 0), tb = c.node.attrs.i_or("trans_b", 0);
   Value a = c.inputs[0], b = c.inputs[1], dc = c.grad_outputs[0];
   std::vector<Value> g(2);
-  if (c.needs_grad[0])
-    g[0] = !ta ? ops::matmul(dc, b, false, !tb) : ops::matmul(b, dc, tb, true);
-  if (c.needs_grad[1])
-    g[1] = !tb ? ops::matmul(a, dc, !ta, false) : ops::matmul(dc, a, true, ta);
+  auto mm = [&](Value p, Value q, bool tp, bool tq) { return precision_product("matmul", c.node, p, q, tp, tq); };
+  if (c.needs_grad[0]) g[0] = !ta ? mm(dc, b, false, !tb) : mm(b, dc, tb, true);
+  if (c.needs_grad[1]) g[1] = !tb ? mm(a, dc, !ta, false) : mm(dc, a, true, ta);
   return g;
 }
 
 }  // namespace
 
 void register_linear_ops(OpRegistry& r) {
-  r.add({.name = "linear", .infer = infer_linear, .grad = grad_linear});
-  r.add({.name = "matmul", .infer = infer_matmul, .grad = grad_matmul});
+  r.add({.name = "linear", .infer = infer_linear, .grad = grad_linear, .workspace = bf16_operand_workspace});
+  r.add({.name = "matmul", .infer = infer_matmul, .grad = grad_matmul, .workspace = bf16_operand_workspace});
 }
 
 namespace ops {

@@ -33,6 +33,9 @@ std::vector<TensorMeta> infer_upsample(const std::vector<TensorMeta>& in, Attrs&
   check_nchw(op, in[0]);
   check_upsample_attrs(op, attrs);
   const Shape& size = attrs.ints("size");
+  // An empty plane has nothing to sample from (the kernel would read outside the input).
+  if (in[0].shape[2] < 1 || in[0].shape[3] < 1)
+    throw_value_error(op, ": input of shape ", shape_str(in[0].shape), " has an empty spatial dimension");
   return {{{in[0].shape[0], in[0].shape[1], size[0], size[1]}, in[0].dtype}};
 }
 

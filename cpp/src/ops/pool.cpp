@@ -49,6 +49,8 @@ PoolGeometry pool_geometry(const char* kind, const Shape& x, const Attrs& attrs,
   const char* op = pool_label(kind, g.nd);
   g.planes = x[0] * x[1];
   for (int i = 0; i < g.nd; ++i) g.in[3 - g.nd + i] = x[2 + i];
+  for (int i = 0; i < g.nd; ++i)  // padding alone would make a window out of nothing
+    if (x[2 + i] < 1) throw_value_error(op, ": input ", shape_str(x), " has an empty spatial dimension");
   if (!attrs.has("kernel_size")) throw_value_error(op, ": kernel_size is required");
   g.kernel = read_dims(op, attrs, "kernel_size", g.nd, 1, 1);
   g.stride = attrs.has("stride") && !attrs.ints("stride").empty() ? read_dims(op, attrs, "stride", g.nd, 1, 1) : g.kernel;

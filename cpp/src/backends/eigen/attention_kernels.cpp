@@ -2,6 +2,7 @@
 #include <limits>
 #include <vector>
 
+#include "backends/eigen/bf16_operands.hpp"
 #include "backends/eigen/eigen_backend.hpp"
 #include "backends/eigen/eigen_common.hpp"
 
@@ -9,7 +10,8 @@ namespace treadle {
 namespace {
 using namespace eigen;
 
-// Batch elements are independent, so splitting over them keeps results chunking-independent.
+// Batch elements are independent, so splitting over them keeps results chunking-independent. With
+// bf16 compute the GEMMs read rounded copies of the operands (bf16_operands.hpp).
 template <typename T>
 void bmm_kernel(const KernelArgs& a) {
   const bool ta = a.attrs().i_or("trans_a", 0), tb = a.attrs().i_or("trans_b", 0);
@@ -17,10 +19,12 @@ void bmm_kernel(const KernelArgs& a) {
   const int64_t batch = A.dim(0), ar = A.dim(1), ac = A.dim(2), br = B.dim(1), bc = B.dim(2);
   const int64_t m = C.dim(1), n = C.dim(2);
   const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, m * n * (ta ? ar : ac)));
+  const T *pa, *pb;
+  std::tie(pa, pb) = product_operands<T>(a);
   parallel_chunks(a.exec, batch, grain, [&](int64_t b0, int64_t b1) {
     for (int64_t i = b0; i < b1; ++i) {
-      ConstMapR<T> Am(A.ptr<T>() + i * ar * ac, ar, ac);
-      ConstMapR<T> Bm(B.ptr<T>() + i * br * bc, br, bc);
+      ConstMapR<T> Am(pa + i * ar * ac, ar, ac);
+      ConstMapR<T> Bm(pb + i * br * bc, br, bc);
       MapR<T> Cm(C.ptr<T>() + i * m * n, m, n);
       if (!ta && !tb) Cm.noalias() = Am * Bm;
       else if (!ta && tb) Cm.noalias() = Am * Bm.transpose();

@@ -1,5 +1,7 @@
 // Reference GEMM kernels. Rows of the output are split over the host's executor; each row is
-// computed by exactly one chunk, so the result does not depend on how the executor chunks.
+// computed by exactly one chunk, so the result does not depend on how the executor chunks. With bf16
+// compute the GEMMs read rounded copies of the operands (bf16_operands.hpp).
+#include "backends/eigen/bf16_operands.hpp"
 #include "backends/eigen/eigen_backend.hpp"
 #include "backends/eigen/eigen_common.hpp"
 
@@ -17,10 +19,12 @@ template <typename T>
 void linear_kernel(const KernelArgs& a) {
   const TensorRef &x = a.in[0], &w = a.in[1], &y = a.out[0];
   const int64_t in = w.dim(1), out = w.dim(0), rows = x.numel / in;
-  ConstMapR<T> W(w.ptr<T>(), out, in);
+  const T *px, *pw;
+  std::tie(px, pw) = product_operands<T>(a);
+  ConstMapR<T> W(pw, out, in);
   const T* b = a.num_in == 3 ? a.in[2].ptr<T>() : nullptr;
   parallel_chunks(a.exec, rows, row_grain(in * out), [&](int64_t r0, int64_t r1) {
-    ConstMapR<T> X(x.ptr<T>() + r0 * in, r1 - r0, in);
+    ConstMapR<T> X(px + r0 * in, r1 - r0, in);
     MapR<T> Y(y.ptr<T>() + r0 * out, r1 - r0, out);
     Y.noalias() = X * W.transpose();
     if (b) Y.rowwise() += Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(b, out);
@@ -32,8 +36,10 @@ void matmul_kernel(const KernelArgs& a) {
   const bool ta = a.attrs().i_or("trans_a", 0), tb = a.attrs().i_or("trans_b", 0);
   const TensorRef &A = a.in[0], &B = a.in[1], &C = a.out[0];
   const int64_t m = C.dim(0), n = C.dim(1), k = ta ? A.dim(0) : A.dim(1);
-  ConstMapR<T> Am(A.ptr<T>(), A.dim(0), A.dim(1));
-  ConstMapR<T> Bm(B.ptr<T>(), B.dim(0), B.dim(1));
+  const T *pa, *pb;
+  std::tie(pa, pb) = product_operands<T>(a);
+  ConstMapR<T> Am(pa, A.dim(0), A.dim(1));
+  ConstMapR<T> Bm(pb, B.dim(0), B.dim(1));
   parallel_chunks(a.exec, m, row_grain(n * k), [&](int64_t r0, int64_t r1) {
     MapR<T> Cm(C.ptr<T>() + r0 * n, r1 - r0, n);
     if (!ta && !tb) Cm.noalias() = Am.middleRows(r0, r1 - r0) * Bm;

@@ -121,11 +121,12 @@ void huber_backward(const KernelArgs& a) {
   });
 }
 
-// log(1 + exp(-x)) + (1 - t) x written as max(x, 0) - x t + log1p(exp(-|x|)): no overflow for any x.
+// log(1 + exp(-x)) + (1 - t) x written as (1 - t) x + max(-x, 0) + log1p(exp(-|x|)): no overflow for
+// any x, and torch's grouping, so x = +inf gives +inf (not inf - inf) and the NaN cases are torch's.
 template <typename T>
 void bce_forward(const KernelArgs& a) {
   elementwise_forward<T>(a, [](T x, T t) {
-    return std::max(x, T(0)) - x * t + std::log1p(std::exp(-std::abs(x)));
+    return (T(1) - t) * x + std::max(-x, T(0)) + std::log1p(std::exp(-std::abs(x)));
   });
 }
 template <typename T>

@@ -35,8 +35,11 @@ Tap nearest_tap(int64_t dst, int64_t in, int64_t out, double user_scale) {
 }
 
 // torch's area_pixel_compute_scale / source_index / guard_index_and_lambda, in the kernel's dtype T.
+// A dimension whose size is unchanged maps each index onto itself whatever the scale factor, with
+// the zero-weight tap on the same index (torch's rules: a NaN/Inf neighbour does not leak in).
 template <typename T>
 Tap linear_tap(int64_t dst, int64_t in, int64_t out, bool align_corners, double user_scale) {
+  if (in == out) return {dst, dst, 1.0, 0.0};
   T scale;
   if (align_corners)
     scale = out > 1 ? static_cast<T>(in - 1) / static_cast<T>(out - 1) : T(0);
@@ -67,6 +70,8 @@ void upsample_kernel(const KernelArgs& a) {
   const int64_t oh = a.out[0].dim(2), ow = a.out[0].dim(3);
   const Tap* taps = make_taps<T>(a, h, w, oh, ow);
   const Tap* cols = taps + oh;
+  // Nearest copies (as torch does): a weighted sum would turn Inf into NaN through its 0 * Inf tap.
+  const bool nearest = a.attrs().s("mode") != "bilinear";
   const T* x = a.in[0].ptr<T>();
   T* y = a.out[0].ptr<T>();
   parallel_chunks(a.exec, planes, std::max<int64_t>(1, kElementGrain / (oh * ow)), [&](int64_t p0, int64_t p1) {
@@ -77,6 +82,10 @@ void upsample_kernel(const KernelArgs& a) {
         const Tap& r = taps[i];
         const T *x0 = xp + r.i0 * w, *x1 = xp + r.i1 * w;
         const T rw0 = static_cast<T>(r.w0), rw1 = static_cast<T>(r.w1);
+        if (nearest) {
+          for (int64_t j = 0; j < ow; ++j) yp[i * ow + j] = x0[cols[j].i0];
+          continue;
+        }
         for (int64_t j = 0; j < ow; ++j) {
           const Tap& c = cols[j];
           const T cw0 = static_cast<T>(c.w0), cw1 = static_cast<T>(c.w1);
@@ -93,6 +102,7 @@ void upsample_backward_kernel(const KernelArgs& a) {
   const int64_t oh = a.in[0].dim(2), ow = a.in[0].dim(3);
   const Tap* taps = make_taps<T>(a, h, w, oh, ow);
   const Tap* cols = taps + oh;
+  const bool nearest = a.attrs().s("mode") != "bilinear";  // a plain scatter, as in the forward
   const T* dy = a.in[0].ptr<T>();
   T* dx = a.out[0].ptr<T>();
   parallel_chunks(a.exec, planes, std::max<int64_t>(1, kElementGrain / (oh * ow)), [&](int64_t p0, int64_t p1) {
@@ -103,6 +113,10 @@ void upsample_backward_kernel(const KernelArgs& a) {
       for (int64_t i = 0; i < oh; ++i) {
         const Tap& r = taps[i];
         T *d0 = dxp + r.i0 * w, *d1 = dxp + r.i1 * w;
+        if (nearest) {
+          for (int64_t j = 0; j < ow; ++j) d0[cols[j].i0] += dyp[i * ow + j];
+          continue;
+        }
         for (int64_t j = 0; j < ow; ++j) {
           const Tap& c = cols[j];
           const double g = dyp[i * ow + j];

@@ -1,10 +1,17 @@
 // Matrix products on oneDNN's matmul primitive: linear (x @ W^T + b, bias fused), 2-D matmul with
 // transpose flags (which also carries the linear gradients) and batched matmul. Transposes and
-// tiles are expressed as strides, so no operand is copied by us. Output tiles (batch entries for
-// bmm) are the fixed chunks run on the host's executor.
+// tiles are expressed as strides, so no float32 operand is copied by us. Output tiles (batch
+// entries for bmm) are the fixed chunks run on the host's executor.
+//
+// bf16 compute (ops/precision.hpp): both matrix operands are converted to bf16 into the workspace
+// (same layout, round to nearest even, like the reference), then oneDNN multiplies bf16 x bf16 with
+// float32 accumulation into the float32 output (avx512_core_bf16 / AMX kernels where the CPU has
+// them). oneDNN's fpmath_mode(bf16) would avoid the copies, but oneDNN 3.2 ignores it for matmul on
+// CPUs without AMX (it keeps the float32 kernel), so the conversion is ours.
 #include <algorithm>
 
 #include "backends/onednn/onednn_common.hpp"
+#include "ops/precision.hpp"
 
 namespace treadle::onednn {
 namespace {
@@ -29,26 +36,60 @@ bool worth_it(int64_t batch, int64_t m, int64_t k, int64_t n) {
 
 Split tiles_of(int64_t m, int64_t n) { return Split{m, n, kTileRows, kTileCols}; }
 
+// The matrix operands of a product: float32 read in place, or bf16 copies staged in the workspace.
+struct Operands {
+  dnnl::memory::data_type dt = dnnl::memory::data_type::f32;
+  int64_t size = kF32;  // bytes per element
+  std::vector<Staging> staging;
+  std::size_t staging_bytes = 0;
+
+  MemDesc desc(const Dims& dims, const Dims& strides) const { return plain_desc(dims, strides, dt); }
+  // The argument reading input `i`, advanced by `rows` / `cols` elements per row / column item.
+  ArgSpec arg(int dnnl_arg, int i, int64_t rows, int64_t cols) const {
+    return {dnnl_arg, false, i, rows * size, cols * size, staging.empty() ? -1 : staging[i].offset};
+  }
+  std::optional<ChunkPlan> attach(std::optional<ChunkPlan> p) const {
+    if (p) {
+      p->staging = staging;
+      p->staging_bytes = staging_bytes;
+    }
+    return p;
+  }
+};
+
+Operands operands_of(const Graph& g, const Node& node) {
+  Operands o;
+  if (!is_bf16_compute(node.attrs)) return o;
+  o.dt = dnnl::memory::data_type::bf16;
+  o.size = 2;
+  for (int i = 0; i < 2; ++i) {
+    const int64_t n = shape_numel(in_shape(g, node, i));
+    o.staging.push_back({i, n, static_cast<int64_t>(o.staging_bytes)});
+    o.staging_bytes += padded_bytes(n, 2);
+  }
+  return o;
+}
+
 std::optional<ChunkPlan> plan_linear(const Graph& g, const Node& node) {
   if (!all_f32(g, node)) return std::nullopt;
   const Shape& w = in_shape(g, node, 1);
   const int64_t out = w[0], in = w[1], rows = in > 0 ? shape_numel(in_shape(g, node, 0)) / in : 0;
   if (!worth_it(1, rows, in, out)) return std::nullopt;
   const bool bias = node.inputs.size() == 3;
+  const Operands ops = operands_of(g, node);
   // A tile of columns of y = x W^T + b reads rows of W and entries of b.
-  std::vector<ArgSpec> args = {{DNNL_ARG_SRC, false, 0, in * kF32, 0},
-                               {DNNL_ARG_WEIGHTS, false, 1, 0, in * kF32},
+  std::vector<ArgSpec> args = {ops.arg(DNNL_ARG_SRC, 0, in, 0), ops.arg(DNNL_ARG_WEIGHTS, 1, 0, in),
                                {DNNL_ARG_DST, true, 0, out * kF32, kF32}};
   if (bias) args.push_back({DNNL_ARG_BIAS, false, 2, 0, kF32});
-  return plan_chunks(args, tiles_of(rows, out), [&](int64_t r, int64_t c) {
+  return ops.attach(plan_chunks(args, tiles_of(rows, out), [&](int64_t r, int64_t c) {
     return try_pd([&]() -> dnnl::primitive_desc {
-      const MemDesc src = f32_desc({r, in}, {in, 1}), wt = f32_desc({in, c}, {1, in});
+      const MemDesc src = ops.desc({r, in}, {in, 1}), wt = ops.desc({in, c}, {1, in});
       const MemDesc dst = f32_desc({r, c}, {out, 1});
       if (bias)
         return dnnl::matmul::primitive_desc(cpu_engine(), src, wt, f32_desc({1, c}, {out, 1}), dst, default_attr());
       return dnnl::matmul::primitive_desc(cpu_engine(), src, wt, dst, default_attr());
     });
-  });
+  }));
 }
 
 std::optional<ChunkPlan> plan_matmul(const Graph& g, const Node& node) {
@@ -59,16 +100,16 @@ std::optional<ChunkPlan> plan_matmul(const Graph& g, const Node& node) {
   if (!worth_it(1, m, k, n)) return std::nullopt;
   // A tile reads rows of A (columns when A is stored transposed) and columns of B (rows when B is
   // stored transposed).
-  std::vector<ArgSpec> args = {{DNNL_ARG_SRC, false, 0, (ta ? 1 : k) * kF32, 0},
-                               {DNNL_ARG_WEIGHTS, false, 1, 0, (tb ? k : 1) * kF32},
+  const Operands ops = operands_of(g, node);
+  std::vector<ArgSpec> args = {ops.arg(DNNL_ARG_SRC, 0, ta ? 1 : k, 0), ops.arg(DNNL_ARG_WEIGHTS, 1, 0, tb ? k : 1),
                                {DNNL_ARG_DST, true, 0, n * kF32, kF32}};
-  return plan_chunks(args, tiles_of(m, n), [&](int64_t r, int64_t cols) {
+  return ops.attach(plan_chunks(args, tiles_of(m, n), [&](int64_t r, int64_t cols) {
     return try_pd([&]() -> dnnl::primitive_desc {
-      const MemDesc src = ta ? f32_desc({r, k}, {1, m}) : f32_desc({r, k}, {k, 1});
-      const MemDesc wt = tb ? f32_desc({k, cols}, {1, k}) : f32_desc({k, cols}, {n, 1});
+      const MemDesc src = ta ? ops.desc({r, k}, {1, m}) : ops.desc({r, k}, {k, 1});
+      const MemDesc wt = tb ? ops.desc({k, cols}, {1, k}) : ops.desc({k, cols}, {n, 1});
       return dnnl::matmul::primitive_desc(cpu_engine(), src, wt, f32_desc({r, cols}, {n, 1}), default_attr());
     });
-  });
+  }));
 }
 
 std::optional<ChunkPlan> plan_bmm(const Graph& g, const Node& node) {
@@ -77,17 +118,17 @@ std::optional<ChunkPlan> plan_bmm(const Graph& g, const Node& node) {
   const Shape& c = out_shape(g, node, 0);
   const int64_t bs = c[0], m = c[1], n = c[2], k = ta ? in_shape(g, node, 0)[1] : in_shape(g, node, 0)[2];
   if (!worth_it(bs, m, k, n)) return std::nullopt;
-  std::vector<ArgSpec> args = {{DNNL_ARG_SRC, false, 0, m * k * kF32, 0},
-                               {DNNL_ARG_WEIGHTS, false, 1, k * n * kF32, 0},
+  const Operands ops = operands_of(g, node);
+  std::vector<ArgSpec> args = {ops.arg(DNNL_ARG_SRC, 0, m * k, 0), ops.arg(DNNL_ARG_WEIGHTS, 1, k * n, 0),
                                {DNNL_ARG_DST, true, 0, m * n * kF32, 0}};
   const int64_t grain = std::max<int64_t>(1, (kChunkMacs + m * n * k - 1) / (m * n * k));
-  return plan_chunks(args, bs, grain, [&](int64_t b) {
+  return ops.attach(plan_chunks(args, bs, grain, [&](int64_t b) {
     return try_pd([&]() -> dnnl::primitive_desc {
-      const MemDesc src = ta ? f32_desc({b, m, k}, {m * k, 1, m}) : f32_desc({b, m, k}, {m * k, k, 1});
-      const MemDesc wt = tb ? f32_desc({b, k, n}, {k * n, 1, k}) : f32_desc({b, k, n}, {k * n, n, 1});
+      const MemDesc src = ta ? ops.desc({b, m, k}, {m * k, 1, m}) : ops.desc({b, m, k}, {m * k, k, 1});
+      const MemDesc wt = tb ? ops.desc({b, k, n}, {k * n, 1, k}) : ops.desc({b, k, n}, {k * n, n, 1});
       return dnnl::matmul::primitive_desc(cpu_engine(), src, wt, f32_dense({b, m, n}), default_attr());
     });
-  });
+  }));
 }
 
 }  // namespace

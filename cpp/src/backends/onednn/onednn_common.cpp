@@ -2,10 +2,12 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 
 #include "core/op_registry.hpp"
+#include "ops/precision.hpp"
 #include "treadle/error.hpp"
 
 namespace treadle::onednn {
@@ -28,8 +30,12 @@ const dnnl::engine& cpu_engine() {
   return engine;
 }
 
+MemDesc plain_desc(const Dims& dims, const Dims& strides, dnnl::memory::data_type dt) {
+  return MemDesc(dims, dt, strides);
+}
+
 MemDesc f32_desc(const Dims& dims, const Dims& strides) {
-  return MemDesc(dims, dnnl::memory::data_type::f32, strides);
+  return plain_desc(dims, strides, dnnl::memory::data_type::f32);
 }
 
 MemDesc f32_dense(const Dims& dims) {
@@ -135,10 +141,11 @@ int tile_pointers(const KernelArgs& a, const ChunkedPrimitive& s, const Tile& t,
   for (int k = 0; k < n; ++k) {
     const ArgSpec& spec = s.args[k];
     const TensorRef& ref = spec.output ? a.out[spec.index] : a.in[spec.index];
-    ptrs[k] = static_cast<char*>(ref.data) + t.row0 * spec.row_step + t.col0 * spec.col_step;
+    char* base = spec.staged >= 0 ? static_cast<char*>(a.workspace) + spec.staged : static_cast<char*>(ref.data);
+    ptrs[k] = base + t.row0 * spec.row_step + t.col0 * spec.col_step;
   }
   if (!t.variant->scratch_bytes) return n;
-  ptrs[n] = static_cast<char*>(a.workspace) + t.index * static_cast<int64_t>(s.scratch_stride);
+  ptrs[n] = static_cast<char*>(a.workspace) + s.staging_bytes + t.index * static_cast<int64_t>(s.scratch_stride);
   return n + 1;
 }
 
@@ -176,6 +183,8 @@ PreparedNode make_prepared(const ChunkPlan& plan) {
   OmpSingleThread guard;
   auto state = std::make_shared<ChunkedPrimitive>();
   state->args = plan.args;
+  state->staging = plan.staging;
+  state->staging_bytes = plan.staging_bytes;
   state->split = plan.split;
   std::size_t scratch = 0;
   for (int r = 0; r < 2; ++r)
@@ -185,12 +194,40 @@ PreparedNode make_prepared(const ChunkPlan& plan) {
         scratch = std::max(scratch, state->variants[r][c].scratch_bytes);
       }
   state->scratch_stride = (scratch + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
-  const std::size_t workspace = state->scratch_stride * static_cast<std::size_t>(state->split.tiles());
+  const std::size_t workspace =
+      state->staging_bytes + state->scratch_stride * static_cast<std::size_t>(state->split.tiles());
   return {std::move(state), workspace};
 }
 
+namespace {
+
+constexpr int64_t kStagingGrain = 1 << 16;  // elements per conversion chunk
+
+// Converts the staged inputs to bf16 in fixed chunks of elements (results never depend on the
+// executor), before any tile reads them.
+void stage_inputs(const KernelArgs& a, const ChunkedPrimitive& s) {
+  for (const Staging& st : s.staging) {
+    const float* src = a.in[st.input].ptr<float>();
+    auto* dst = reinterpret_cast<uint16_t*>(static_cast<char*>(a.workspace) + st.offset);
+    const int64_t chunks = (st.numel + kStagingGrain - 1) / kStagingGrain;
+    auto body = [&](int64_t c0, int64_t c1) {
+      const int64_t i0 = c0 * kStagingGrain, i1 = std::min(st.numel, c1 * kStagingGrain);
+      convert_to_bf16(src + i0, dst + i0, i1 - i0);
+    };
+    if (chunks <= 1 || a.exec.num_workers() <= 1) {
+      body(0, chunks);
+      continue;
+    }
+    const auto* b = &body;
+    a.exec.parallel_for(chunks, [b](int64_t c0, int64_t c1) { (*b)(c0, c1); });
+  }
+}
+
+}  // namespace
+
 void run_chunked(const KernelArgs& a) {
   const auto& s = *static_cast<const ChunkedPrimitive*>(a.state);
+  if (!s.staging.empty()) stage_inputs(a, s);
   const int64_t tiles = s.split.tiles();
   if (tiles <= 1 || a.exec.num_workers() <= 1) {
     for (int64_t t = 0; t < tiles; ++t) run_tile(a, s, t);

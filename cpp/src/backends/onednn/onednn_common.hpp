@@ -44,6 +44,8 @@ const dnnl::engine& cpu_engine();
 using Dims = dnnl::memory::dims;
 using MemDesc = dnnl::memory::desc;
 
+// A plain memory descriptor with explicit strides (elements).
+MemDesc plain_desc(const Dims& dims, const Dims& strides, dnnl::memory::data_type dt);
 // A plain float32 memory descriptor with explicit strides (elements).
 MemDesc f32_desc(const Dims& dims, const Dims& strides);
 // A dense row-major float32 memory descriptor.
@@ -65,13 +67,23 @@ struct Split {
 };
 
 // Where one primitive argument's memory comes from: operand `index` of the node (an input, or an
-// output when `output`), advanced by `row_step` bytes per row item and `col_step` per column item.
+// output when `output`), or the staged copy at byte `staged` of the workspace when that is >= 0;
+// advanced by `row_step` bytes per row item and `col_step` per column item.
 struct ArgSpec {
   int arg = 0;  // DNNL_ARG_*
   bool output = false;
   int index = 0;
   int64_t row_step = 0;
   int64_t col_step = 0;
+  int64_t staged = -1;
+};
+
+// An input converted to bf16 into the workspace (at byte `offset`, same layout) before the node's
+// tiles run: bf16 compute (ops/precision.hpp). Conversion is elementwise, split in fixed chunks.
+struct Staging {
+  int input = 0;
+  int64_t numel = 0;
+  int64_t offset = 0;
 };
 
 // Memory objects for executions of one primitive, kept across steps: creating them costs about a
@@ -107,6 +119,8 @@ struct Variant {
 // exact.
 struct ChunkedPrimitive {
   std::vector<ArgSpec> args;
+  std::vector<Staging> staging;
+  std::size_t staging_bytes = 0;   // the staged copies come first in the workspace, tile scratch after
   Split split;
   Variant variants[2][2];
   std::size_t scratch_stride = 0;  // bytes of workspace per tile
@@ -118,6 +132,8 @@ struct ChunkPlan {
   std::vector<ArgSpec> args;
   Split split;
   dnnl::primitive_desc pds[2][2];
+  std::vector<Staging> staging;
+  std::size_t staging_bytes = 0;
 };
 
 // Runs make() -> primitive_desc; std::nullopt when oneDNN has no implementation for it.
@@ -137,7 +153,7 @@ std::optional<ChunkPlan> plan_chunks(std::vector<ArgSpec> args, Split split, F&&
   if (split.rows <= 0 || split.cols <= 0 || split.row_grain <= 0 || split.col_grain <= 0) return std::nullopt;
   split.row_grain = std::min(split.row_grain, split.rows);
   split.col_grain = std::min(split.col_grain, split.cols);
-  ChunkPlan p{std::move(args), split, {}};
+  ChunkPlan p{std::move(args), split, {}, {}, 0};
   const int64_t row_sizes[2] = {split.row_grain, split.rows % split.row_grain};
   const int64_t col_sizes[2] = {split.col_grain, split.cols % split.col_grain};
   for (int r = 0; r < 2; ++r)
