@@ -24,6 +24,7 @@ std::vector<int64_t> broadcast_strides(const Shape& in, const Shape& out) {
 template <typename F>
 void for_each_broadcast(const Shape& out, const std::vector<int64_t>& sa, const std::vector<int64_t>& sb,
                         int64_t begin, int64_t end, F&& f) {
+  if (begin >= end) return;  // nothing to visit; an empty output may have a zero extent to divide by
   const int nd = static_cast<int>(out.size());
   std::vector<int64_t> idx(nd, 0);
   int64_t rem = begin;
