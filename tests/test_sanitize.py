@@ -6,8 +6,8 @@ It first shows that the step is not vacuous: deliberate heap overflows, uses aft
 overflows (tools/sanitize_probe.cpp, built only into the sanitized tree) are caught both in a plain
 executable and in a library loaded into the sanitized Python, and a clean probe passes.
 
-On the two-core CI machine: about 3 minutes when ccache holds the sanitized objects (a fresh clone
-reuses them), about 6 to 7 minutes of which 5 are compiling when it does not, more when the cores are
+On the two-core CI machine: about 1.5 minutes when ccache holds the sanitized objects (a fresh clone
+reuses them), about 6 minutes, 4.5 of them compiling, when it does not; more when the cores are
 shared (docs/hardening.md has the measurements). Set TREADLE_SANITIZE=0 to skip it in quick local
 runs; TREADLE_SANITIZE=1 turns a missing toolchain into a failure instead of a skip.
 """
