@@ -63,3 +63,18 @@ def test_forward_backward_with_two_inputs():
     assert any(np.abs(g).sum() > 0 for g in net.named_gradients().values())
     with pytest.raises(ValueError, match="no inputs"):
         trainer.step([], np.zeros((2, 1)))
+
+
+def test_wrong_dtype_names_which_input():
+    class TwoInputs(tl.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = tl.nn.Linear(3, 2)
+
+        def forward(self, a, b):
+            return self.fc(a) + self.fc(b)
+
+    net = TwoInputs()
+    a = np.ones((4, 3), np.float32)
+    with pytest.raises(TypeError, match="model: expected input 1 of dtype float32 .*got float64"):
+        net.predict((a, a.astype(np.float64)))

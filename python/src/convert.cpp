@@ -44,8 +44,15 @@ Tensor tensor_from_numpy(const py::handle& obj, const char* what, bool writable,
     throw_type_error(what, ": expected a numpy array, got ", std::string(py::str(py::type::handle_of(obj).attr("__name__"))));
   auto arr = py::reinterpret_borrow<py::array>(obj);
   DType dt = dtype_from_numpy(arr.dtype(), what);
-  if (!(arr.flags() & py::array::c_style))
-    throw_value_error(what, ": array is not C-contiguous (pass np.ascontiguousarray(x))");
+  if (!(arr.flags() & py::array::c_style)) {
+    std::string shape, strides;
+    for (py::ssize_t d = 0; d < arr.ndim(); ++d) {
+      shape += (d ? ", " : "") + std::to_string(arr.shape(d));
+      strides += (d ? ", " : "") + std::to_string(arr.strides(d));
+    }
+    throw_value_error(what, ": array of shape (", shape, ") with byte strides (", strides,
+                      ") is not C-contiguous (pass np.ascontiguousarray(x))");
+  }
   if (reinterpret_cast<std::uintptr_t>(arr.data()) % dtype_size(dt) != 0)
     throw_value_error(what, ": array data is not aligned to its element size");
   if (writable && !arr.writeable()) throw_value_error(what, ": array is read-only");

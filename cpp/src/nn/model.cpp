@@ -132,8 +132,8 @@ PlanKey Model::infer_key(const std::vector<Tensor>& inputs) const {
     if (!t.defined()) throw_value_error("model: input ", i, " is undefined");
     // Integer inputs are indices (e.g. for an Embedding); an op that needs floats rejects them when traced.
     if (t.dtype() != dtype_ && !is_integer(t.dtype()))
-      throw_type_error("model: expected input of dtype ", dtype_name(dtype_), " (or integer indices), got ",
-                       dtype_name(t.dtype()));
+      throw_type_error("model: expected input", inputs.size() > 1 ? " " + std::to_string(i) : std::string(),
+                       " of dtype ", dtype_name(dtype_), " (or integer indices), got ", dtype_name(t.dtype()));
     if (t.ndim() == 0) throw_value_error("model: input ", i, " is a scalar; expected a batch");
     if (t.dim(0) == 0) throw_value_error("model: empty batch (input of shape ", shape_str(t.shape()), ")");
     key.input_shapes.push_back(t.shape());
