@@ -13,7 +13,8 @@ import tempfile
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GROUPS = ["training", "chunked_predict", "chunked_training", "bad_input", "no_alloc", "hardening", "tasks"]
+GROUPS = ["training", "chunked_predict", "chunked_training", "bad_input", "no_alloc", "no_alloc_broadcast", "hardening",
+          "tasks"]
 
 
 def _eigen_available():

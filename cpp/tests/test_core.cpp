@@ -204,6 +204,33 @@ void test_steps_allocate_nothing() {
                                  " allocations in 20 steps)");
 }
 
+// A model whose forward and backward broadcast a column over rows (mul with a (N, 1) operand and
+// its sum_to gradient): the general broadcast kernels must not allocate either.
+void test_broadcast_steps_allocate_nothing() {
+  using namespace treadle;
+  manual_seed(6);
+  auto net = std::make_shared<nn::Sequential>();
+  net->add(std::make_shared<nn::Linear>(8, 16)).add(std::make_shared<nn::Activation>("tanh"));
+  auto forward = [net](Graph&, const std::vector<Value>& in) -> std::vector<Value> {
+    Value h = net->forward(in[0]);
+    Value gate = ops::sigmoid(ops::slice(h, 1, 0, 1));  // (N, 1), broadcast over the 16 columns
+    return {ops::mul(h, gate)};
+  };
+  auto model = std::make_shared<Model>(forward, net->named_parameters());
+  Trainer trainer(model, loss::mse(), optim::adam({}));
+  Tensor x, y1;
+  make_data(32, x, y1, 4);
+  Tensor y({32, 16}, DType::f32);
+  for (int64_t i = 0; i < y.numel(); ++i) y.data_as<float>()[i] = 0.01f * static_cast<float>(i % 13);
+  for (int i = 0; i < 3; ++i) trainer.step(x, y);
+  const std::size_t before = g_allocations;
+  double loss = 0;
+  for (int i = 0; i < 30; ++i) loss = trainer.step(x, y);
+  const std::size_t allocations = g_allocations - before;
+  check(allocations == 0 && std::isfinite(loss),
+        "30 steps of a model with row/column broadcasting allocate nothing (" + std::to_string(allocations) + ")");
+}
+
 void test_bad_input_throws_typed_errors() {
   using namespace treadle;
   auto model = make_mlp(4);
@@ -339,6 +366,7 @@ int main(int argc, char** argv) {
       {"chunked_training", test_chunked_executor_training_is_bitwise_serial},
       {"bad_input", test_bad_input_throws_typed_errors},
       {"no_alloc", test_steps_allocate_nothing},
+      {"no_alloc_broadcast", test_broadcast_steps_allocate_nothing},
       {"hardening", test_hardening_guards},
       {"tasks", test_tasked_steps},
   };

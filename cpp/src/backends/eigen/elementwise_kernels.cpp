@@ -1,4 +1,6 @@
 // Reference elementwise kernels with numpy broadcasting, the broadcast-undoing reduction and fill.
+#include <algorithm>
+#include <array>
 #include <vector>
 
 #include "backends/eigen/eigen_backend.hpp"
@@ -8,9 +10,25 @@ namespace treadle {
 namespace {
 using namespace eigen;
 
+// Per-dimension values of one tensor, on the stack up to rank 8 (kernels never allocate); a higher
+// rank, which no layer produces, falls back to the heap.
+class DimArray {
+ public:
+  explicit DimArray(std::size_t n) : n_(n) {
+    if (n > fixed_.size()) heap_.assign(n, 0);
+  }
+  int64_t& operator[](std::size_t i) { return n_ > fixed_.size() ? heap_[i] : fixed_[i]; }
+  int64_t operator[](std::size_t i) const { return n_ > fixed_.size() ? heap_[i] : fixed_[i]; }
+
+ private:
+  std::size_t n_;
+  std::array<int64_t, 8> fixed_{};
+  std::vector<int64_t> heap_;
+};
+
 // Strides (in elements) of `in` viewed with the output's rank; broadcast dimensions get stride 0.
-std::vector<int64_t> broadcast_strides(const Shape& in, const Shape& out) {
-  std::vector<int64_t> s(out.size(), 0);
+DimArray broadcast_strides(const Shape& in, const Shape& out) {
+  DimArray s(out.size());
   int64_t stride = 1;
   for (int i = static_cast<int>(in.size()) - 1, o = static_cast<int>(out.size()) - 1; i >= 0; --i, --o) {
     s[o] = in[i] == 1 ? 0 : stride;
@@ -19,29 +37,38 @@ std::vector<int64_t> broadcast_strides(const Shape& in, const Shape& out) {
   return s;
 }
 
-// Calls f(out_index, a_index, b_index) for every output element, in row-major order within rows
-// [r0, r1) of the outermost dimension.
+// Calls f(out_index, a_index, b_index) for every output element in [begin, end), in row-major order.
+// The offsets move by the last dimension's strides along a row; the multi-index carries only at the
+// end of a row.
 template <typename F>
-void for_each_broadcast(const Shape& out, const std::vector<int64_t>& sa, const std::vector<int64_t>& sb,
-                        int64_t begin, int64_t end, F&& f) {
+void for_each_broadcast(const Shape& out, const DimArray& sa, const DimArray& sb, int64_t begin, int64_t end,
+                        F&& f) {
   if (begin >= end) return;  // nothing to visit; an empty output may have a zero extent to divide by
   const int nd = static_cast<int>(out.size());
-  std::vector<int64_t> idx(nd, 0);
+  if (nd == 0) {
+    f(0, 0, 0);
+    return;
+  }
+  DimArray idx(nd);
   int64_t rem = begin;
   for (int d = nd - 1; d >= 0; --d) {
     idx[d] = rem % out[d];
     rem /= out[d];
   }
-  for (int64_t o = begin; o < end; ++o) {
+  const int64_t last = out[nd - 1], step_a = sa[nd - 1], step_b = sb[nd - 1];
+  for (int64_t o = begin; o < end;) {
     int64_t ia = 0, ib = 0;
     for (int d = 0; d < nd; ++d) {
       ia += idx[d] * sa[d];
       ib += idx[d] * sb[d];
     }
-    f(o, ia, ib);
-    for (int d = nd - 1; d >= 0; --d) {
-      if (++idx[d] < out[d]) break;
+    const int64_t run = std::min(last - idx[nd - 1], end - o);
+    for (int64_t j = 0; j < run; ++j) f(o + j, ia + j * step_a, ib + j * step_b);
+    o += run;
+    idx[nd - 1] += run;
+    for (int d = nd - 1; d > 0 && idx[d] == out[d]; --d) {
       idx[d] = 0;
+      ++idx[d - 1];
     }
   }
 }
@@ -128,8 +155,7 @@ void sum_to_kernel(const KernelArgs& a) {
     column_sums(a.exec, X.ptr<T>(), X.numel / cols, cols, Y.ptr<T>());
     return;
   }
-  auto sy = broadcast_strides(*Y.shape, xs);
-  std::vector<int64_t> unused(xs.size(), 0);
+  const DimArray sy = broadcast_strides(*Y.shape, xs), unused(xs.size());
   T* py = Y.ptr<T>();
   const T* px = X.ptr<T>();
   for (int64_t i = 0; i < Y.numel; ++i) py[i] = T(0);
