@@ -11,7 +11,9 @@ class MultiheadAttention(_NativeModule):
     forward(query, key=None, value=None, key_padding_mask=None, need_weights=True, attn_mask=None,
     is_causal=False) returns (output, weights averaged over heads or None). Masks are symbolic
     float tensors added to the attention scores (0 keeps a position, -inf drops it): pass a boolean
-    mask from numpy as `np.where(mask, -np.inf, 0).astype(dtype)`.
+    mask from numpy as `np.where(mask, -np.inf, 0).astype(dtype)`. A query whose every key is
+    masked gets NaN outputs (a softmax over no positions), as torch's need_weights path gives; torch's
+    fused inference path returns zeros there instead. Keep at least one key per query unmasked.
     """
 
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, batch_first=False, dtype="float32"):
