@@ -85,3 +85,24 @@ def torch_grads(fn, inputs, grad_outputs, wrt):
 def tol(dtype):
     """Tolerances against PyTorch: float32 ~1e-5, float64 ~1e-12."""
     return dict(rtol=1e-5, atol=1e-6) if np.dtype(dtype) == np.float32 else dict(rtol=1e-11, atol=1e-12)
+
+
+def assert_concurrent_predictions_bitwise(net, xs, repeats=4):
+    """One thread per input, each predicting `repeats` times on the shared model with its own
+    pooled context: every result must equal the serial prediction bit for bit."""
+    import threading
+
+    serial = [net.predict(x) for x in xs]
+    results = [None] * len(xs)
+
+    def work(i):
+        for _ in range(repeats):
+            results[i] = net.predict(xs[i])
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(xs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for a, b in zip(serial, results):
+        np.testing.assert_array_equal(a, b)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import treadle as tl
-from opcheck import BACKENDS, run
+from opcheck import BACKENDS, assert_concurrent_predictions_bitwise, run
 
 F32 = np.float32
 HAS_ONEDNN = "onednn" in tl.backends()
@@ -130,25 +130,9 @@ def test_onednn_bf16_does_not_depend_on_executor_chunking(case):
 @pytest.mark.skipif(not HAS_ONEDNN, reason="treadle was built without oneDNN")
 def test_onednn_bf16_concurrent_predictions_are_bitwise_serial():
     """The staged bf16 operands live in each context's workspace: threads never share them."""
-    import threading
-
     rng = np.random.default_rng(2)
     net = _mlp(1, widths=(64, 300, 600, 10)).set_backend("onednn").set_precision("bf16")
-    xs = [randn(rng, 300, 64) for _ in range(6)]
-    serial = [net.predict(x) for x in xs]
-    results = [None] * len(xs)
-
-    def work(i):
-        for _ in range(4):
-            results[i] = net.predict(xs[i])
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(xs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for a, b in zip(serial, results):
-        np.testing.assert_array_equal(a, b)
+    assert_concurrent_predictions_bitwise(net, [randn(rng, 300, 64) for _ in range(6)], repeats=4)
 
 
 def test_precision_attribute_is_checked():

@@ -11,13 +11,12 @@ import os
 import subprocess
 import sys
 import textwrap
-import threading
 
 import numpy as np
 import pytest
 
 import treadle as tl
-from opcheck import run
+from opcheck import assert_concurrent_predictions_bitwise, run
 
 pytestmark = pytest.mark.skipif("onednn" not in tl.backends(),
                                 reason="treadle was built without oneDNN (TREADLE_WITH_ONEDNN=OFF)")
@@ -210,21 +209,7 @@ def test_concurrent_predictions_on_shared_primitives_are_bitwise_serial():
     rng = np.random.default_rng(2)
     net = _mlp(1, widths=(64, 256, 256, 10))
     net.set_backend("onednn")
-    xs = [randn(rng, 300, 64) for _ in range(8)]
-    serial = [net.predict(x) for x in xs]
-    results = [None] * len(xs)
-
-    def work(i):
-        for _ in range(5):
-            results[i] = net.predict(xs[i])
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(xs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for a, b in zip(serial, results):
-        np.testing.assert_array_equal(a, b)
+    assert_concurrent_predictions_bitwise(net, [randn(rng, 300, 64) for _ in range(8)], repeats=5)
 
 
 def test_training_on_a_host_pool_is_bitwise_serial():
