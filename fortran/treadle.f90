@@ -42,6 +42,7 @@ module treadle
   public :: treadle_model_predict, treadle_trainer_create, treadle_trainer_free, treadle_trainer_step
   public :: treadle_trainer_evaluate, treadle_trainer_zero_grad, treadle_trainer_forward
   public :: treadle_trainer_backward, treadle_trainer_update, treadle_trainer_get_gradients
+  public :: treadle_model_set_backend, treadle_model_set_precision, treadle_model_set_deterministic
 
   ! The kind of an integer(c_int64_t) array (class indices), next to TREADLE_F32/F64; -1: unknown.
   integer(c_int), parameter :: KIND_I64 = 2, KIND_UNKNOWN = -1
@@ -224,6 +225,30 @@ contains
     integer(c_int) :: status
     status = c_treadle_model_save(model%handle, c_string(path))
   end function treadle_model_save
+
+  ! backend: "" (priority order), "eigen", "onednn" or "auto"; each call recompiles the model's plans.
+  function treadle_model_set_backend(model, backend) result(status)
+    type(treadle_model), intent(in) :: model
+    character(len=*), intent(in) :: backend
+    integer(c_int) :: status
+    status = c_treadle_model_set_backend(model%handle, c_string(backend))
+  end function treadle_model_set_backend
+
+  ! precision of the matrix products: "float32" or "bf16" (float32 models only).
+  function treadle_model_set_precision(model, precision) result(status)
+    type(treadle_model), intent(in) :: model
+    character(len=*), intent(in) :: precision
+    integer(c_int) :: status
+    status = c_treadle_model_set_precision(model%handle, c_string(precision))
+  end function treadle_model_set_precision
+
+  ! .true. for bitwise-reproducible plans (docs/hardening.md).
+  function treadle_model_set_deterministic(model, deterministic) result(status)
+    type(treadle_model), intent(in) :: model
+    logical, intent(in) :: deterministic
+    integer(c_int) :: status
+    status = c_treadle_model_set_deterministic(model%handle, merge(1_c_int, 0_c_int, deterministic))
+  end function treadle_model_set_deterministic
 
   subroutine treadle_model_free(model)
     type(treadle_model), intent(inout) :: model

@@ -24,6 +24,7 @@ module treadle_c
   public :: c_treadle_model_predict, c_treadle_trainer_create, c_treadle_trainer_free, c_treadle_trainer_step
   public :: c_treadle_trainer_evaluate, c_treadle_trainer_zero_grad, c_treadle_trainer_forward
   public :: c_treadle_trainer_backward, c_treadle_trainer_update, c_treadle_trainer_get_gradients, c_strlen
+  public :: c_treadle_model_set_backend, c_treadle_model_set_precision, c_treadle_model_set_deterministic
 
   interface
     function c_treadle_last_error() result(message) bind(C, name="treadle_last_error")
@@ -72,6 +73,29 @@ module treadle_c
       character(kind=c_char), dimension(*), intent(in) :: path
       integer(c_int) :: status
     end function c_treadle_model_save
+
+    function c_treadle_model_set_backend(model, backend) result(status) bind(C, name="treadle_model_set_backend")
+      import :: c_char, c_int, c_ptr
+      type(c_ptr), value :: model
+      character(kind=c_char), dimension(*), intent(in) :: backend
+      integer(c_int) :: status
+    end function c_treadle_model_set_backend
+
+    function c_treadle_model_set_precision(model, precision) result(status) &
+        bind(C, name="treadle_model_set_precision")
+      import :: c_char, c_int, c_ptr
+      type(c_ptr), value :: model
+      character(kind=c_char), dimension(*), intent(in) :: precision
+      integer(c_int) :: status
+    end function c_treadle_model_set_precision
+
+    function c_treadle_model_set_deterministic(model, deterministic) result(status) &
+        bind(C, name="treadle_model_set_deterministic")
+      import :: c_int, c_ptr
+      type(c_ptr), value :: model
+      integer(c_int), value :: deterministic
+      integer(c_int) :: status
+    end function c_treadle_model_set_deterministic
 
     subroutine c_treadle_model_free(model) bind(C, name="treadle_model_free")
       import :: c_ptr

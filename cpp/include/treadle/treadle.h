@@ -73,6 +73,14 @@ TREADLE_C_API int treadle_model_num_parameters(const treadle_model* model, int64
 TREADLE_C_API int treadle_model_get_parameters(const treadle_model* model, void* buffer, int64_t count);
 TREADLE_C_API int treadle_model_set_parameters(treadle_model* model, const void* buffer, int64_t count);
 
+/* How the model's plans run (each call drops its compiled plans; not while a trainer of this model
+ * is inside a call). backend: "" (priority order), "eigen", "onednn" (when built) or "auto" (the
+ * measured dispatch table). precision of the matrix products: "float32" or "bf16" (float32 models).
+ * deterministic: nonzero for bitwise-reproducible plans (docs/hardening.md). */
+TREADLE_C_API int treadle_model_set_backend(treadle_model* model, const char* backend);
+TREADLE_C_API int treadle_model_set_precision(treadle_model* model, const char* precision);
+TREADLE_C_API int treadle_model_set_deterministic(treadle_model* model, int deterministic);
+
 /* Shape of the output for an input of shape x_shape: *out_ndim <= capacity entries in out_shape. */
 TREADLE_C_API int treadle_model_output_shape(treadle_model* model, int x_ndim, const int64_t* x_shape,
                                              int capacity, int* out_ndim, int64_t* out_shape);

@@ -187,6 +187,21 @@ int treadle_model_set_parameters(treadle_model* model, const void* buffer, int64
   });
 }
 
+int treadle_model_set_backend(treadle_model* model, const char* backend) {
+  return guarded("treadle_model_set_backend",
+                 [&] { need(model, "model").model->set_backend(non_null(backend, "backend")); });
+}
+
+int treadle_model_set_precision(treadle_model* model, const char* precision) {
+  return guarded("treadle_model_set_precision",
+                 [&] { need(model, "model").model->set_precision(non_null(precision, "precision")); });
+}
+
+int treadle_model_set_deterministic(treadle_model* model, int deterministic) {
+  return guarded("treadle_model_set_deterministic",
+                 [&] { need(model, "model").model->set_deterministic(deterministic != 0); });
+}
+
 int treadle_model_output_shape(treadle_model* model, int x_ndim, const int64_t* x_shape, int capacity, int* out_ndim,
                                int64_t* out_shape) {
   return guarded("treadle_model_output_shape", [&] {

@@ -19,6 +19,7 @@ program wrapper_check
   call check_evaluate_and_files()
   call check_class_indices()
   call check_sections()
+  call check_plan_settings()
   if (failures > 0) error stop 1
   print '(a)', 'all checks done'
 
@@ -80,6 +81,35 @@ contains
     call treadle_model_free(model)
     call treadle_model_free(never_created)  ! a null handle is fine
   end subroutine check_basics
+
+  ! Backend, precision and deterministic mode: each keeps predictions finite and the same shape;
+  ! bad names and a bf16 float64 model are errors naming the problem.
+  subroutine check_plan_settings()
+    type(treadle_model) :: model, model64
+    real(c_float) :: x(3, 4), y(2, 4), y_ref(2, 4)
+    x = 0.25_c_float
+    call expect(treadle_model_from_json(MLP, TREADLE_F32, 5, model) == TREADLE_OK, 'from_json for settings')
+    call expect(treadle_model_predict(model, x, y_ref) == TREADLE_OK, 'predict before settings')
+    call expect(treadle_model_set_deterministic(model, .true.) == TREADLE_OK, 'set_deterministic')
+    call expect(treadle_model_set_backend(model, 'eigen') == TREADLE_OK, 'set_backend eigen')
+    status = treadle_model_predict(model, x, y)
+    call expect(status == TREADLE_OK .and. all(y == y_ref), 'deterministic eigen predicts the same values')
+    call expect(treadle_model_set_precision(model, 'bf16') == TREADLE_OK, 'set_precision bf16')
+    status = treadle_model_predict(model, x, y)
+    call expect(status == TREADLE_OK .and. maxval(abs(y - y_ref)) < 2e-2, 'bf16 predictions within 2e-2')
+    status = treadle_model_set_backend(model, 'no-such-backend')
+    call expect(status == TREADLE_ERROR_VALUE .and. index(treadle_error_message(), 'no-such-backend') > 0, &
+                'unknown backend is named', treadle_error_message())
+    status = treadle_model_set_precision(model, 'fp8')
+    call expect(status == TREADLE_ERROR_VALUE .and. index(treadle_error_message(), 'fp8') > 0, &
+                'unknown precision is named', treadle_error_message())
+    call expect(treadle_model_from_json(MLP, TREADLE_F64, 5, model64) == TREADLE_OK, 'from_json float64 settings')
+    status = treadle_model_set_precision(model64, 'bf16')
+    call expect(status == TREADLE_ERROR_TYPE .and. index(treadle_error_message(), 'float32') > 0, &
+                'bf16 on a float64 model is a type error', treadle_error_message())
+    call treadle_model_free(model)
+    call treadle_model_free(model64)
+  end subroutine check_plan_settings
 
   logical function c_associated_version()
     use, intrinsic :: iso_c_binding, only: c_associated
