@@ -136,6 +136,9 @@ class TREADLE_API Model {
   mutable std::mutex mutex_;  // guards plans_ and contexts_
   std::map<PlanKey, std::shared_ptr<const Plan>> plans_;
   std::vector<std::unique_ptr<Context>> free_contexts_;
+  // One pooled context held outside the lock: a single caller's predictions (the batch-1 loop) take
+  // and return it with one atomic exchange each; concurrent callers fall back to free_contexts_.
+  std::atomic<Context*> spare_context_{nullptr};
   std::atomic<uint64_t> generation_{0};
   // The inference plan used last, answered without building a key (guarded by mutex_).
   struct LastInfer {

@@ -29,6 +29,7 @@ Model::Model(ForwardFn forward, std::vector<NamedParameter> params)
 Model::~Model() {
   for (auto& np : params_)
     if (np.second->owner() == this) np.second->set_owner(nullptr);
+  delete spare_context_.load();
 }
 
 // Moves every parameter into one flat buffer (and sizes the gradient buffer to match), so the
@@ -203,6 +204,8 @@ std::shared_ptr<const Plan> Model::infer_plan(const std::vector<Tensor>& inputs)
 }
 
 std::unique_ptr<Context> Model::take_context() {
+  if (Context* spare = spare_context_.exchange(nullptr, std::memory_order_acquire))
+    return std::unique_ptr<Context>(spare);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!free_contexts_.empty()) {
@@ -215,6 +218,11 @@ std::unique_ptr<Context> Model::take_context() {
 }
 
 void Model::return_context(std::unique_ptr<Context> c) {
+  Context* expected = nullptr;
+  if (spare_context_.compare_exchange_strong(expected, c.get(), std::memory_order_release)) {
+    c.release();  // owned through spare_context_ now
+    return;
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   free_contexts_.push_back(std::move(c));
 }
