@@ -275,3 +275,16 @@ def test_cnn_training_curve_in_bf16_follows_float32(backend):
     f32, b16 = _cnn_curve("float32", backend), _cnn_curve("bf16", backend)
     np.testing.assert_allclose(b16, f32, rtol=4e-2)
     assert b16[-1] < 0.7 * b16[0] and not np.array_equal(b16, f32)
+
+
+def test_plan_listing_marks_bf16_products():
+    net = _mlp(3, widths=(8, 16, 4))
+    x = np.ones((5, 8), np.float32)
+    net.predict(x)
+    assert " bf16" not in net._compiled().describe_plans()
+    net.set_precision("bf16")
+    net.predict(x)
+    lines = net._compiled().describe_plans().splitlines()
+    products = [ln for ln in lines if ln.split()[1] == "linear"]
+    assert len(products) == 2 and all(ln.split()[3] == "bf16" for ln in products), lines
+    assert all("bf16" not in ln for ln in lines if ln.split()[1] != "linear"), lines

@@ -8,6 +8,7 @@
 
 #include "core/dispatch_table.hpp"
 #include "core/op_registry.hpp"
+#include "ops/precision.hpp"
 #include "treadle/error.hpp"
 
 namespace treadle {
@@ -301,6 +302,7 @@ std::string Plan::describe() const {
   for (const PlanStep& s : steps) {
     const Node& n = graph.nodes()[s.node];
     os << s.node << " " << reg.at(n.op).name << " [" << (s.backend ? s.backend->name() : "view") << "]";
+    if (is_bf16_compute(n.attrs)) os << " bf16";
     if (!n.scope.empty()) os << " scope=" << n.scope;
     for (int out : n.outputs) os << " -> " << shape_str(graph.info(out).shape);
     os << "\n";
