@@ -2,6 +2,7 @@
 // Training: a model, a loss and an optimizer driven step by step by the host.
 // step() does everything in one call; forward/backward/zero_grad/update let an external scheduler
 // interleave its own work (an allreduce, a policy-gradient objective) between the phases.
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -103,6 +104,12 @@ class TREADLE_API Trainer {
 
  private:
   double run_loss_plan(Inputs xs, const Tensor& y, PlanMode mode);
+  // Copies the inputs into pending_inputs_ (the host may reuse its arrays before the pass that
+  // needs them) and writes their addresses into `ptrs`.
+  void hold_inputs(Inputs xs, std::array<void*, kMaxInputs>& ptrs);
+  // The end of a step after its gradients: the skip_nonfinite / check_finite policies on the loss,
+  // then update(). `who` names the caller in the error. Returns the loss.
+  double finish_with_update(double loss, const char* who);
   // The plan for this mode and signature: a per-mode last-used entry answers repeated steps without
   // building a key (so a step allocates nothing); a miss asks the model.
   std::shared_ptr<const Plan> plan_for(PlanMode mode, Inputs xs, const Tensor* y, bool input_grad);

@@ -60,7 +60,8 @@ Plan::Plan(bool training) : graph(training), id_(g_next_plan_id.fetch_add(1)) {}
 void Plan::finalize(const std::vector<int64_t>& param_offsets, const std::string& backend, bool deterministic) {
   param_offsets_ = param_offsets;
   steps.clear();
-  for (int n = 0; n < static_cast<int>(graph.nodes().size()); ++n) steps.push_back(PlanStep{n});
+  steps.resize(graph.nodes().size());
+  for (int n = 0; n < static_cast<int>(steps.size()); ++n) steps[n].node = n;
   select_kernels(backend, deterministic);
   plan_memory();
 }
@@ -285,15 +286,18 @@ void add_into(void* dst, const void* src, int64_t n) {
 }  // namespace
 
 void Plan::accumulate_param_grads(Context& ctx, const Bindings& b, void* grads) const {
-  for (const auto& [offset, value] : param_grads) {
-    const ValueInfo& info = graph.values()[value];
-    void* dst = static_cast<char*>(grads) + offset;
-    const void* src = address(ctx, b, value);
-    if (info.dtype == DType::f32)
-      add_into<float>(dst, src, shape_numel(info.shape));
-    else
-      add_into<double>(dst, src, shape_numel(info.shape));
-  }
+  for (int g = 0; g < static_cast<int>(param_grads.size()); ++g) accumulate_param_grad(ctx, b, g, grads);
+}
+
+void Plan::accumulate_param_grad(Context& ctx, const Bindings& b, int g, void* grads) const {
+  const auto& [offset, value] = param_grads[g];
+  const ValueInfo& info = graph.values()[value];
+  void* dst = static_cast<char*>(grads) + offset;
+  const void* src = address(ctx, b, value);
+  if (info.dtype == DType::f32)
+    add_into<float>(dst, src, shape_numel(info.shape));
+  else
+    add_into<double>(dst, src, shape_numel(info.shape));
 }
 
 std::string Plan::describe() const {

@@ -79,6 +79,8 @@ class Plan {
   // Adds every parameter gradient of the last backward run into `grads` (flat buffer, same layout
   // as the parameters).
   void accumulate_param_grads(Context& ctx, const Bindings& b, void* grads) const;
+  // The same for entry `g` of param_grads only (a task completes its own gradients).
+  void accumulate_param_grad(Context& ctx, const Bindings& b, int g, void* grads) const;
 
   int num_steps() const { return static_cast<int>(steps.size()); }
   std::size_t arena_bytes() const { return arena_bytes_; }

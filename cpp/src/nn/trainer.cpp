@@ -25,9 +25,6 @@ bool tensor_finite(const Tensor& t) {
   return true;
 }
 
-double read_scalar(const void* p, DType dt) {
-  return dt == DType::f32 ? static_cast<double>(*static_cast<const float*>(p)) : *static_cast<const double*>(p);
-}
 }  // namespace
 
 Trainer::Trainer(std::shared_ptr<Model> model, Loss loss, std::shared_ptr<Optimizer> optimizer,
@@ -137,15 +134,29 @@ double Trainer::run_loss_plan(Inputs xs, const Tensor& y, PlanMode mode) {
 
 double Trainer::step(Inputs xs, const Tensor& y) {
   zero_grad();
-  double loss = run_loss_plan(xs, y, PlanMode::train_loss);
+  return finish_with_update(run_loss_plan(xs, y, PlanMode::train_loss), "Trainer.step");
+}
+
+double Trainer::finish_with_update(double loss, const char* who) {
   if (options_.skip_nonfinite && !std::isfinite(loss)) {
     ++skipped_;
     return loss;
   }
   if (options_.check_finite && !std::isfinite(loss))
-    throw_value_error("Trainer.step: loss is ", loss, "; parameters left unchanged");
+    throw_value_error(who, ": loss is ", loss, "; parameters left unchanged");
   update();
   return loss;
+}
+
+void Trainer::hold_inputs(Inputs xs, std::array<void*, kMaxInputs>& ptrs) {
+  pending_inputs_.resize(xs.size());
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    Tensor& held = pending_inputs_[i];
+    if (!held.defined() || held.shape() != xs[i].shape() || held.dtype() != xs[i].dtype())
+      held = Tensor(xs[i].shape(), xs[i].dtype());
+    held.copy_from(xs[i]);
+    ptrs[i] = held.data();
+  }
 }
 
 double Trainer::compute_gradients(Inputs xs, const Tensor& y) { return run_loss_plan(xs, y, PlanMode::train_loss); }
@@ -156,16 +167,8 @@ Tensor Trainer::forward(Inputs xs, bool input_grad) {
   for (const Tensor& x : xs) check_input(x, "input");
   if (options_.verify_parameters) verify_parameters();
   std::shared_ptr<const Plan> p = plan_for(PlanMode::train_seeded, xs, nullptr, input_grad);
-  // Keep private copies of the inputs: backward needs them, and the host may reuse its arrays.
-  pending_inputs_.resize(xs.size());
   std::array<void*, kMaxInputs> in_ptr{};
-  for (std::size_t i = 0; i < xs.size(); ++i) {
-    Tensor& held = pending_inputs_[i];
-    if (!held.defined() || held.shape() != xs[i].shape() || held.dtype() != xs[i].dtype())
-      held = Tensor(xs[i].shape(), xs[i].dtype());
-    held.copy_from(xs[i]);
-    in_ptr[i] = held.data();
-  }
+  hold_inputs(xs, in_ptr);  // backward needs them, and the host may reuse its arrays
   Bindings b{model_->flat_parameters().data(), std::span<void* const>(in_ptr.data(), xs.size()), {}, {}};
   end_tasked_step();
   p->run(ctx_, b, 0, p->forward_end);

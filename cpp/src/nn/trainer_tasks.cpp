@@ -49,16 +49,8 @@ const std::vector<StepTask>& Trainer::begin_step(Inputs xs, const Tensor& y, int
     ts.plan = p;
     ts.depth = depth;
   }
-  // Private copies of the batch: the host may reuse its arrays while tasks are pending.
   pending_.reset();
-  pending_inputs_.resize(xs.size());
-  for (std::size_t i = 0; i < xs.size(); ++i) {
-    Tensor& held = pending_inputs_[i];
-    if (!held.defined() || held.shape() != xs[i].shape() || held.dtype() != xs[i].dtype())
-      held = Tensor(xs[i].shape(), xs[i].dtype());
-    held.copy_from(xs[i]);
-    ts.inputs[i] = held.data();
-  }
+  hold_inputs(xs, ts.inputs);  // the host may reuse its arrays while tasks are pending
   ts.num_inputs = xs.size();
   if (!ts.target.defined() || ts.target.shape() != y.shape() || ts.target.dtype() != y.dtype())
     ts.target = Tensor(y.shape(), y.dtype());
@@ -96,22 +88,7 @@ void Trainer::run_task(int k) {
     throw;
   }
   // Each parameter gradient belongs to exactly one task, so concurrent tasks add disjoint ranges.
-  const std::size_t es = dtype_size(model_->dtype());
-  for (int g : t.param_grads) {
-    const auto& [offset, value] = ts.plan->param_grads[g];
-    const int64_t numel = shape_numel(ts.plan->graph.info(value).shape);
-    const void* src = ts.plan->address(ctx_, b, value);
-    void* dst = static_cast<char*>(model_->flat_gradients().data()) + offset;
-    if (es == 4) {
-      float* d = static_cast<float*>(dst);
-      const float* s = static_cast<const float*>(src);
-      for (int64_t i = 0; i < numel; ++i) d[i] += s[i];
-    } else {
-      double* d = static_cast<double*>(dst);
-      const double* s = static_cast<const double*>(src);
-      for (int64_t i = 0; i < numel; ++i) d[i] += s[i];
-    }
-  }
+  for (int g : t.param_grads) ts.plan->accumulate_param_grad(ctx_, b, g, model_->flat_gradients().data());
   ts.state[k].store(2, std::memory_order_release);
 }
 
@@ -128,18 +105,9 @@ double Trainer::finish_step() {
       throw_value_error("Trainer.finish_step: task ", k, " '", ts.tasks[k].name, "' has not run");
   ts.active = false;
   const Bindings b = ts.bindings(*model_);
-  const double loss = ts.plan->graph.info(ts.plan->loss).dtype == DType::f32
-                          ? *static_cast<const float*>(ts.plan->address(ctx_, b, ts.plan->loss))
-                          : *static_cast<const double*>(ts.plan->address(ctx_, b, ts.plan->loss));
+  const double loss = read_scalar(ts.plan->address(ctx_, b, ts.plan->loss), ts.plan->graph.info(ts.plan->loss).dtype);
   if (options_.verify_parameters) reseal_frozen();  // the forward updated running statistics
-  if (options_.skip_nonfinite && !std::isfinite(loss)) {
-    ++skipped_;
-    return loss;
-  }
-  if (options_.check_finite && !std::isfinite(loss))
-    throw_value_error("Trainer.finish_step: loss is ", loss, "; parameters left unchanged");
-  update();
-  return loss;
+  return finish_with_update(loss, "Trainer.finish_step");
 }
 
 void Trainer::end_tasked_step() {

@@ -9,6 +9,11 @@
 
 namespace treadle {
 
+// A float32 or float64 scalar (a loss) as double.
+inline double read_scalar(const void* p, DType dt) {
+  return dt == DType::f32 ? static_cast<double>(*static_cast<const float*>(p)) : *static_cast<const double*>(p);
+}
+
 struct Trainer::TaskedStep {
   std::shared_ptr<const Plan> plan;
   int depth = 0;
