@@ -10,9 +10,10 @@ namespace {
 
 std::atomic<Profiler*> g_profiler{nullptr};
 
-std::string format(const char* fmt, double a, double b, double c) {
+template <typename... Args>
+std::string format(const char* fmt, Args... args) {
   char buf[96];
-  std::snprintf(buf, sizeof buf, fmt, a, b, c);
+  std::snprintf(buf, sizeof buf, fmt, args...);
   return buf;
 }
 
@@ -50,15 +51,16 @@ std::string Profiler::report(std::size_t top) const {
   double total = 0;
   for (const NodeProfile& n : all) total += n.seconds;
   std::ostringstream os;
-  os << "treadle profile: " << all.size() << " nodes, " << format("%.3f ms of kernel time", total * 1e3, 0, 0)
+  os << "treadle profile: " << all.size() << " nodes, " << format("%.3f ms of kernel time", total * 1e3)
      << "\n";
   if (all.empty()) return os.str();
   const double share = total > 0 ? 100.0 / total : 0.0;
   os << "  share   total ms    calls   mean us  op [backend] pass module -> output\n";
   for (std::size_t i = 0; i < std::min(top, all.size()); ++i) {
     const NodeProfile& n = all[i];
-    os << format("  %5.1f%% %10.3f ", n.seconds * share, n.seconds * 1e3, 0) << format("%8.0f", double(n.calls), 0, 0)
-       << format(" %9.2f  ", n.seconds / double(n.calls) * 1e6, 0, 0) << n.op << " [" << n.backend << "] " << n.pass
+    os << format("  %5.1f%% %10.3f %8lld %9.2f  ", n.seconds * share, n.seconds * 1e3,
+                 static_cast<long long>(n.calls), n.seconds / double(n.calls) * 1e6)
+       << n.op << " [" << n.backend << "] " << n.pass
        << " " << (n.scope.empty() ? "<root>" : n.scope) << " -> " << shape_str(n.output_shape) << "\n";
   }
   // The same time by module and pass: a layer's forward and backward cost at a glance.
@@ -69,7 +71,7 @@ std::string Profiler::report(std::size_t top) const {
   std::stable_sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   os << "  by module:\n";
   for (std::size_t i = 0; i < std::min(top, rows.size()); ++i)
-    os << format("  %5.1f%% %10.3f  ", rows[i].first * share, rows[i].first * 1e3, 0) << rows[i].second << "\n";
+    os << format("  %5.1f%% %10.3f  ", rows[i].first * share, rows[i].first * 1e3) << rows[i].second << "\n";
   return os.str();
 }
 
