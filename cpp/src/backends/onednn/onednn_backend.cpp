@@ -14,33 +14,38 @@ class OnednnBackend final : public Backend {
  public:
   OnednnBackend() {
     const OpRegistry& reg = OpRegistry::instance();
-    for (auto entries : {matmul_entries(), eltwise_entries(), softmax_entries()})
-      for (const OpEntry& e : entries) plans_[reg.id(e.op)] = e.plan;
+    for (auto entries : {matmul_entries(), eltwise_entries(), softmax_entries(), conv_entries(), norm_entries(),
+                         pool_entries(), rnn_entries()})
+      for (const OpEntry& e : entries) entries_[reg.id(e.op)] = e;
   }
 
   const char* name() const override { return "onednn"; }
 
   // Takes a node when oneDNN has an optimised implementation for its op, dtype and shapes.
   KernelFn find(const Graph& g, const Node& node) const override {
-    auto it = plans_.find(node.op);
-    if (it == plans_.end()) return nullptr;
+    auto it = entries_.find(node.op);
+    if (it == entries_.end()) return nullptr;
     OmpSingleThread guard;
-    return it->second(g, node) ? &run_chunked : nullptr;
+    const OpEntry& e = it->second;
+    if (e.plan) return e.plan(g, node) ? &run_chunked : nullptr;
+    return e.accepts(g, node) ? e.kernel : nullptr;
   }
 
   PreparedNode prepare(const Graph& g, const Node& node) const override {
     OmpSingleThread guard;
-    std::optional<ChunkPlan> plan = plans_.at(node.op)(g, node);
-    if (!plan) throw_runtime_error("onednn: node ", op_name(node), " is no longer supported at prepare time");
+    const OpEntry& e = entries_.at(node.op);
     try {
+      if (e.prepare) return e.prepare(g, node);
+      std::optional<ChunkPlan> plan = e.plan(g, node);
+      if (!plan) throw_runtime_error("onednn: node ", op_name(node), " is no longer supported at prepare time");
       return make_prepared(*plan);
-    } catch (const dnnl::error& e) {
-      throw_runtime_error("onednn: creating the primitive for ", op_name(node), " failed: ", e.what());
+    } catch (const dnnl::error& err) {
+      throw_runtime_error("onednn: creating the primitive for ", op_name(node), " failed: ", err.what());
     }
   }
 
  private:
-  std::unordered_map<int, PlanFn> plans_;
+  std::unordered_map<int, OpEntry> entries_;
 };
 
 }  // namespace

@@ -181,15 +181,27 @@ void run_chunked(const KernelArgs& a);
 // Rounds `n` up to a multiple of `m`.
 inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
-// Each op family: whether it takes the node (returns the plan of its chunks) and its state.
+// Each op family: whether it takes the node and its state. A chunked family returns the plan of
+// its chunks (one primitive per chunk, run by run_chunked). A family whose chunks chain several
+// primitives (reorders into blocked layouts, reductions of partial results) gives its own
+// accepts / prepare / kernel instead; accepts and prepare run under OmpSingleThread.
 using PlanFn = std::optional<ChunkPlan> (*)(const Graph& g, const Node& node);
+using AcceptFn = bool (*)(const Graph& g, const Node& node);
+using PrepareFn = PreparedNode (*)(const Graph& g, const Node& node);
 struct OpEntry {
   std::string op;
-  PlanFn plan;
+  PlanFn plan = nullptr;
+  AcceptFn accepts = nullptr;
+  PrepareFn prepare = nullptr;
+  KernelFn kernel = nullptr;
 };
 std::vector<OpEntry> matmul_entries();
 std::vector<OpEntry> eltwise_entries();
 std::vector<OpEntry> softmax_entries();
+std::vector<OpEntry> conv_entries();
+std::vector<OpEntry> norm_entries();
+std::vector<OpEntry> pool_entries();
+std::vector<OpEntry> rnn_entries();
 
 // Shape and dtype of a node's operands.
 inline const Shape& in_shape(const Graph& g, const Node& n, int i) { return g.info(n.inputs.at(i)).shape; }
