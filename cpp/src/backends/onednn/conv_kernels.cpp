@@ -106,10 +106,29 @@ bool direct_impl(const dnnl::primitive_desc& pd) {
   return impl && (std::strncmp(impl, "jit", 3) == 0 || std::strncmp(impl, "brg", 3) == 0);
 }
 
-// Where oneDNN's blocked kernels beat Eigen, reorders included (docs/onednn.md, "Convolutions").
+// Where oneDNN's blocked kernels beat Eigen, reorders included: measured with bench/onednn_conv.py
+// (one core, CPU time; docs/onednn.md, "Convolutions"), Eigen time / oneDNN time in brackets.
+// Below ~2^16 multiply-adds a call's fixed costs decide (37-41K: 0.91-1.15; 98K: 1.16-1.18;
+// 295K: 1.8-2.3).
+constexpr int64_t kMinMacs = int64_t{1} << 16;
+
 bool worth_it(const ConvGeometry& g, ConvPass pass) {
-  (void)pass;
-  return g.batch * image_macs(g) >= (int64_t{1} << 17);
+  if (g.batch * image_macs(g) < kMinMacs) return false;
+  switch (pass) {
+    case ConvPass::forward:
+      // One input channel: oneDNN reads it in place, a tie (0.99, 1 -> 32 channels at 28x28). A
+      // pointwise convolution is one plain GEMM for Eigen, without im2col (0.91-1.24).
+      return g.channels > 1 && !g.pointwise();
+    case ConvPass::backward_data:
+      // A data gradient with few channels is blocked in 16s: mostly padding, and its reorder back
+      // dominates (0.21 at 1 channel, 0.40 at 2, 0.43 at 3, 0.68 at 4; 1.10 at 8).
+      return g.channels >= 8;
+    case ConvPass::backward_weight:
+      // With 4 to 7 input channels per group oneDNN falls back to its AVX2 kernel in 8-channel
+      // blocks (0.89 at 4 -> 16 channels); with 1-3 it reads the input in place (1.12-1.47).
+      return g.in_group() < 4 || g.in_group() >= 8;
+  }
+  return false;
 }
 
 // The pieces and the primitive descriptor of each piece size (full pieces, then the remainder).

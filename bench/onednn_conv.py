@@ -1,0 +1,217 @@
+"""oneDNN convolutions vs Eigen vs PyTorch: per-op times and the W4 CNN training step, 1 thread.
+
+    TREADLE_BUILD_DIR=$PWD/build/onednn PYTHONPATH=$PWD/python python bench/onednn_conv.py [--min-time 0.5]
+        [--problems NAME,...] [--no-w4]
+
+Per op, for each problem (a convolution layer's geometry and batch), median CPU time of the calling
+thread per call, in alternating rounds (all runners see the same machine noise; treadle starts no
+threads and torch runs with set_num_threads(1), so every runner computes on the calling thread):
+  forward          treadle: predict of the Conv layer (the "conv" node, bias fused); torch: F.convNd
+  backward data    treadle: predict of a bias-free ConvTranspose layer with the same geometry, which
+                   is exactly the "conv_backward_data" node; torch: aten.convolution_backward (input)
+  backward weight  treadle: a training step of the bias-free Conv layer (forward, MSE loss, weight
+                   gradient, SGD) minus its forward; the loss and the update are elementwise passes
+                   (a few % of the step, the same on both backends); torch: aten.convolution_backward
+                   (weight)
+treadle "onednn" is the layer pinned to oneDNN: it shows whether the backend takes the node (a node
+it declines runs on Eigen, marked "(eigen)"). Before timing,
+the three implementations' results must agree (1e-4 of the tensor's scale). Then the W4 training
+step (bench/workloads.py) on both backends and torch, timed the same way (bench/onednn_mlp.py).
+Writes bench/results/onednn_conv.{json,md} and prints the tables.
+"""
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+here = Path(__file__).resolve().parent
+try:
+    import treadle as tl
+except ImportError:
+    sys.path.insert(0, str(here.parent / "python"))
+    import treadle as tl
+import treadle.bench as tb  # noqa: E402
+
+sys.path.insert(0, str(here))
+import onednn_mlp  # noqa: E402
+import workloads  # noqa: E402
+
+# name: (batch, in channels, out channels, spatial size, kernel, stride, padding, groups)
+PROBLEMS = {
+    "w4-conv1": (64, 1, 32, (28, 28), 3, 1, 1, 1),
+    "w4-conv2": (64, 32, 64, (14, 14), 3, 1, 1, 1),
+    "rgb-3-16-32x32": (32, 3, 16, (32, 32), 3, 1, 1, 1),
+    "8-8-8x8": (16, 8, 8, (8, 8), 3, 1, 1, 1),
+    "16-16-16x16": (32, 16, 16, (16, 16), 3, 1, 1, 1),
+    "64-64-32x32": (32, 64, 64, (32, 32), 3, 1, 1, 1),
+    "128-128-8x8": (32, 128, 128, (8, 8), 3, 1, 1, 1),
+    "32-64-28x28-s2": (32, 32, 64, (28, 28), 3, 2, 1, 1),
+    "64-64-1x1": (32, 64, 64, (14, 14), 1, 1, 0, 1),
+    "64-64-g4": (32, 64, 64, (14, 14), 3, 1, 1, 4),
+    "dw32-28x28": (32, 32, 32, (28, 28), 3, 1, 1, 32),
+    "1d-16-32-k5-L256": (32, 16, 32, (256,), 5, 1, 2, 1),
+    "1d-64-64-k3-L128": (32, 64, 64, (128,), 3, 1, 1, 1),
+    "1d-4-8-k3-L64": (16, 4, 8, (64,), 3, 1, 1, 1),
+    "3d-16-32-8x16x16": (4, 16, 32, (8, 16, 16), 3, 1, 1, 1),
+    "3d-4-8-8x8x8": (4, 4, 8, (8, 8, 8), 3, 1, 1, 1),
+    "small-4-4-8x8-b4": (4, 4, 4, (8, 8), 3, 1, 1, 1),
+    "small-8-8-6x6-b2": (2, 8, 8, (6, 6), 3, 1, 1, 1),
+    "small-16-16-8x8-b2": (2, 16, 16, (8, 8), 3, 1, 1, 1),
+    "2-16-28x28": (32, 2, 16, (28, 28), 3, 1, 1, 1),
+    "4-16-28x28": (32, 4, 16, (28, 28), 3, 1, 1, 1),
+    "128-256-1x1-8x8": (32, 128, 256, (8, 8), 1, 1, 0, 1),
+    "32-32-1x1-28x28": (32, 32, 32, (28, 28), 1, 1, 0, 1),
+}
+AGREE = 1e-4
+
+
+def _layers(tl_or_torch_nn, nd, transpose):
+    names = {1: "1d", 2: "2d", 3: "3d"}
+    return getattr(tl_or_torch_nn, ("ConvTranspose" if transpose else "Conv") + names[nd])
+
+
+def _torch_ops(torch, p, x, w, b):
+    batch, cin, cout, size, k, stride, pad, groups = p
+    nd = len(size)
+    conv = getattr(torch.nn.functional, f"conv{nd}d")
+    tx, tw, tb_ = (torch.from_numpy(a) for a in (x, w, b))
+    ty = conv(tx, tw, tb_, stride, pad, 1, groups)
+    gy = torch.from_numpy(np.random.default_rng(1).standard_normal(tuple(ty.shape)).astype(np.float32))
+    args = ([stride] * nd, [pad] * nd, [1] * nd, False, [0] * nd, groups)
+
+    def backward(mask):
+        return torch.ops.aten.convolution_backward(gy, tx, tw, None, *args, mask)
+
+    return {"forward": lambda: conv(tx, tw, tb_, stride, pad, 1, groups),
+            "backward_data": lambda: backward([True, False, False])[0],
+            "backward_weight": lambda: backward([False, True, False])[1]}, gy.numpy()
+
+
+def _treadle_runners(p, x, w, b, gy, backend):
+    batch, cin, cout, size, k, stride, pad, groups = p
+    nd = len(size)
+    conv = _layers(tl.nn, nd, False)(cin, cout, k, stride=stride, padding=pad, groups=groups)
+    conv.load_state_dict({"weight": w, "bias": b})
+    conv.set_backend(backend)
+    # ConvTranspose(cout -> cin) with the same weights is the data gradient of the convolution.
+    out_pad = [s - ((o - 1) * stride - 2 * pad + k) for s, o in zip(size, gy.shape[2:])]
+    tconv = _layers(tl.nn, nd, True)(cout, cin, k, stride=stride, padding=pad, output_padding=out_pad,
+                                     groups=groups, bias=False)
+    tconv.load_state_dict({"weight": w})
+    tconv.set_backend(backend)
+    wconv = _layers(tl.nn, nd, False)(cin, cout, k, stride=stride, padding=pad, groups=groups, bias=False)
+    wconv.load_state_dict({"weight": w})
+    wconv.set_backend(backend)
+    trainer = tl.Trainer(wconv, tl.loss.MSE(), tl.optim.SGD(lr=0.0))
+    target = np.zeros_like(gy)
+    y_out, dx_out = np.empty_like(gy), np.empty_like(x)
+    return {"forward": lambda: conv.predict(x, out=y_out),
+            "backward_data": lambda: tconv.predict(gy, out=dx_out),
+            "step": lambda: trainer.step(x, target),
+            "forward_nobias": lambda: wconv.predict(x, out=y_out)}, (conv, tconv, trainer)
+
+
+def _taken(model_or_trainer):
+    model = model_or_trainer.model if hasattr(model_or_trainer, "model") else model_or_trainer
+    plans = model._compiled().describe_plans()
+    return {line.split()[1]: line.split()[2].strip("[]") for line in plans.splitlines()
+            if line.split()[1].startswith("conv")}
+
+
+def _check(name, p, x, w, b, gy, torch_ops, runners):
+    """The forward and data gradient of both backends agree with torch (scale-relative)."""
+    ref_y, ref_dx = torch_ops["forward"]().numpy(), torch_ops["backward_data"]().numpy()
+    for backend, r in runners.items():
+        for what, got, ref in (("forward", r["forward"](), ref_y), ("backward data", r["backward_data"](), ref_dx)):
+            err = float(np.max(np.abs(got - ref))) / max(1.0, float(np.max(np.abs(ref))))
+            if err > AGREE:
+                raise SystemExit(f"{name}: {backend} {what} differs from torch by {err:.2e}")
+
+
+def bench_problem(torch, name, p, min_time):
+    batch, cin, cout, size, k, stride, pad, groups = p
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, cin) + tuple(size)).astype(np.float32)
+    w = (rng.standard_normal((cout, cin // groups) + (k,) * len(size)) / np.sqrt(cin // groups * k ** len(size)))
+    w, b = w.astype(np.float32), rng.standard_normal(cout).astype(np.float32)
+    torch_ops, gy = _torch_ops(torch, p, x, w, b)
+    runners, keep = {}, {}
+    for backend in ("eigen", "onednn"):
+        runners[backend], keep[backend] = _treadle_runners(p, x, w, b, gy, backend)
+    _check(name, p, x, w, b, gy, torch_ops, runners)
+    for r in runners.values():
+        r["step"]()
+    taken = {}
+    for model in keep["onednn"]:
+        taken.update(_taken(model))
+
+    def loop(f):
+        return lambda n: [f() for _ in range(n)]
+
+    timers = {f"{be}:{what}": loop(r[what]) for be, r in runners.items() for what in r}
+    timers.update({f"torch:{what}": loop(f) for what, f in torch_ops.items()})
+    t = onednn_mlp.time_alternating(timers, min_time)
+    us = {key: v["cpu_s"] * 1e6 for key, v in t.items()}
+    row = {"problem": name, "geometry": dict(zip(["batch", "in", "out", "size", "kernel", "stride", "padding",
+                                                   "groups"], p)),
+           "macs": int(batch * cout * np.prod(gy.shape[2:]) * (cin // groups) * k ** len(size)), "taken": taken}
+    for be in ("eigen", "onednn"):
+        row[be] = {"forward": us[f"{be}:forward"], "backward_data": us[f"{be}:backward_data"],
+                   "backward_weight": us[f"{be}:step"] - us[f"{be}:forward_nobias"]}
+    row["torch"] = {what: us[f"torch:{what}"] for what in torch_ops}
+    return row
+
+
+def op_table(rows):
+    lines = ["Per op, us (median CPU time, 1 thread): eigen / onednn / torch, and eigen / onednn "
+             "(> 1: oneDNN faster; '(eigen)': the backend declined the node).", "",
+             "| problem | MMAC | forward | fwd x | backward data | bwd data x | backward weight | bwd weight x |",
+             "|---|---|---|---|---|---|---|---|"]
+    ops = (("forward", "conv"), ("backward_data", "conv_backward_data"), ("backward_weight", "conv_backward_weight"))
+    for r in rows:
+        cells = []
+        for what, op in ops:
+            e, o, t = r["eigen"][what], r["onednn"][what], r["torch"][what]
+            mark = "" if r["taken"].get(op) == "onednn" else " (eigen)"
+            cells += [f"{e:.0f} / {o:.0f}{mark} / {t:.0f}", f"{e / o:.2f}"]
+        lines.append(f"| {r['problem']} | {r['macs'] / 1e6:.1f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--min-time", type=float, default=0.5, help="seconds of timed calls per runner")
+    ap.add_argument("--problems", default=",".join(PROBLEMS))
+    ap.add_argument("--no-w4", action="store_true", help="skip the W4 training step")
+    ap.add_argument("--out", default=str(here / "results"))
+    args = ap.parse_args(argv)
+    if "onednn" not in tl.backends():
+        print("treadle was built without oneDNN (TREADLE_WITH_ONEDNN=ON); nothing to compare", file=sys.stderr)
+        return 2
+    import torch
+    torch.set_num_threads(1)
+    rows = []
+    for name in args.problems.split(","):
+        rows.append(bench_problem(torch, name, PROBLEMS[name], args.min_time))
+        print(op_table(rows[-1:]).splitlines()[-1], flush=True)
+    tables = [op_table(rows)]
+    w4 = []
+    if not args.no_w4:
+        w4 = [onednn_mlp.bench(w, torch, 2 * args.min_time) for w in workloads.all_workloads() if w.name == "W4"]
+        tables.append(onednn_mlp.markdown(w4))
+    conditions = (f"Conditions: {tb.machine_info()}, 1 thread (torch.set_num_threads(1)), "
+                  f"load average {os.getloadavg()[0]:.1f}.")
+    text = "\n\n".join(tables + [conditions])
+    print(text)
+    os.makedirs(args.out, exist_ok=True)
+    result = {"machine": tb.machine_info(), "loadavg": os.getloadavg()[0], "ops": rows, "w4": w4}
+    Path(args.out, "onednn_conv.json").write_text(json.dumps(result, indent=1, default=str))
+    Path(args.out, "onednn_conv.md").write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""oneDNN convolutions in blocked layouts: every convolution op the backend takes (forward with
+fused bias, backward data = transposed convolution, backward weights), cross-checked against Eigen
+float32 and the float64 reference on fresh random inputs; which nodes it takes and which it leaves
+to Eigen; results bitwise independent of the number of workers and of concurrent contexts; a CNN's
+training curve equal to Eigen's. The parameterised op suite (tests/test_conv.py) also runs on
+"onednn" through opcheck.BACKENDS.
+
+Skipped when treadle was built without oneDNN (TREADLE_WITH_ONEDNN=OFF, the default wheel).
+"""
+import numpy as np
+import pytest
+
+import treadle as tl
+from opcheck import assert_concurrent_predictions_bitwise, run
+
+pytestmark = pytest.mark.skipif("onednn" not in tl.backends(),
+                                reason="treadle was built without oneDNN (TREADLE_WITH_ONEDNN=OFF)")
+
+F32 = np.float32
+GRADS = ("conv_backward_data", "conv_backward_weight")
+
+
+def randn(rng, *shape):
+    return rng.standard_normal(shape).astype(F32)
+
+
+# (id, op, input shapes, attrs, {op: backend} expected in the forward + backward plan). Batches are
+# not multiples of the backend's piece size (a remainder piece), and the weight gradient of most
+# cases is summed over several pieces.
+CASES = [
+    ("2d-bias", "conv", [(7, 32, 14, 14), (64, 32, 3, 3), (64,)], {"padding": [1]}, None),
+    # one input channel: the forward ties with Eigen, the data gradient is slower blocked
+    ("2d-first-layer", "conv", [(9, 1, 28, 28), (32, 1, 3, 3), (32,)], {"padding": [1]},
+     {"conv": "eigen", "conv_backward_data": "eigen"}),
+    ("2d-rgb", "conv", [(5, 3, 20, 20), (16, 3, 3, 3), (16,)], {"padding": [1]}, {"conv_backward_data": "eigen"}),
+    # 4 input channels: oneDNN's weight gradient falls back to a slower AVX2 kernel
+    ("2d-4-channels", "conv", [(6, 4, 16, 16), (16, 4, 3, 3)], {"padding": [1]},
+     {"conv_backward_data": "eigen", "conv_backward_weight": "eigen"}),
+    ("2d-small", "conv", [(2, 16, 8, 8), (16, 16, 3, 3)], {"padding": [1]}, None),
+    ("2d-tiny", "conv", [(2, 4, 6, 6), (4, 4, 3, 3)], {"padding": [1]},
+     {"conv": "eigen", "conv_backward_data": "eigen", "conv_backward_weight": "eigen"}),
+    ("2d-stride-dilation-asym", "conv", [(5, 16, 21, 18), (32, 16, 3, 3)],
+     {"stride": [2, 1], "dilation": [2], "padding": [2, 1], "padding_end": [1, 2]},
+     # oneDNN 3.2 has only im2col + GEMM for the gradients of a strided, dilated convolution
+     {"conv_backward_data": "eigen", "conv_backward_weight": "eigen"}),
+    # pointwise: one GEMM for Eigen in the forward direction
+    ("2d-1x1", "conv", [(6, 64, 14, 14), (64, 64, 1, 1), (64,)], {}, {"conv": "eigen"}),
+    ("2d-depthwise", "conv", [(5, 32, 14, 14), (32, 1, 3, 3)], {"padding": [1], "groups": 32}, None),
+    ("2d-groups", "conv", [(5, 32, 12, 12), (64, 8, 3, 3), (64,)], {"padding": [1], "groups": 4}, None),
+    ("1d", "conv", [(6, 16, 100), (32, 16, 5), (32,)], {"padding": [2], "stride": [2]}, None),
+    ("1d-same", "conv", [(11, 64, 64), (64, 64, 3)], {"padding": [1]}, None),
+    ("3d", "conv", [(3, 16, 6, 10, 10), (16, 16, 3, 3, 3), (16,)], {"padding": [1]}, None),
+    ("transpose2d-bias", "conv_backward_data", [(6, 32, 10, 10), (32, 16, 4, 4), (16,)],
+     {"stride": [2], "padding": [1], "input_size": [20, 20]}, None),
+    ("transpose1d", "conv_backward_data", [(5, 32, 40), (32, 16, 3)],
+     {"stride": [2], "padding": [1], "padding_end": [0], "input_size": [80]}, None),
+]
+IDS = [c[0] for c in CASES]
+
+
+def inputs_for(shapes, rng):
+    return [randn(rng, *s) for s in shapes]
+
+
+def grads_for(op, inputs, attrs, rng):
+    (y,), _ = run(op, inputs, attrs, None, "eigen")
+    return [randn(rng, *y.shape)]
+
+
+def assert_close_f32(got, ref, what):
+    """float32 at ~1e-5 relative, measured against the tensor's scale (sums of products cancel)."""
+    scale = max(1.0, float(np.max(np.abs(ref))))
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * scale, err_msg=what)
+
+
+def backends_by_op(plan_text):
+    """{op: set of backends} from a plan description ("<node> <op> [<backend>] -> shape")."""
+    found = {}
+    for line in plan_text.splitlines():
+        parts = line.split()
+        found.setdefault(parts[1], set()).add(parts[2].strip("[]"))
+    return found
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_matches_eigen_and_float64_reference(case):
+    name, op, shapes, attrs, _ = case
+    seed = int(np.random.SeedSequence().entropy % 2**63)  # fresh inputs on every run, named on failure
+    rng = np.random.default_rng(seed)
+    x = inputs_for(shapes, rng)
+    gy = grads_for(op, x, attrs, rng)
+    outs, grads = run(op, x, attrs, gy, "onednn")
+    e_outs, e_grads = run(op, x, attrs, gy, "eigen")
+    r_outs, r_grads = run(op, [a.astype(np.float64) for a in x], attrs, [g.astype(np.float64) for g in gy], "eigen")
+    for got, eig, ref, what in zip(outs + grads, e_outs + e_grads, r_outs + r_grads,
+                                   ["output"] + [f"gradient {i}" for i in range(len(grads))]):
+        assert got.dtype == F32
+        assert_close_f32(got, eig, f"{name} (seed {seed}): {what} vs Eigen float32")
+        assert_close_f32(got, ref, f"{name} (seed {seed}): {what} vs the float64 reference")
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_backend_takes_the_convolution_and_its_gradients(case):
+    name, op, shapes, attrs, expected = case
+    rng = np.random.default_rng(0)
+    x = inputs_for(shapes, rng)
+    plan = tl._core.describe_op(op, x, attrs, grads_for(op, x, attrs, rng), "onednn")
+    found = backends_by_op(plan)
+    for conv_op in ("conv",) + GRADS:
+        want = (expected or {}).get(conv_op, "onednn")
+        assert found[conv_op] == {want}, f"{name}: {conv_op}\n{plan}"
+    if len(shapes) == 3:  # the bias gradient is a reduction at memory speed
+        assert found["conv_backward_bias"] == {"eigen"}, plan
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_results_do_not_depend_on_the_workers(case):
+    name, op, shapes, attrs, _ = case
+    rng = np.random.default_rng(1)
+    x = inputs_for(shapes, rng)
+    gy = grads_for(op, x, attrs, rng)
+    serial = run(op, x, attrs, gy, "onednn")
+    for workers in (2, 3, 7):
+        chunked = tl._core.run_op(op, x, attrs, gy, "onednn", True, 0, workers)
+        for a, b in zip(serial[0] + serial[1], chunked[0] + chunked[1]):
+            np.testing.assert_array_equal(a, b, err_msg=f"{name}: workers={workers}")
+
+
+DECLINED = [
+    # a transposed convolution whose output_padding >= stride: negative end padding in the forward view
+    ("negative-end-padding", "conv_backward_data", [(4, 32, 10, 10), (32, 16, 3, 3)],
+     {"stride": [2], "padding": [0], "padding_end": [-2], "input_size": [23, 23]}),
+    ("float64", "conv", [(7, 32, 14, 14), (64, 32, 3, 3)], {"padding": [1]}),
+]
+
+
+@pytest.mark.parametrize("case", DECLINED, ids=[c[0] for c in DECLINED])
+def test_declined_nodes_run_on_eigen(case):
+    name, op, shapes, attrs = case
+    rng = np.random.default_rng(2)
+    x = inputs_for(shapes, rng)
+    if name == "float64":
+        x = [a.astype(np.float64) for a in x]
+    assert backends_by_op(tl._core.describe_op(op, x, attrs, None, "onednn"))[op] == {"eigen"}
+    (y,), _ = run(op, x, attrs, None, "onednn")
+    (y_eigen,), _ = run(op, x, attrs, None, "eigen")
+    np.testing.assert_array_equal(y, y_eigen)
+
+
+def _cnn(seed):
+    tl.manual_seed(seed)
+    nn = tl.nn
+    return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Linear(32 * 7 * 7, 10))
+
+
+def test_cnn_training_curve_matches_eigen():
+    rng = np.random.default_rng(0)
+    x, y = randn(rng, 96, 1, 28, 28), rng.integers(0, 10, 96)
+    losses = {}
+    for backend in ("onednn", "eigen"):
+        net = _cnn(3)
+        net.set_backend(backend)
+        trainer = tl.Trainer(net, tl.loss.CrossEntropy(), tl.optim.Adam(lr=2e-3))
+        losses[backend] = [trainer.fit(x, y, epochs=1, batch_size=32, shuffle=False)["loss"][-1] for _ in range(8)]
+        if backend == "onednn":
+            # the first layer's forward (one input channel) stays on Eigen, the rest runs on oneDNN
+            found = backends_by_op(net._compiled().describe_plans())
+            assert found["conv"] == {"eigen", "onednn"}, found
+            assert found["conv_backward_weight"] == {"onednn"} and found["conv_backward_data"] == {"onednn"}, found
+    np.testing.assert_allclose(losses["onednn"], losses["eigen"], rtol=1e-4)
+    assert losses["onednn"][-1] < 0.7 * losses["onednn"][0]
+
+
+def test_training_on_a_host_pool_is_bitwise_serial():
+    """The host's workers run pieces concurrently (and sum weight gradients); results equal serial."""
+    import concurrent.futures
+
+    rng = np.random.default_rng(4)
+    x, y = randn(rng, 40, 1, 28, 28), rng.integers(0, 10, 40)
+    weights = []
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        for executor in (None, tl.PoolExecutor(pool, 3)):
+            net = _cnn(2)
+            net.set_backend("onednn")
+            trainer = tl.Trainer(net, tl.loss.CrossEntropy(), tl.optim.Adam(lr=1e-3), executor=executor)
+            for _ in range(3):
+                trainer.step(x, y)
+            weights.append(net.flat_parameters().copy())
+    np.testing.assert_array_equal(weights[0], weights[1])
+
+
+def test_concurrent_predictions_on_shared_primitives_are_bitwise_serial():
+    """Plans (primitives, weight reorders) are shared by threads with their own contexts."""
+    rng = np.random.default_rng(5)
+    net = _cnn(1)
+    net.set_backend("onednn")
+    assert_concurrent_predictions_bitwise(net, [randn(rng, 13, 1, 28, 28) for _ in range(6)], repeats=4)
+    assert "conv [onednn]" in net._compiled().describe_plans()
