@@ -7,6 +7,12 @@ training curve equal to Eigen's. The parameterised op suite (tests/test_conv.py)
 
 Skipped when treadle was built without oneDNN (TREADLE_WITH_ONEDNN=OFF, the default wheel).
 """
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 
@@ -198,3 +204,49 @@ def test_concurrent_predictions_on_shared_primitives_are_bitwise_serial():
     net.set_backend("onednn")
     assert_concurrent_predictions_bitwise(net, [randn(rng, 13, 1, 28, 28) for _ in range(6)], repeats=4)
     assert "conv [onednn]" in net._compiled().describe_plans()
+
+
+_CNN_STEPS = """
+    import json, os
+    import numpy as np
+    import treadle as tl
+
+    def threads():
+        return len(os.listdir("/proc/self/task"))
+
+    tl.manual_seed(0)
+    nn = tl.nn
+    net = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
+                        nn.Flatten(), nn.Linear(32 * 12 * 12, 5))
+    trainer = tl.Trainer(net, tl.loss.CrossEntropy(), tl.optim.SGD(lr=0.01))
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((37, 1, 12, 12)).astype(np.float32), rng.integers(0, 5, 37)
+    start, during = threads(), set()
+    for i in range(4):
+        print("STEP", i, flush=True)
+        trainer.step(x, y)
+        during.add(threads())
+    print("RESULT", json.dumps({"start": start, "during": sorted(during),
+                                "plans": net._compiled().describe_plans()}), flush=True)
+"""
+
+
+def test_cnn_steps_create_no_primitive_and_start_no_thread():
+    """Primitives and reorders are created when the plan is built; with OMP_NUM_THREADS=4 libgomp
+    would start workers on the first parallel region, the guard keeps every call at one thread."""
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(tl.__file__)))
+    env = dict(os.environ, ONEDNN_VERBOSE="2", OMP_NUM_THREADS="4")
+    env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_CNN_STEPS)], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    sections = proc.stdout.split("STEP ")[1:]
+    result = json.loads(sections[-1].split("RESULT ", 1)[1])
+    sections[-1] = sections[-1].split("RESULT ", 1)[0]
+    creates = [s.count("onednn_verbose,create") for s in sections]
+    conv_execs = [sum(line.startswith("onednn_verbose,exec") and ",convolution," in line for line in s.splitlines())
+                  for s in sections]
+    assert creates[0] > 0 and creates[1:] == [0, 0, 0], creates
+    assert min(conv_execs) > 0 and len(set(conv_execs)) == 1, conv_execs
+    assert result["during"] == [result["start"]], result
+    assert "conv_backward_weight [onednn]" in result["plans"], result["plans"]
