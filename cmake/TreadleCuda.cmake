@@ -6,6 +6,7 @@
 #
 # Include at file scope, in the highest directory whose targets use CUDA: enable_language() may not
 # run inside a function. Defines
+#   treadle_cuda_libs               INTERFACE target: the libraries to link, nothing else
 #   treadle_cuda_deps               INTERFACE target: headers, libraries, TREADLE_WITH_CUDA
 #   TREADLE_CUDA_RPATH              the directories of the shared libraries found (for INSTALL_RPATH)
 #   treadle_add_cuda_library(name src_root include_root)
@@ -79,12 +80,17 @@ endforeach()
 list(REMOVE_DUPLICATES TREADLE_CUDA_RPATH)
 
 if(NOT TARGET treadle_cuda_deps)
+  # Link-only: what libtreadle needs from the NVIDIA libraries without changing how its other sources
+  # compile (no include paths, no definitions), so those stay ccache hits of a CPU-only build.
+  # The runtime statically: only the driver (libcuda.so.1, loaded at first use) is needed at run time.
+  add_library(treadle_cuda_libs INTERFACE)
+  target_link_libraries(treadle_cuda_libs INTERFACE $<LINK_ONLY:CUDA::cudart_static>
+    ${TREADLE_CUBLASLT_LIBRARY} ${TREADLE_CUBLAS_LIBRARY} ${TREADLE_CUDNN_LIBRARY})
+  # What the CUDA sources compile with.
   add_library(treadle_cuda_deps INTERFACE)
   target_include_directories(treadle_cuda_deps SYSTEM INTERFACE
     ${TREADLE_CUBLAS_INCLUDE_DIR} ${TREADLE_CUDNN_INCLUDE_DIR} ${CUDAToolkit_INCLUDE_DIRS})
-  # The runtime statically: only the driver (libcuda.so.1, loaded at first use) is needed at run time.
-  target_link_libraries(treadle_cuda_deps INTERFACE CUDA::cudart_static
-    ${TREADLE_CUBLASLT_LIBRARY} ${TREADLE_CUBLAS_LIBRARY} ${TREADLE_CUDNN_LIBRARY})
+  target_link_libraries(treadle_cuda_deps INTERFACE treadle_cuda_libs)
   target_compile_definitions(treadle_cuda_deps INTERFACE TREADLE_WITH_CUDA)
 endif()
 message(STATUS "treadle: CUDA ${CUDAToolkit_VERSION} (${CMAKE_CUDA_COMPILER}), architectures "
@@ -92,6 +98,7 @@ message(STATUS "treadle: CUDA ${CUDAToolkit_VERSION} (${CMAKE_CUDA_COMPILER}), a
 
 # The backend's own sources as an OBJECT library: every object goes into libtreadle (a static
 # library would drop objects nothing references yet) and the same objects into the test program.
+# Its sources see TREADLE_WITH_CUDA and the CUDA headers; consumers that link the target get them too.
 function(treadle_add_cuda_library name src_root include_root)
   file(GLOB _srcs CONFIGURE_DEPENDS ${src_root}/backends/cuda/*.cu ${src_root}/backends/cuda/*.cpp)
   add_library(${name} OBJECT ${_srcs})
