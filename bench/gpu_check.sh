@@ -74,7 +74,7 @@ else
 fi
 
 # ---- 3. our timings
-if timeout 120 "$EXE" --bench --json "$OUT_DIR/bench.json" >>"$LOG" 2>&1; then
+if timeout 120 "$EXE" --bench --json "$OUT_DIR/bench.json" >>"$LOG" 2>&1 && [ -s "$OUT_DIR/bench.json" ]; then
   say "PASS bench: $(grep -c '"name"' "$OUT_DIR/bench.json") kernels timed (bench.json)"
 else
   say "FAIL bench (see gpu_check.log)"
