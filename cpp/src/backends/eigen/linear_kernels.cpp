@@ -4,6 +4,8 @@
 #include "backends/eigen/bf16_operands.hpp"
 #include "backends/eigen/eigen_backend.hpp"
 #include "backends/eigen/eigen_common.hpp"
+#include "backends/eigen/transcendental.hpp"
+#include "ops/fusion.hpp"
 
 namespace treadle {
 namespace {
@@ -15,6 +17,30 @@ int64_t row_grain(int64_t flops_per_row) {
   return std::max<int64_t>(128, (1 << 16) / std::max<int64_t>(1, flops_per_row));
 }
 
+enum class Epilogue { none, relu, tanh, sigmoid };
+
+Epilogue epilogue_of(const Attrs& attrs) {
+  const std::string& act = fused_activation(attrs);
+  if (act.empty()) return Epilogue::none;
+  return act == "relu" ? Epilogue::relu : act == "tanh" ? Epilogue::tanh : Epilogue::sigmoid;
+}
+
+// A fused activation over a block of output rows while it is in cache; the same element functions
+// as the activation kernels, so the fused result is bitwise the unfused one.
+template <typename T>
+void apply_epilogue(Epilogue e, T* y, int64_t n) {
+  switch (e) {
+    case Epilogue::none: return;
+    case Epilogue::relu: {
+      VecMap<T> v(y, n);
+      v = (v < T(0)).select(T(0), v);
+      return;
+    }
+    case Epilogue::tanh: tanh_to(y, y, n); return;
+    case Epilogue::sigmoid: sigmoid_to(y, y, n); return;
+  }
+}
+
 template <typename T>
 void linear_kernel(const KernelArgs& a) {
   const TensorRef &x = a.in[0], &w = a.in[1], &y = a.out[0];
@@ -23,11 +49,13 @@ void linear_kernel(const KernelArgs& a) {
   std::tie(px, pw) = product_operands<T>(a);
   ConstMapR<T> W(pw, out, in);
   const T* b = a.num_in == 3 ? a.in[2].ptr<T>() : nullptr;
+  const Epilogue epilogue = epilogue_of(a.attrs());
   parallel_chunks(a.exec, rows, row_grain(in * out), [&](int64_t r0, int64_t r1) {
     ConstMapR<T> X(px + r0 * in, r1 - r0, in);
     MapR<T> Y(y.ptr<T>() + r0 * out, r1 - r0, out);
     Y.noalias() = X * W.transpose();
     if (b) Y.rowwise() += Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(b, out);
+    apply_epilogue(epilogue, Y.data(), (r1 - r0) * out);
   });
 }
 
