@@ -159,3 +159,35 @@ def test_bad_activation_attributes_are_refused():
         run("linear", xs, {"activation": "gelu"})
     with pytest.raises(TypeError, match="linear: attribute 'activation' must be a string"):
         run("linear", xs, {"activation": 1})
+
+
+def test_fusion_can_be_turned_off_per_model():
+    tl.manual_seed(11)
+    net = tl.nn.Sequential(tl.nn.Linear(12, 32), tl.nn.ReLU(), tl.nn.Linear(32, 32), tl.nn.Tanh(),
+                           tl.nn.Linear(32, 3))
+    x = np.random.default_rng(12).standard_normal((16, 12)).astype(np.float32)
+    assert net.fusion
+    fused = net.predict(x)
+    net.fusion = False
+    assert not net.fusion
+    plain = net.predict(x)
+    ops = [op for op, _, _ in steps(net)]
+    assert ops == ["linear", "relu", "linear", "tanh", "linear"]
+    np.testing.assert_allclose(fused, plain, rtol=1e-6, atol=1e-7)
+    net.fusion = True
+    np.testing.assert_array_equal(net.predict(x), fused)
+    assert "fused_activation" in [op for op, _, _ in steps(net)]
+
+
+def test_unfused_anomaly_mode_sees_a_saturated_pre_activation():
+    """An Inf pre-activation that tanh saturates to 1 is inside the fused node; unfused, anomaly mode
+    names the linear that produced it."""
+    tl.manual_seed(13)
+    net = tl.nn.Sequential(tl.nn.Linear(4, 8), tl.nn.Tanh(), tl.nn.Linear(8, 2))
+    net.fusion = False
+    trainer = tl.Trainer(net, tl.loss.MSE(), tl.optim.SGD(lr=0.1))
+    trainer.detect_anomaly = True
+    net.flat_parameters()[0] = np.inf
+    x = np.ones((3, 4), np.float32)
+    with pytest.raises(ValueError, match=r"check_numerics: node \d+ 'linear' in module '0' \(forward pass\) produced"):
+        trainer.step(x, np.zeros((3, 2), np.float32))
