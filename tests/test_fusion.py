@@ -66,6 +66,48 @@ def test_fused_equals_linear_then_activation(backend, act):
         np.testing.assert_allclose(fused, unfused, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("act", ACTIVATIONS)
+def test_fused_conv_gradcheck_float64(act):
+    rng = np.random.default_rng(14)
+    xs = [rng.standard_normal((2, 3, 6, 5)), rng.standard_normal((4, 3, 3, 3)) / 5, rng.standard_normal(4)]
+    gradcheck("conv", xs, {"padding": [1, 1], "activation": act})
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("act", ACTIVATIONS)
+@pytest.mark.parametrize("groups", [1, 2])
+def test_fused_conv_matches_torch(backend, act, groups):
+    import torch
+
+    rng = np.random.default_rng(15)
+    xs = [rng.standard_normal((8, 4, 12, 10)), rng.standard_normal((6, 4 // groups, 3, 3)) / 4,
+          rng.standard_normal(6)]
+    xs = [x.astype(np.float32) for x in xs]
+    gy = rng.standard_normal((8, 6, 12, 10)).astype(np.float32)
+    attrs = {"padding": [1, 1], "groups": groups, "activation": act}
+    (y,), grads = run("conv", xs, attrs, [gy], backend)
+    fn = getattr(torch, act)
+    (ty,), tgrads = torch_grads(lambda x, w, b: fn(torch.nn.functional.conv2d(x, w, b, padding=1, groups=groups)),
+                                xs, [gy], [0, 1, 2])
+    for i, (got, ref) in enumerate([(y, ty)] + [(grads[i], tgrads[i]) for i in range(3)]):
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max(), err_msg=f"{i}")
+
+
+def test_cnn_conv_relu_pairs_are_fused():
+    tl.manual_seed(16)
+    net = tl.nn.Sequential(tl.nn.Conv2d(1, 4, 3, padding=1), tl.nn.ReLU(), tl.nn.MaxPool2d(2),
+                           tl.nn.Conv2d(4, 4, 3, padding=1), tl.nn.BatchNorm2d(4), tl.nn.ReLU(), tl.nn.Flatten(),
+                           tl.nn.Linear(64, 3))
+    x = np.random.default_rng(17).standard_normal((5, 1, 8, 8)).astype(np.float32)
+    fused = net.predict(x)
+    ops = steps(net)
+    # the first conv absorbs its relu; the second relu follows a batch norm and stays
+    assert ("conv", "+relu") in [(op, e.strip()) for op, _, e in ops]
+    assert [op for op, _, _ in ops].count("relu") == 1
+    net.fusion = False
+    np.testing.assert_array_equal(net.predict(x), fused)
+
+
 @pytest.mark.parametrize("act", ["Tanh", "ReLU", "Sigmoid"])
 def test_sequential_pairs_are_fused_and_match_torch(act):
     import torch

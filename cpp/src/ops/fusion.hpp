@@ -1,15 +1,16 @@
 #pragma once
-// Activation fusion. When a plan is compiled, a forward `linear` whose only consumer is a relu, tanh
+// Activation fusion. When a plan is compiled, a forward `linear` or `conv` whose only consumer is a relu, tanh
 // or sigmoid takes the activation as its attribute "activation" and writes the activated output
-// itself (an epilogue of its product: Eigen applies it to each row block while it is in cache,
-// oneDNN as an eltwise post-op). The activation node stays in the graph as "fused_activation", a
+// itself (an epilogue of its product: Eigen applies it to each block of output while it is in
+// cache, oneDNN as an eltwise post-op). The activation node stays in the graph as "fused_activation", a
 // view of the linear's output that costs nothing, so module scopes, plan outputs and the node
-// numbering are unchanged. The fused linear's gradient rule first applies the activation's own
+// numbering are unchanged. The fused node's gradient rule first applies the activation's own
 // backward op to its output (relu, tanh and sigmoid differentiate from their output), so the
 // backward pass is the unfused one. On Eigen the fused relu is bitwise the unfused one; tanh and
 // sigmoid use the same vectorised functions, over differently aligned blocks (within an ulp).
 #include <string>
 
+#include "core/op_registry.hpp"
 #include "treadle/error.hpp"
 #include "treadle/graph.hpp"
 
@@ -39,8 +40,15 @@ inline void check_activation_attr(const std::string& op, const Attrs& attrs) {
     throw_value_error(op, ": unknown activation '", act, "' (expected 'relu', 'tanh' or 'sigmoid')");
 }
 
+// The gradient of a node's pre-activation output: the upstream gradient, passed through the
+// backward op of the node's fused activation (which reads the node's activated output) if it has one.
+Value activation_grad(const GradContext& c);
+
+// Registers "fused_activation", the view an absorbed activation node becomes.
+void register_fused_activation(OpRegistry& r);
+
 // Rewrites the forward nodes [0, end) of a graph under construction (before its backward pass):
-// every linear -> activation pair whose intermediate nothing else reads (`outputs`: the plan's
+// every linear/conv -> activation pair whose intermediate nothing else reads (`outputs`: the plan's
 // outputs, which must stay observable) becomes one fused linear plus a fused_activation view.
 void fuse_activations(Graph& g, int end, const std::vector<int>& outputs);
 

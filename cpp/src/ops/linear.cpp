@@ -1,8 +1,6 @@
 // Linear (x @ W^T + b) and 2-D matmul with transpose flags. Gradients are matmuls and a reduction;
 // a node's compute precision (ops/precision.hpp) carries over to the products of its gradient, and
 // a linear may carry a fused activation (ops/fusion.hpp).
-#include <algorithm>
-
 #include "core/op_registry.hpp"
 #include "ops/fusion.hpp"
 #include "ops/precision.hpp"
@@ -38,10 +36,7 @@ Value as_2d(Value v) {
 
 std::vector<Value> grad_linear(const GradContext& c) {
   Value x = c.inputs[0], w = c.inputs[1];
-  // A fused activation differentiates first, from the node's (activated) output.
-  const std::string& act = fused_activation(c.node.attrs);
-  Value dy = as_2d(act.empty() ? c.grad_outputs[0]
-                               : c.graph.apply1(act + "_backward", {c.outputs[0], c.grad_outputs[0]}));
+  Value dy = as_2d(activation_grad(c));
   std::vector<Value> g(c.inputs.size());
   if (c.needs_grad[0]) {
     Value dx = precision_product("matmul", c.node, dy, w, false, false);
@@ -79,53 +74,12 @@ std::vector<Value> grad_matmul(const GradContext& c) {
   return g;
 }
 
-// The activation node of a fused pair: a view of the fused linear's output (no kernel).
-std::vector<TensorMeta> infer_fused_activation(const std::vector<TensorMeta>& in, Attrs& attrs) {
-  check_num_inputs("fused_activation", in, 1);
-  check_activation_attr("fused_activation", attrs);
-  return {same_as(in[0])};
-}
-
-std::vector<Value> grad_fused_activation(const GradContext& c) { return {c.grad_outputs[0]}; }
-
-// Counts, for each value, the forward nodes that read it.
-std::vector<int> readers(const Graph& g, int end) {
-  std::vector<int> count(g.values().size(), 0);
-  for (int n = 0; n < end; ++n)
-    for (int v : g.nodes()[n].inputs) ++count[v];
-  return count;
-}
-
 }  // namespace
-
-void fuse_activations(Graph& g, int end, const std::vector<int>& outputs) {
-  const OpRegistry& reg = OpRegistry::instance();
-  const int linear = reg.id("linear"), fused = reg.id("fused_activation");
-  const std::vector<int> count = readers(g, end);
-  for (int n = 0; n < end; ++n) {
-    Node& act = g.nodes()[n];
-    const std::string& name = reg.at(act.op).name;
-    if (!is_fusible_activation(name) || act.inputs.size() != 1) continue;
-    const int z = act.inputs[0], producer = g.info(z).producer;
-    if (g.info(z).kind != ValueKind::intermediate || producer < 0 || count[z] != 1) continue;
-    if (std::find(outputs.begin(), outputs.end(), z) != outputs.end()) continue;
-    Node& lin = g.nodes()[producer];
-    if (lin.op != linear || lin.attrs.has(kActivationAttr)) continue;
-    lin.attrs.set(kActivationAttr, name);
-    act.attrs = Attrs{{kActivationAttr, name}};
-    act.op = fused;
-  }
-}
 
 void register_linear_ops(OpRegistry& r) {
   r.add({.name = "linear", .infer = infer_linear, .grad = grad_linear, .workspace = bf16_operand_workspace});
   r.add({.name = "matmul", .infer = infer_matmul, .grad = grad_matmul, .workspace = bf16_operand_workspace});
-  OpDef fused;
-  fused.name = "fused_activation";
-  fused.infer = infer_fused_activation;
-  fused.grad = grad_fused_activation;
-  fused.view_of = 0;
-  r.add(std::move(fused));
+  register_fused_activation(r);
 }
 
 namespace ops {

@@ -4,8 +4,7 @@
 #include "backends/eigen/bf16_operands.hpp"
 #include "backends/eigen/eigen_backend.hpp"
 #include "backends/eigen/eigen_common.hpp"
-#include "backends/eigen/transcendental.hpp"
-#include "ops/fusion.hpp"
+#include "backends/eigen/epilogue.hpp"
 
 namespace treadle {
 namespace {
@@ -15,30 +14,6 @@ using namespace eigen;
 // (~64k multiply-adds) to amortise dispatch. Depends on the problem only, never on the workers.
 int64_t row_grain(int64_t flops_per_row) {
   return std::max<int64_t>(128, (1 << 16) / std::max<int64_t>(1, flops_per_row));
-}
-
-enum class Epilogue { none, relu, tanh, sigmoid };
-
-Epilogue epilogue_of(const Attrs& attrs) {
-  const std::string& act = fused_activation(attrs);
-  if (act.empty()) return Epilogue::none;
-  return act == "relu" ? Epilogue::relu : act == "tanh" ? Epilogue::tanh : Epilogue::sigmoid;
-}
-
-// A fused activation over a block of output rows while it is in cache; the same element functions
-// as the activation kernels, so the fused result is bitwise the unfused one.
-template <typename T>
-void apply_epilogue(Epilogue e, T* y, int64_t n) {
-  switch (e) {
-    case Epilogue::none: return;
-    case Epilogue::relu: {
-      VecMap<T> v(y, n);
-      v = (v < T(0)).select(T(0), v);
-      return;
-    }
-    case Epilogue::tanh: tanh_to(y, y, n); return;
-    case Epilogue::sigmoid: sigmoid_to(y, y, n); return;
-  }
 }
 
 template <typename T>
