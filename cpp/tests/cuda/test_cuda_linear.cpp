@@ -6,6 +6,7 @@
 
 #include "backends/cuda/cuda_kernels.hpp"
 #include "backends/cuda/linear_lt.hpp"
+#include "backends/cuda/lt_gemm.hpp"
 #include "test_cuda_common.hpp"
 
 namespace treadle::cuda::test {
@@ -79,6 +80,42 @@ std::string linear_math(Env& env, MathMode math, double tol) {
   }
   char buf[96];
   std::snprintf(buf, sizeof(buf), "5 shapes x (y, dx, dW, db), worst rel.err %.2e (tol %.0e)", worst, tol);
+  return buf;
+}
+
+// The core's matmul op: c = op(a) op(b) on row-major tensors, every transpose combination.
+std::string matmul(Env& env) {
+  double worst = 0.0;
+  struct Case { int64_t m, k, n; };
+  for (const Case& s : {Case{37, 53, 29}, Case{1, 1, 1}, Case{256, 128, 64}}) {
+    for (int t = 0; t < 8; ++t) {
+      const bool ta = t & 1, tb = t & 2, acc = t & 4;
+      const MathMode math = (t % 3 == 0) ? MathMode::bf16 : MathMode::f32;
+      const std::vector<float> a = uniform(env, s.m * s.k, -1, 1), b = uniform(env, s.k * s.n, -1, 1),
+                               c0 = uniform(env, s.m * s.n, -1, 1);
+      LtMatmul mm(env.lt.get(), MatmulConfig{s.m, s.k, s.n, ta, tb, math});
+      DeviceArray<float> da(env, a), db(env, b), dc(env, c0);
+      DeviceBuffer ws = env.alloc.buffer(mm.workspace_bytes(), env.s());
+      mm.run(da.get(), db.get(), dc.get(), acc, ws.data(), env.s());
+      std::vector<double> ref(s.m * s.n);
+      for (int64_t i = 0; i < s.m; ++i)
+        for (int64_t j = 0; j < s.n; ++j) {
+          double v = acc ? c0[i * s.n + j] : 0.0;
+          for (int64_t p = 0; p < s.k; ++p)
+            v += double(ta ? a[p * s.m + i] : a[i * s.k + p]) * (tb ? b[j * s.k + p] : b[p * s.n + j]);
+          ref[i * s.n + j] = v;
+        }
+      const std::vector<float> got = dc.download();
+      compare(detail::concat("matmul (", s.m, ", ", s.k, ", ", s.n, ")", ta ? " a^T" : "", tb ? " b^T" : "",
+                             acc ? " +=" : "", " ", math_name(math)),
+              got, ref, math == MathMode::bf16 ? 1e-2 : 1e-5);
+      if (math == MathMode::f32) worst = std::max(worst, relative_error(got, ref));
+    }
+  }
+  LtMatmul empty(env.lt.get(), MatmulConfig{0, 4, 3});
+  empty.run(nullptr, nullptr, nullptr, false, nullptr, env.s());
+  char buf[96];
+  std::snprintf(buf, sizeof(buf), "3 shapes x trans_a x trans_b x accumulate, f32 rel.err %.2e", worst);
   return buf;
 }
 
@@ -164,6 +201,7 @@ std::string mlp_steady_state(Env& env) {
 void add_linear_tests(std::vector<TestCase>& out) {
   out.push_back({"linear_f32", [](Env& e) { return linear_math(e, MathMode::f32, 1e-5); }});
   out.push_back({"linear_bf16", [](Env& e) { return linear_math(e, MathMode::bf16, 1e-2); }});
+  out.push_back({"matmul", matmul});
   out.push_back({"linear_edges", linear_edges});
   out.push_back({"mlp_steady_state", mlp_steady_state});
 }

@@ -9,6 +9,7 @@
 #include "backends/cuda/cuda_kernels.hpp"
 #include "backends/cuda/cuda_status.hpp"
 #include "backends/cuda/linear_lt.hpp"
+#include "backends/cuda/lt_gemm.hpp"
 #include "test_cuda_common.hpp"
 
 namespace treadle::cuda::test {
@@ -47,6 +48,8 @@ std::string argument_validation() {
   expect_throw<ValueError>("column_sum", [] { column_sum(nullptr, nullptr, -1, 3, nullptr, nullptr); },
                            "column_sum: negative shape (-1, 3)");
   expect_throw<ValueError>("linear handle", [] { LtLinear(nullptr, LinearConfig{4, 8, 2}); }, "linear: null cuBLASLt handle");
+  expect_throw<ValueError>("matmul shape", [] { LtMatmul(nullptr, MatmulConfig{2, 0, 3}); },
+                           "matmul: expected m, n >= 0 and k >= 1, got m 2, k 0, n 3");
   expect_throw<ValueError>("copy null", [] { copy_to_device_async(nullptr, nullptr, 16, nullptr); },
                            "copy_to_device_async: null pointer for a copy of 16 bytes");
   return "host-side checks raise ValueError naming the function";

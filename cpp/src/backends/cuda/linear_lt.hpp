@@ -1,9 +1,7 @@
 #pragma once
 // linear (y = x W^T + b, W of shape (out, in) as torch.nn.Linear) through cuBLASLt, float32 tensors.
-// Prepared once per shape, as a plan prepares a node: the constructor validates the shape, builds
-// the matrix layouts and asks cuBLASLt's heuristic for one algorithm per product (forward, dX, dW);
-// the calls then only launch. The object is immutable afterwards, so contexts on different threads
-// may share it (each call builds its operation descriptor on the stack, without allocating).
+// Prepared once per shape, as a plan prepares a node: one LtGemm per product (forward, dX, dW); the
+// calls then only launch. Immutable afterwards: contexts on different threads may share it.
 //
 // Row-major tensors are column-major transposes, so with cuBLAS's column-major products:
 //   forward   y^T  (out x N)  = W   (op T of the stored (in x out))  x^T (in x N)   [+ bias, relu]
@@ -12,20 +10,17 @@
 // db is column_sum(dy) (cuda_kernels.hpp). With the relu epilogue, y = relu(x W^T + b) and the
 // backward first masks dy with activation_backward(relu, y, ...), since relu'(z) = [y > 0].
 //
-// Every pointer must be 16-byte aligned (the algorithms are chosen for that alignment; blocks from
-// CachingDeviceAllocator are 256-byte aligned).
-#include <cublasLt.h>
+// Every pointer must be 16-byte aligned (see lt_gemm.hpp).
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <cstdint>
 
+#include "backends/cuda/lt_gemm.hpp"
+
 namespace treadle::cuda {
 
 enum class LinearEpilogue { none, bias, bias_relu };
-// f32: float32 products (CUBLAS_COMPUTE_32F, no TF32). bf16: float32 tensors, products on bf16
-// tensor cores with float32 accumulation (CUBLAS_COMPUTE_32F_FAST_16BF): ~1e-2 relative accuracy.
-enum class MathMode { f32, bf16 };
 
 struct LinearConfig {
   int64_t batch = 0;  // N, rows of x and y
@@ -33,7 +28,7 @@ struct LinearConfig {
   int64_t out_features = 0;
   LinearEpilogue epilogue = LinearEpilogue::bias;
   MathMode math = MathMode::f32;
-  std::size_t workspace_limit = std::size_t{32} << 20;  // what the algorithms may use at most
+  std::size_t workspace_limit = kDefaultGemmWorkspace;  // what the algorithms may use at most
 };
 
 class LtLinear {
@@ -56,22 +51,9 @@ class LtLinear {
                        cudaStream_t stream) const;
 
  private:
-  struct Gemm {
-    cublasOperation_t trans_a = CUBLAS_OP_N, trans_b = CUBLAS_OP_N;
-    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-    cublasLtMatrixLayoutOpaque_t a{}, b{}, c{};
-    cublasLtMatmulAlgo_t algo{};
-  };
-  void prepare(Gemm& g, const char* what, cublasOperation_t ta, cublasOperation_t tb, uint64_t m, uint64_t n,
-               uint64_t k, cublasLtEpilogue_t epilogue);
-  void init_desc(cublasLtMatmulDescOpaque_t& desc, const Gemm& g, const void* bias) const;
-  void run(const Gemm& g, const char* what, const void* a, const void* b, void* c, float beta, const void* bias,
-           void* workspace, cudaStream_t stream) const;
-
-  cublasLtHandle_t handle_;
   LinearConfig config_;
   std::size_t workspace_bytes_ = 0;
-  Gemm forward_, backward_input_, backward_weight_;
+  LtGemm forward_, backward_input_, backward_weight_;
 };
 
 }  // namespace treadle::cuda
