@@ -134,17 +134,9 @@ std::string linear_edges(Env& env) {
   return "bad shape, misaligned pointer, empty batch";
 }
 
-// A 2-layer MLP classifier trained with Adam, every buffer of a step from a fresh allocator.
-std::string mlp_steady_state(Env& env) {
-  const int64_t n = 256, in = 64, hid = 128, cls = 10;
-  CachingDeviceAllocator alloc;
-  LtLinear l1(env.lt.get(), LinearConfig{n, in, hid, LinearEpilogue::bias_relu});
-  LtLinear l2(env.lt.get(), LinearConfig{n, hid, cls, LinearEpilogue::bias});
-  const int64_t o_w1 = 0, o_b1 = hid * in, o_w2 = o_b1 + hid, o_b2 = o_w2 + cls * hid, total = o_b2 + cls;
-  std::vector<float> p0 = uniform(env, total, -0.1f, 0.1f);
-  DeviceArray<float> params(env, p0), grads(env, total), m(env, total), v(env, total);
-  // A learnable task: the label is the argmax of a fixed random linear map of x.
-  const std::vector<float> x = uniform(env, n * in, -1, 1), t = uniform(env, cls * in, -1, 1);
+// A learnable task: the label of row i is the argmax of the fixed linear map t (cls, in) of x_i.
+std::vector<int64_t> argmax_labels(const std::vector<float>& x, const std::vector<float>& t, int64_t n, int64_t in,
+                                   int64_t cls) {
   std::vector<int64_t> labels(n);
   for (int64_t i = 0; i < n; ++i) {
     double best = -INFINITY;
@@ -154,6 +146,20 @@ std::string mlp_steady_state(Env& env) {
       if (s > best) best = s, labels[i] = c;
     }
   }
+  return labels;
+}
+
+// A 2-layer MLP classifier trained with Adam, every buffer of a step from a fresh allocator.
+std::string mlp_steady_state(Env& env) {
+  const int64_t n = 256, in = 64, hid = 128, cls = 10;
+  CachingDeviceAllocator alloc;
+  LtLinear l1(env.lt.get(), LinearConfig{n, in, hid, LinearEpilogue::bias_relu});
+  LtLinear l2(env.lt.get(), LinearConfig{n, hid, cls, LinearEpilogue::bias});
+  const int64_t o_w1 = 0, o_b1 = hid * in, o_w2 = o_b1 + hid, o_b2 = o_w2 + cls * hid, total = o_b2 + cls;
+  std::vector<float> p0 = uniform(env, total, -0.1f, 0.1f);
+  DeviceArray<float> params(env, p0), grads(env, total), m(env, total), v(env, total);
+  const std::vector<float> x = uniform(env, n * in, -1, 1);
+  const std::vector<int64_t> labels = argmax_labels(x, uniform(env, cls * in, -1, 1), n, in, cls);
   DeviceArray<float> dx(env, x);
   DeviceArray<int64_t> dlab(env, labels);
   DeviceArray<float> one(env, std::vector<float>{1.0f});
