@@ -141,7 +141,7 @@ def case(rec):
                  "cross_entropy": lambda: F.cross_entropy(x, lab), "column_sum": lambda: x.sum(0)}
         return f"torch {op}", table[op]
     n, i, o = s
-    bf16 = op.endswith("bf16")
+    bf16 = "bf16" in op  # bf16 (fast math) and bf16_operands (exact rounding) alike
     dt = torch.bfloat16 if bf16 else torch.float32
     x, w = torch.rand(n, i, device=dev, dtype=dt), torch.rand(o, i, device=dev, dtype=dt)
     b, dy = torch.rand(o, device=dev, dtype=dt), torch.rand(n, o, device=dev, dtype=dt)

@@ -7,6 +7,7 @@
 
 #include "backends/cuda/cuda_kernels.hpp"
 #include "backends/cuda/linear_lt.hpp"
+#include "backends/cuda/lt_gemm.hpp"
 #include "test_cuda_common.hpp"
 
 namespace treadle::cuda::test {
@@ -90,8 +91,8 @@ void bench_linear(Env& env, std::vector<Record>& out) {
       dw(env, o * in);
   const double flops = 2.0 * n * in * o;
   const std::string shape = detail::concat("(", n, ", ", in, ", ", o, ")");
-  for (MathMode math : {MathMode::f32, MathMode::bf16}) {
-    const char* tag = math == MathMode::bf16 ? "bf16" : "f32";
+  for (MathMode math : {MathMode::f32, MathMode::bf16, MathMode::bf16_operands}) {
+    const char* tag = math_name(math);
     LtLinear lin(env.lt.get(), LinearConfig{n, in, o, LinearEpilogue::bias_relu, math});
     DeviceBuffer ws = env.alloc.buffer(lin.workspace_bytes(), env.s());
     const double f = time_ms(env, [&] { lin.forward(x.get(), w.get(), b.get(), y.get(), ws.data(), env.s()); });

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <stdexcept>
@@ -78,6 +79,22 @@ class DeviceArray {
   std::size_t n_;
   DeviceBuffer buf_;
 };
+
+// x rounded to bfloat16 (to nearest, ties to even), as a float: the core's definition of bf16 operands.
+inline float round_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7f800000u) == 0x7f800000u) return x;  // inf and NaN unchanged
+  u += 0x7fffu + ((u >> 16) & 1u);
+  u &= 0xffff0000u;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+inline std::vector<float> round_bf16(std::vector<float> v) {
+  for (float& x : v) x = round_bf16(x);
+  return v;
+}
 
 // max |got - ref| / max |ref|: a norm-wise relative error, meaningful also where ref crosses zero.
 // Any NaN/Inf in `got` where ref is finite makes it infinite.

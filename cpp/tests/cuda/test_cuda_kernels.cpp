@@ -2,6 +2,8 @@
 // float64 host computations of the same formulas (float32 kernels: 1e-5 norm-wise relative).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <ios>
 
 #include "backends/cuda/cuda_kernels.hpp"
 #include "test_cuda_common.hpp"
@@ -224,6 +226,30 @@ std::string column_sums(Env& env) {
   return buf;
 }
 
+// round_to_bf16 against the host's round-to-nearest-even, bit for bit (ties, denormals, inf, NaN).
+std::string bf16_rounding(Env& env) {
+  std::vector<float> x = uniform(env, 100000, -1e4f, 1e4f);
+  const float specials[] = {1.0f + 0x1p-8f, 1.0f + 0x1p-8f + 0x1p-9f, 1.0f + 3 * 0x1p-8f, -1.0f - 0x1p-8f, 0x1p-140f,
+                            3.0e38f, INFINITY, -INFINITY, 0.0f, -0.0f};
+  std::copy(std::begin(specials), std::end(specials), x.begin());
+  DeviceArray<float> dx(env, x);
+  DeviceArray<uint16_t> dy(env, x.size());
+  round_to_bf16(dx.get(), dy.get(), static_cast<int64_t>(x.size()), env.s());
+  const std::vector<uint16_t> got = dy.download();
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const float r = round_bf16(x[i]);
+    uint32_t bits;
+    std::memcpy(&bits, &r, 4);
+    expect(got[i] == static_cast<uint16_t>(bits >> 16), "round_to_bf16(", x[i], ") = 0x", std::hex, got[i],
+           ", expected 0x", bits >> 16);
+  }
+  std::vector<float> nan = {NAN};
+  DeviceArray<float> dn(env, nan);
+  round_to_bf16(dn.get(), dy.get(), 1, env.s());
+  expect((dy.download()[0] & 0x7fffu) > 0x7f80u, "NaN did not stay NaN: 0x", std::hex, dy.download()[0]);
+  return "100000 values + ties/denormal/inf/NaN, bitwise equal to round-to-nearest-even";
+}
+
 }  // namespace
 
 void add_kernel_tests(std::vector<TestCase>& out) {
@@ -232,6 +258,7 @@ void add_kernel_tests(std::vector<TestCase>& out) {
   out.push_back({"cross_entropy", cross_entropy});
   out.push_back({"adam", adam});
   out.push_back({"column_sum", column_sums});
+  out.push_back({"bf16_rounding", bf16_rounding});
 }
 
 }  // namespace treadle::cuda::test

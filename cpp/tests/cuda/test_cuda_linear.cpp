@@ -58,9 +58,13 @@ double check_linear(Env& env, const LinearConfig& c, bool accumulate, double tol
   lin.backward_input(ddy.get(), dw_in.get(), ddx.get(), ws.data(), env.s());
   lin.backward_weight(ddy.get(), dx_in.get(), ddw.get(), accumulate, ws.data(), env.s());
   column_sum(ddy.get(), ddb.get(), n, out, ws.data(), env.s());
-  const LinearRef r = reference(x, w, b, dy, dw0, c);
-  const std::string shape = detail::concat("linear (", n, ", ", in, ", ", out, ") ",
-                                           c.math == MathMode::bf16 ? "bf16" : "f32");
+  // bf16_operands is defined exactly: the reference multiplies the rounded operands (the bias and
+  // its gradient stay float32).
+  const bool exact16 = c.math == MathMode::bf16_operands;
+  LinearRef r = exact16 ? reference(round_bf16(x), round_bf16(w), b, round_bf16(dy), dw0, c)
+                        : reference(x, w, b, dy, dw0, c);
+  if (exact16) r.db = reference(x, w, b, dy, dw0, c).db;
+  const std::string shape = detail::concat("linear (", n, ", ", in, ", ", out, ") ", math_name(c.math));
   compare(shape + " y", dyout.download(), r.y, tol);
   compare(shape + " dx", ddx.download(), r.dx, tol);
   compare(shape + (accumulate ? " dW+=" : " dW"), ddw.download(), r.dw, tol);
@@ -90,11 +94,14 @@ std::string matmul(Env& env) {
   for (const Case& s : {Case{37, 53, 29}, Case{1, 1, 1}, Case{256, 128, 64}}) {
     for (int t = 0; t < 8; ++t) {
       const bool ta = t & 1, tb = t & 2, acc = t & 4;
-      const MathMode math = (t % 3 == 0) ? MathMode::bf16 : MathMode::f32;
-      const std::vector<float> a = uniform(env, s.m * s.k, -1, 1), b = uniform(env, s.k * s.n, -1, 1),
+      const MathMode math = t % 3 == 0 ? MathMode::bf16 : t % 3 == 1 ? MathMode::bf16_operands : MathMode::f32;
+      const std::vector<float> a0 = uniform(env, s.m * s.k, -1, 1), b0 = uniform(env, s.k * s.n, -1, 1),
                                c0 = uniform(env, s.m * s.n, -1, 1);
+      // The reference multiplies what the product is defined on: rounded operands for bf16_operands.
+      const bool exact16 = math == MathMode::bf16_operands;
+      const std::vector<float> a = exact16 ? round_bf16(a0) : a0, b = exact16 ? round_bf16(b0) : b0;
       LtMatmul mm(env.lt.get(), MatmulConfig{s.m, s.k, s.n, ta, tb, math});
-      DeviceArray<float> da(env, a), db(env, b), dc(env, c0);
+      DeviceArray<float> da(env, a0), db(env, b0), dc(env, c0);
       DeviceBuffer ws = env.alloc.buffer(mm.workspace_bytes(), env.s());
       mm.run(da.get(), db.get(), dc.get(), acc, ws.data(), env.s());
       std::vector<double> ref(s.m * s.n);
@@ -115,7 +122,7 @@ std::string matmul(Env& env) {
   LtMatmul empty(env.lt.get(), MatmulConfig{0, 4, 3});
   empty.run(nullptr, nullptr, nullptr, false, nullptr, env.s());
   char buf[96];
-  std::snprintf(buf, sizeof(buf), "3 shapes x trans_a x trans_b x accumulate, f32 rel.err %.2e", worst);
+  std::snprintf(buf, sizeof(buf), "3 shapes x trans_a x trans_b x accumulate x math, f32 rel.err %.2e", worst);
   return buf;
 }
 
@@ -207,6 +214,7 @@ std::string mlp_steady_state(Env& env) {
 void add_linear_tests(std::vector<TestCase>& out) {
   out.push_back({"linear_f32", [](Env& e) { return linear_math(e, MathMode::f32, 1e-5); }});
   out.push_back({"linear_bf16", [](Env& e) { return linear_math(e, MathMode::bf16, 1e-2); }});
+  out.push_back({"linear_bf16_operands", [](Env& e) { return linear_math(e, MathMode::bf16_operands, 1e-5); }});
   out.push_back({"matmul", matmul});
   out.push_back({"linear_edges", linear_edges});
   out.push_back({"mlp_steady_state", mlp_steady_state});

@@ -50,6 +50,8 @@ std::string argument_validation() {
   expect_throw<ValueError>("linear handle", [] { LtLinear(nullptr, LinearConfig{4, 8, 2}); }, "linear: null cuBLASLt handle");
   expect_throw<ValueError>("matmul shape", [] { LtMatmul(nullptr, MatmulConfig{2, 0, 3}); },
                            "matmul: expected m, n >= 0 and k >= 1, got m 2, k 0, n 3");
+  expect_throw<ValueError>("bf16 n<0", [] { round_to_bf16(nullptr, nullptr, -2, nullptr); },
+                           "round_to_bf16: negative element count -2");
   expect_throw<ValueError>("copy null", [] { copy_to_device_async(nullptr, nullptr, 16, nullptr); },
                            "copy_to_device_async: null pointer for a copy of 16 bytes");
   return "host-side checks raise ValueError naming the function";
@@ -63,7 +65,12 @@ std::string size_classes() {
     const std::size_t c = A::size_class(b);
     expect(c >= b && (b <= 4096 || c <= b + b / 4 + 1) && c % 256 == 0 && A::size_class(c) == c, "class of ", b, " is ", c);
   }
-  return "classes cover requests with <= 25% slack and are fixed points";
+  // The bf16 operand copies sit after the product's scratch, each part 256-byte aligned.
+  const StagedWorkspace w = staged_workspace(MathMode::bf16_operands, 1000, 3, 200);
+  expect(w.gemm == 1000 && w.a_offset == 1024 && w.b_offset == 1280 && w.total == 1792, "staged workspace ",
+         w.a_offset, " ", w.b_offset, " ", w.total);
+  expect(staged_workspace(MathMode::f32, 1000, 3, 200).total == 1000, "f32 workspace");
+  return "classes cover requests with <= 25% slack and are fixed points; staged workspace layout";
 }
 
 int run(const std::vector<TestCase>& tests, Env* env) {

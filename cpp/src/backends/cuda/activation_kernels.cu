@@ -1,6 +1,9 @@
-// Elementwise activations and their backward maps, float32, with the same forms as the Eigen
-// reference (chosen to avoid cancellation: 0.5 * (1 + erf(z)) as 0.5 * erfc(-z), 0.5 * (1 + tanh(u))
-// as sigmoid(2u)). Precise libdevice math: the build does not use --use_fast_math.
+// Elementwise maps: the activations and their backward maps (float32, with the same forms as the
+// Eigen reference, chosen to avoid cancellation: 0.5 * (1 + erf(z)) as 0.5 * erfc(-z), 0.5 * (1 +
+// tanh(u)) as sigmoid(2u); precise libdevice math, no --use_fast_math), and the rounding of product
+// operands to bf16.
+#include <cuda_bf16.h>
+
 #include "backends/cuda/cuda_kernels.hpp"
 #include "backends/cuda/cuda_status.hpp"
 #include "backends/cuda/launch_common.cuh"
@@ -101,7 +104,21 @@ void check_elementwise(const char* fn, Activation act, int64_t n, const void* a,
     throw_value_error(fn, "(", activation_name(act), "): null device pointer for ", n, " elements");
 }
 
+__global__ void bf16_kernel(const float* __restrict__ x, uint16_t* __restrict__ y, int64_t n) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    y[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x[i]));
+}
+
 }  // namespace
+
+void round_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
+  if (n < 0) throw_value_error("round_to_bf16: negative element count ", n);
+  if (n == 0) return;
+  if (x == nullptr || y == nullptr) throw_value_error("round_to_bf16: null device pointer for ", n, " elements");
+  bf16_kernel<<<element_blocks(n), kElementThreads, 0, stream>>>(x, y, n);
+  check_launch("round_to_bf16");
+}
 
 const char* activation_name(Activation act) {
   switch (act) {

@@ -66,6 +66,10 @@ AdamCoefficients adam_coefficients(double lr, double beta1, double beta2, double
 void adam_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, float* max_exp_avg_sq,
                  int64_t n, const AdamCoefficients& k, cudaStream_t stream);
 
+// ---- y = x rounded to bfloat16 (to nearest, ties to even; NaN stays NaN), stored as raw bf16 bits:
+// the operands of the exact bf16 products (lt_gemm.hpp, MathMode::bf16_operands).
+void round_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream);
+
 // ---- out[c] = sum_r x[r * cols + c]: the bias gradient of linear (a column reduction).
 std::size_t column_sum_workspace_bytes(int64_t rows, int64_t cols);
 void column_sum(const float* x, float* out, int64_t rows, int64_t cols, void* workspace, cudaStream_t stream);

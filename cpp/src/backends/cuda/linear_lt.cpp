@@ -25,8 +25,12 @@ LtLinear::LtLinear(cublasLtHandle_t handle, const LinearConfig& c) : config_(c) 
                           "linear backward_input");
   backward_weight_.prepare(handle, GemmShape{CUBLAS_OP_N, CUBLAS_OP_T, in, out, n}, c.math, c.workspace_limit,
                            "linear backward_weight");
-  workspace_bytes_ = std::max({forward_.workspace_bytes(), backward_input_.workspace_bytes(),
-                               backward_weight_.workspace_bytes()});
+  // Operand element counts per product (first operand, second), for bf16 copies in the workspace.
+  const int64_t nx = c.batch * c.in_features, nw = c.out_features * c.in_features, ndy = c.batch * c.out_features;
+  forward_ws_ = staged_workspace(c.math, forward_.workspace_bytes(), nw, nx);
+  backward_input_ws_ = staged_workspace(c.math, backward_input_.workspace_bytes(), nw, ndy);
+  backward_weight_ws_ = staged_workspace(c.math, backward_weight_.workspace_bytes(), nx, ndy);
+  workspace_bytes_ = std::max({forward_ws_.total, backward_input_ws_.total, backward_weight_ws_.total});
 }
 
 void LtLinear::forward(const float* x, const float* w, const float* b, float* y, void* workspace,
@@ -36,7 +40,9 @@ void LtLinear::forward(const float* x, const float* w, const float* b, float* y,
   check_gemm_pointer("linear forward", "weight", w);
   check_gemm_pointer("linear forward", "y", y);
   if (config_.epilogue != LinearEpilogue::none) check_gemm_pointer("linear forward", "bias", b);
-  forward_.run(w, x, y, 0.0f, b, workspace, workspace_bytes_, stream, "linear forward: cublasLtMatmul");
+  const int64_t nx = config_.batch * config_.in_features, nw = config_.out_features * config_.in_features;
+  const StagedOperands op = stage_operands(config_.math, forward_ws_, w, nw, x, nx, workspace, stream);
+  forward_.run(op.a, op.b, y, 0.0f, b, workspace, forward_ws_.gemm, stream, "linear forward: cublasLtMatmul");
 }
 
 void LtLinear::backward_input(const float* dy, const float* w, float* dx, void* workspace, cudaStream_t stream) const {
@@ -44,7 +50,9 @@ void LtLinear::backward_input(const float* dy, const float* w, float* dx, void* 
   check_gemm_pointer("linear backward_input", "dy", dy);
   check_gemm_pointer("linear backward_input", "weight", w);
   check_gemm_pointer("linear backward_input", "dx", dx);
-  backward_input_.run(w, dy, dx, 0.0f, nullptr, workspace, workspace_bytes_, stream,
+  const int64_t nw = config_.out_features * config_.in_features, ndy = config_.batch * config_.out_features;
+  const StagedOperands op = stage_operands(config_.math, backward_input_ws_, w, nw, dy, ndy, workspace, stream);
+  backward_input_.run(op.a, op.b, dx, 0.0f, nullptr, workspace, backward_input_ws_.gemm, stream,
                       "linear backward_input: cublasLtMatmul");
 }
 
@@ -58,7 +66,9 @@ void LtLinear::backward_weight(const float* dy, const float* x, float* dw, bool 
   }
   check_gemm_pointer("linear backward_weight", "dy", dy);
   check_gemm_pointer("linear backward_weight", "x", x);
-  backward_weight_.run(x, dy, dw, accumulate ? 1.0f : 0.0f, nullptr, workspace, workspace_bytes_, stream,
+  const int64_t nx = config_.batch * config_.in_features, ndy = config_.batch * config_.out_features;
+  const StagedOperands op = stage_operands(config_.math, backward_weight_ws_, x, nx, dy, ndy, workspace, stream);
+  backward_weight_.run(op.a, op.b, dw, accumulate ? 1.0f : 0.0f, nullptr, workspace, backward_weight_ws_.gemm, stream,
                        "linear backward_weight: cublasLtMatmul");
 }
 

@@ -54,6 +54,7 @@ class LtLinear {
   LinearConfig config_;
   std::size_t workspace_bytes_ = 0;
   LtGemm forward_, backward_input_, backward_weight_;
+  StagedWorkspace forward_ws_, backward_input_ws_, backward_weight_ws_;
 };
 
 }  // namespace treadle::cuda

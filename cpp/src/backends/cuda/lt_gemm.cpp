@@ -1,6 +1,7 @@
 // cuBLASLt products: layouts and algorithm chosen once, then launches only.
 #include "backends/cuda/lt_gemm.hpp"
 
+#include "backends/cuda/cuda_kernels.hpp"
 #include "backends/cuda/cuda_status.hpp"
 #include "treadle/error.hpp"
 
@@ -15,6 +16,8 @@ cublasComputeType_t compute_type(MathMode m) {
   return m == MathMode::bf16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
 }
 
+std::size_t align256(std::size_t n) { return (n + 255) / 256 * 256; }
+
 template <typename T>
 void set_desc(cublasLtMatmulDescOpaque_t& d, cublasLtMatmulDescAttributes_t attr, const T& value, const char* what) {
   check_cublas(cublasLtMatmulDescSetAttribute(&d, attr, &value, sizeof(value)), what);
@@ -27,7 +30,42 @@ cublasLtMatrixLayout_t input_layout(const cublasLtMatrixLayoutOpaque_t& l) {
 
 }  // namespace
 
-const char* math_name(MathMode m) { return m == MathMode::bf16 ? "bf16" : "f32"; }
+const char* math_name(MathMode m) {
+  switch (m) {
+    case MathMode::f32: return "f32";
+    case MathMode::bf16: return "bf16";
+    case MathMode::bf16_operands: return "bf16_operands";
+  }
+  return "unknown";
+}
+
+cudaDataType_t operand_type(MathMode m) { return m == MathMode::bf16_operands ? CUDA_R_16BF : CUDA_R_32F; }
+
+StagedWorkspace staged_workspace(MathMode math, std::size_t gemm_bytes, int64_t a_elements, int64_t b_elements) {
+  StagedWorkspace w;
+  w.gemm = gemm_bytes;
+  if (math != MathMode::bf16_operands) {
+    w.total = gemm_bytes;
+    return w;
+  }
+  w.a_offset = align256(gemm_bytes);
+  w.b_offset = w.a_offset + align256(static_cast<std::size_t>(a_elements) * 2);
+  w.total = w.b_offset + align256(static_cast<std::size_t>(b_elements) * 2);
+  return w;
+}
+
+StagedOperands stage_operands(MathMode math, const StagedWorkspace& layout, const float* a, int64_t a_elements,
+                              const float* b, int64_t b_elements, void* workspace, cudaStream_t stream) {
+  if (math != MathMode::bf16_operands) return {a, b};
+  if (workspace == nullptr)
+    throw_value_error("bf16 operands: need a device workspace of ", layout.total, " bytes, got null");
+  auto* base = static_cast<char*>(workspace);
+  auto* a16 = reinterpret_cast<uint16_t*>(base + layout.a_offset);
+  auto* b16 = reinterpret_cast<uint16_t*>(base + layout.b_offset);
+  round_to_bf16(a, a16, a_elements, stream);
+  round_to_bf16(b, b16, b_elements, stream);
+  return {a16, b16};
+}
 
 void check_gemm_pointer(const char* who, const char* name, const void* p) {
   if (p == nullptr) throw_value_error(who, ": ", name, " is a null device pointer");
@@ -55,9 +93,10 @@ void LtGemm::prepare(cublasLtHandle_t handle, const GemmShape& s, MathMode math,
   const bool ta = s.trans_a == CUBLAS_OP_T, tb = s.trans_b == CUBLAS_OP_T;
   const uint64_t a_rows = ta ? s.k : s.m, a_cols = ta ? s.m : s.k;
   const uint64_t b_rows = tb ? s.n : s.k, b_cols = tb ? s.k : s.n;
-  check_cublas(cublasLtMatrixLayoutInit(&a_, CUDA_R_32F, a_rows, a_cols, static_cast<int64_t>(a_rows)),
+  const cudaDataType_t ab = operand_type(math);
+  check_cublas(cublasLtMatrixLayoutInit(&a_, ab, a_rows, a_cols, static_cast<int64_t>(a_rows)),
                "cublasLtMatrixLayoutInit(A)");
-  check_cublas(cublasLtMatrixLayoutInit(&b_, CUDA_R_32F, b_rows, b_cols, static_cast<int64_t>(b_rows)),
+  check_cublas(cublasLtMatrixLayoutInit(&b_, ab, b_rows, b_cols, static_cast<int64_t>(b_rows)),
                "cublasLtMatrixLayoutInit(B)");
   check_cublas(cublasLtMatrixLayoutInit(&c_, CUDA_R_32F, s.m, s.n, static_cast<int64_t>(s.m)),
                "cublasLtMatrixLayoutInit(C)");
@@ -115,6 +154,7 @@ LtMatmul::LtMatmul(cublasLtHandle_t handle, const MatmulConfig& c) : config_(c) 
   s.n = static_cast<uint64_t>(c.m);
   s.k = static_cast<uint64_t>(c.k);
   gemm_.prepare(handle, s, c.math, c.workspace_limit, "matmul");
+  workspace_ = staged_workspace(c.math, gemm_.workspace_bytes(), c.k * c.n, c.m * c.k);
 }
 
 void LtMatmul::run(const float* a, const float* b, float* c, bool accumulate, void* workspace,
@@ -123,7 +163,10 @@ void LtMatmul::run(const float* a, const float* b, float* c, bool accumulate, vo
   check_gemm_pointer("matmul", "a", a);
   check_gemm_pointer("matmul", "b", b);
   check_gemm_pointer("matmul", "c", c);
-  gemm_.run(b, a, c, accumulate ? 1.0f : 0.0f, nullptr, workspace, gemm_.workspace_bytes(), stream,
+  // The product's first operand is b (see the constructor).
+  const StagedOperands op = stage_operands(config_.math, workspace_, b, config_.k * config_.n, a,
+                                           config_.m * config_.k, workspace, stream);
+  gemm_.run(op.a, op.b, c, accumulate ? 1.0f : 0.0f, nullptr, workspace, workspace_.gemm, stream,
             "matmul: cublasLtMatmul");
 }
 

@@ -19,11 +19,18 @@
 
 namespace treadle::cuda {
 
-// f32: float32 products (CUBLAS_COMPUTE_32F, no TF32). bf16: float32 tensors, products on tensor
-// cores with float32 accumulation (CUBLAS_COMPUTE_32F_FAST_16BF, which lets cuBLASLt round the
-// operands to bf16 or TF32): ~1e-2 relative accuracy.
-enum class MathMode { f32, bf16 };
+// f32: float32 products (CUBLAS_COMPUTE_32F, no TF32).
+// bf16: float32 tensors, products on tensor cores with float32 accumulation
+//   (CUBLAS_COMPUTE_32F_FAST_16BF, which lets cuBLASLt round the operands to bf16 or TF32 as each
+//   algorithm likes): ~1e-2 relative accuracy, no extra memory traffic.
+// bf16_operands: the core's `precision: "bf16"` exactly: both operands rounded to bf16 (to nearest,
+//   ties to even) into the workspace, then bf16 x bf16 products with float32 accumulation and
+//   float32 output (and bias). Products of bf16 values are exact in float32, so the result differs
+//   from the float64 product of the rounded operands by the summation's rounding only.
+enum class MathMode { f32, bf16, bf16_operands };
 const char* math_name(MathMode m);
+// The operand type of the products (CUDA_R_16BF for bf16_operands, else CUDA_R_32F).
+cudaDataType_t operand_type(MathMode m);
 
 constexpr std::size_t kDefaultGemmWorkspace = std::size_t{32} << 20;
 
@@ -69,18 +76,36 @@ struct MatmulConfig {
   std::size_t workspace_limit = kDefaultGemmWorkspace;
 };
 
+// Workspace layout of a staged product (bf16_operands): [gemm scratch][A as bf16][B as bf16], each
+// part 256-byte aligned. For other modes the operands are used in place and only scratch is needed.
+struct StagedWorkspace {
+  std::size_t gemm = 0;     // bytes of cuBLASLt scratch, at offset 0
+  std::size_t a_offset = 0, b_offset = 0;
+  std::size_t total = 0;
+};
+StagedWorkspace staged_workspace(MathMode math, std::size_t gemm_bytes, int64_t a_elements, int64_t b_elements);
+// The operands the product reads: `a`, `b` themselves, or (bf16_operands) their bf16 copies written
+// into the workspace on `stream`.
+struct StagedOperands {
+  const void* a;
+  const void* b;
+};
+StagedOperands stage_operands(MathMode math, const StagedWorkspace& layout, const float* a, int64_t a_elements,
+                              const float* b, int64_t b_elements, void* workspace, cudaStream_t stream);
+
 class LtMatmul {
  public:
   // Throws ValueError for a bad shape, RuntimeError when cuBLASLt has no algorithm for it.
   LtMatmul(cublasLtHandle_t handle, const MatmulConfig& config);
   const MatmulConfig& config() const { return config_; }
-  std::size_t workspace_bytes() const { return gemm_.workspace_bytes(); }
+  std::size_t workspace_bytes() const { return workspace_.total; }
   // c = op(a) op(b), or c += op(a) op(b) when `accumulate`.
   void run(const float* a, const float* b, float* c, bool accumulate, void* workspace, cudaStream_t stream) const;
 
  private:
   MatmulConfig config_;
   LtGemm gemm_;
+  StagedWorkspace workspace_;
 };
 
 }  // namespace treadle::cuda
