@@ -63,6 +63,9 @@ CASES = [
      {"stride": [2], "padding": [1], "input_size": [20, 20]}, None),
     ("transpose1d", "conv_backward_data", [(5, 32, 40), (32, 16, 3)],
      {"stride": [2], "padding": [1], "padding_end": [0], "input_size": [80]}, None),
+] + [  # an activation fused into the convolution when a plan is compiled: an eltwise post-op
+    (f"2d-fused-{act}", "conv", [(7, 16, 12, 12), (32, 16, 3, 3), (32,)], {"padding": [1], "activation": act}, None)
+    for act in ("relu", "tanh", "sigmoid")
 ]
 IDS = [c[0] for c in CASES]
 
@@ -133,6 +136,48 @@ def test_results_do_not_depend_on_the_workers(case):
         chunked = tl._core.run_op(op, x, attrs, gy, "onednn", True, 0, workers)
         for a, b in zip(serial[0] + serial[1], chunked[0] + chunked[1]):
             np.testing.assert_array_equal(a, b, err_msg=f"{name}: workers={workers}")
+
+
+def bf16(x):
+    """x rounded to the nearest bfloat16 (ties to even), as float64."""
+    u = np.ascontiguousarray(x, dtype=F32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.astype(np.uint32).view(F32).astype(np.float64)
+
+
+BF16_CASES = [c for c in CASES if c[0] in ("2d-bias", "2d-depthwise", "1d", "3d", "transpose2d-bias")] + [
+    # oneDNN has no bf16 direct kernel for this grouped weight gradient (its float32 one is AVX2)
+    ("2d-groups", "conv", [(5, 32, 12, 12), (64, 8, 3, 3), (64,)], {"padding": [1], "groups": 4},
+     {"conv_backward_weight": "eigen"})]
+
+
+@pytest.mark.parametrize("case", BF16_CASES, ids=[c[0] for c in BF16_CASES])
+def test_bf16_compute_matches_the_rounded_reference(case):
+    """precision="bf16": oneDNN's reorders round the operands to bf16 into the blocked layout and its
+    bf16 kernels accumulate in float32; the reference multiplies the rounded operands in float64."""
+    name, op, shapes, attrs, expected = case
+    attrs = dict(attrs, precision="bf16")
+    seed = int(np.random.SeedSequence().entropy % 2**63)
+    rng = np.random.default_rng(seed)
+    x = inputs_for(shapes, rng)
+    gy = grads_for(op, x, attrs, rng)
+    found = backends_by_op(tl._core.describe_op(op, x, attrs, gy, "onednn"))
+    for conv_op in ("conv",) + GRADS:
+        assert found[conv_op] == {(expected or {}).get(conv_op, "onednn")}, f"{name}: {conv_op}"
+    outs, grads = run(op, x, attrs, gy, "onednn")
+    e_outs, e_grads = run(op, x, attrs, gy, "eigen")
+    rounded = [bf16(a) if i < 2 else a.astype(np.float64) for i, a in enumerate(x)]
+    r_outs, r_grads = run(op, rounded, {k: v for k, v in attrs.items() if k != "precision"}, [bf16(gy[0])], "eigen")
+    for got, eig, ref, what in zip(outs + grads, e_outs + e_grads, r_outs + r_grads,
+                                   ["output"] + [f"gradient {i}" for i in range(len(grads))]):
+        if what == "gradient 2":  # a bias gradient sums the float32 upstream gradient, unrounded
+            continue
+        assert_close_f32(got, eig, f"{name} (seed {seed}): {what} vs Eigen bf16")
+        assert_close_f32(got, ref, f"{name} (seed {seed}): {what} vs float64 on bf16-rounded operands")
+    for workers in (2, 3, 7):
+        chunked = tl._core.run_op(op, x, attrs, gy, "onednn", True, 0, workers)
+        for a, b in zip(outs + grads, chunked[0] + chunked[1]):
+            np.testing.assert_array_equal(a, b, err_msg=f"{name} bf16: workers={workers}")
 
 
 DECLINED = [

@@ -19,9 +19,12 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "backends/onednn/conv_layouts.hpp"
 #include "ops/conv_geometry.hpp"
+#include "ops/fusion.hpp"
+#include "ops/precision.hpp"
 #include "treadle/error.hpp"
 
 namespace treadle::onednn {
@@ -48,8 +51,6 @@ Dims with_spatial(Dims lead, const Dims3& d, int nd) {
   return lead;
 }
 
-MemDesc any_desc(const Dims& dims) { return MemDesc(dims, dnnl::memory::data_type::f32, Tag::any); }
-
 Dims src_dims(const ConvGeometry& g, int64_t n) { return with_spatial({n, g.channels}, g.in, g.nd); }
 Dims dst_dims(const ConvGeometry& g, int64_t n) { return with_spatial({n, g.out_channels}, g.out, g.nd); }
 Dims weight_dims(const ConvGeometry& g) {
@@ -70,23 +71,61 @@ Window window_of(const ConvGeometry& g) {
 }
 
 constexpr auto kDirect = dnnl::algorithm::convolution_direct;
+using DataType = dnnl::memory::data_type;
 
-dnnl::convolution_forward::primitive_desc forward_pd(const ConvGeometry& g, int64_t n, const MemDesc& w, bool bias) {
-  const Window k = window_of(g);
-  const auto prop = dnnl::prop_kind::forward_training;
-  const MemDesc src = any_desc(src_dims(g, n)), dst = any_desc(dst_dims(g, n));
-  if (bias)
-    return {cpu_engine(), prop, kDirect, src, w, f32_dense({g.out_channels}), dst, k.strides, k.dilates, k.pad_l,
-            k.pad_r, default_attr()};
-  return {cpu_engine(), prop, kDirect, src, w, dst, k.strides, k.dilates, k.pad_l, k.pad_r, default_attr()};
+// What a node asks of its primitive besides the geometry: the data type of the two operands
+// (bf16 compute, ops/precision.hpp: oneDNN's reorders round the float32 tensors to bf16 on their
+// way into the blocked layout; results and bias stay float32), a fused bias (forward) and a fused
+// activation (forward, ops/fusion.hpp: an eltwise post-op on the blocked output).
+struct ConvKind {
+  ConvPass pass = ConvPass::forward;
+  DataType operands = DataType::f32;
+  bool bias = false;
+  std::string activation;
+};
+
+dnnl::primitive_attr conv_attr(const ConvKind& kind) {
+  dnnl::primitive_attr attr = default_attr();
+  if (kind.activation.empty()) return attr;
+  const dnnl::algorithm alg = kind.activation == "relu"   ? dnnl::algorithm::eltwise_relu
+                              : kind.activation == "tanh" ? dnnl::algorithm::eltwise_tanh
+                                                          : dnnl::algorithm::eltwise_logistic;
+  dnnl::post_ops ops;
+  ops.append_eltwise(alg, 0.0f, 0.0f);
+  attr.set_post_ops(ops);
+  return attr;
 }
 
-dnnl::primitive_desc pass_pd(const ConvGeometry& g, ConvPass pass, int64_t n, const MemDesc& w, bool bias) {
-  if (pass == ConvPass::forward) return forward_pd(g, n, w, bias);
+MemDesc any_desc(const Dims& dims, DataType type) { return MemDesc(dims, type, Tag::any); }
+
+// The layout-free weights descriptor of a pass: operand type, float32 for a weight gradient.
+MemDesc any_weights(const ConvGeometry& g, const ConvKind& kind) {
+  return any_desc(weight_dims(g), kind.pass == ConvPass::backward_weight ? DataType::f32 : kind.operands);
+}
+
+dnnl::convolution_forward::primitive_desc forward_pd(const ConvGeometry& g, int64_t n, const MemDesc& w,
+                                                     const ConvKind& kind) {
   const Window k = window_of(g);
-  const auto hint = forward_pd(g, n, any_desc(weight_dims(g)), false);
-  const MemDesc src = any_desc(src_dims(g, n)), dst = any_desc(dst_dims(g, n));
-  if (pass == ConvPass::backward_data)
+  const auto prop = dnnl::prop_kind::forward_training;
+  const MemDesc src = any_desc(src_dims(g, n), kind.operands), dst = any_desc(dst_dims(g, n), DataType::f32);
+  const dnnl::primitive_attr attr = conv_attr(kind);
+  if (kind.bias)
+    return {cpu_engine(), prop, kDirect, src, w, f32_dense({g.out_channels}), dst, k.strides, k.dilates, k.pad_l,
+            k.pad_r, attr};
+  return {cpu_engine(), prop, kDirect, src, w, dst, k.strides, k.dilates, k.pad_l, k.pad_r, attr};
+}
+
+// The primitive descriptor of a piece of `n` images with weights descriptor `w`.
+dnnl::primitive_desc pass_pd(const ConvGeometry& g, const ConvKind& kind, int64_t n, const MemDesc& w) {
+  if (kind.pass == ConvPass::forward) return forward_pd(g, n, w, kind);
+  const Window k = window_of(g);
+  const ConvKind plain{ConvPass::forward, kind.operands, false, ""};
+  const auto hint = forward_pd(g, n, any_desc(weight_dims(g), kind.operands), plain);
+  // The operands (dy and w, or x and dy) carry the compute type; the result is float32.
+  const bool data = kind.pass == ConvPass::backward_data;
+  const MemDesc src = any_desc(src_dims(g, n), data ? DataType::f32 : kind.operands);
+  const MemDesc dst = any_desc(dst_dims(g, n), kind.operands);
+  if (data)
     return dnnl::convolution_backward_data::primitive_desc(cpu_engine(), kDirect, src, w, dst, k.strides, k.dilates,
                                                            k.pad_l, k.pad_r, hint, default_attr());
   return dnnl::convolution_backward_weights::primitive_desc(cpu_engine(), kDirect, src, w, dst, k.strides, k.dilates,
@@ -135,8 +174,8 @@ bool worth_it(const ConvGeometry& g, ConvPass pass) {
 // The pieces and the primitive descriptor of each piece size (full pieces, then the remainder).
 struct ConvPlan {
   ConvGeometry geo;
-  ConvPass pass = ConvPass::forward;
-  bool bias = false;
+  ConvKind kind;
+  bool bias = false;  // the node has a bias (fused into the forward; added afterwards for backward data)
   int64_t grain = 1;
   int64_t images[2] = {0, 0};
   dnnl::primitive_desc pds[2];
@@ -150,13 +189,23 @@ ConvGeometry geometry_of(const Graph& g, const Node& node, ConvPass pass) {
   return conv_geometry_backward_weight(a, b, node.attrs);
 }
 
+ConvKind kind_of(const Node& node, ConvPass pass) {
+  ConvKind kind;
+  kind.pass = pass;
+  if (is_bf16_compute(node.attrs)) kind.operands = DataType::bf16;
+  kind.bias = pass == ConvPass::forward && node.inputs.size() == 3;
+  kind.activation = fused_activation(node.attrs);
+  return kind;
+}
+
 std::optional<ConvPlan> plan_conv(const Graph& g, const Node& node, ConvPass pass) {
   if (!all_f32(g, node)) return std::nullopt;
   ConvPlan p;
   p.geo = geometry_of(g, node, pass);
-  p.pass = pass;
+  p.kind = kind_of(node, pass);
   p.bias = pass != ConvPass::backward_weight && node.inputs.size() == 3;
   const ConvGeometry& geo = p.geo;
+  if (pass != ConvPass::forward && !p.kind.activation.empty()) return std::nullopt;  // only forwards fuse
   for (int i = 0; i < 3; ++i)
     if (geo.pad_begin[i] < 0 || geo.pad_end[i] < 0) return std::nullopt;
   if (geo.batch < 1 || !worth_it(geo, pass)) return std::nullopt;
@@ -167,15 +216,13 @@ std::optional<ConvPlan> plan_conv(const Graph& g, const Node& node, ConvPass pas
   p.images[0] = p.grain;
   p.images[1] = geo.batch % p.grain;
   // Every piece size shares one weights layout (one reorder per run; partial gradients add up).
-  const bool fused_bias = p.bias && pass == ConvPass::forward;
   std::optional<dnnl::primitive_desc> full =
-      try_pd([&] { return pass_pd(geo, pass, p.images[0], any_desc(weight_dims(geo)), fused_bias); });
+      try_pd([&] { return pass_pd(geo, p.kind, p.images[0], any_weights(geo, p.kind)); });
   if (!full || !direct_impl(*full)) return std::nullopt;
   p.pds[0] = *full;
   if (p.images[1] > 0) {
     const MemDesc w = weights_md(*full, pass);
-    std::optional<dnnl::primitive_desc> rest =
-        try_pd([&] { return pass_pd(geo, pass, p.images[1], w, fused_bias); });
+    std::optional<dnnl::primitive_desc> rest = try_pd([&] { return pass_pd(geo, p.kind, p.images[1], w); });
     if (!rest || !direct_impl(*rest)) return std::nullopt;
     p.pds[1] = *rest;
   }
@@ -207,7 +254,7 @@ PieceKind make_kind(const ConvPlan& p, const dnnl::primitive_desc& pd, int64_t n
   const MemDesc x = f32_dense(src_dims(g, n)), y = f32_dense(dst_dims(g, n));
   PieceKind k;
   auto md = [&](int arg) { return pd.query_md(dnnl::query::exec_arg_md, arg); };
-  switch (p.pass) {
+  switch (p.kind.pass) {
     case ConvPass::forward:
       k.in_a = make_staged(x, md(DNNL_ARG_SRC), true);
       k.out = make_staged(y, md(DNNL_ARG_DST), false);
@@ -280,7 +327,7 @@ void run_piece(const KernelArgs& a, const ConvState& s, int64_t piece) {
   auto batched = [&](const TensorRef& t, int64_t image_bytes) { return static_cast<char*>(t.data) + n0 * image_bytes; };
   auto blocked = [&](const Staged& t, void* plain, std::size_t off) -> void* { return t.in_place() ? plain : r + off; };
   const int64_t xb = x_image_bytes(p.geo), yb = y_image_bytes(p.geo);
-  if (p.pass == ConvPass::backward_weight) {
+  if (p.kind.pass == ConvPass::backward_weight) {
     void *x = batched(a.in[0], xb), *dy = batched(a.in[1], yb);
     void *src = blocked(k.in_a, x, 0), *diff_dst = blocked(k.in_b, dy, s.off_b);
     run_staged(k.in_a, x, src, scratch);
@@ -288,7 +335,7 @@ void run_piece(const KernelArgs& a, const ConvState& s, int64_t piece) {
     run_step(k.conv, {src, diff_dst, r + s.off_out}, scratch);
     return;
   }
-  const bool fwd = p.pass == ConvPass::forward;
+  const bool fwd = p.kind.pass == ConvPass::forward;
   void* in = batched(a.in[0], fwd ? xb : yb);
   void* out = batched(a.out[0], fwd ? yb : xb);
   void *src = blocked(k.in_a, in, 0), *dst = blocked(k.out, out, s.off_out);
@@ -338,7 +385,7 @@ void run_pieces(const KernelArgs& a, const ConvState& s) {
 void conv_kernel(const KernelArgs& a) {
   const auto& s = *static_cast<const ConvState*>(a.state);
   void* scratch0 = region_of(a, s, 0) + s.off_scratch;  // free while no piece runs
-  if (s.plan.pass != ConvPass::backward_weight) {
+  if (s.plan.kind.pass != ConvPass::backward_weight) {
     run_staged(s.weights, a.in[1].data, a.workspace, scratch0);
     run_pieces(a, s);
     return;
