@@ -1,7 +1,7 @@
 """oneDNN convolutions vs Eigen vs PyTorch: per-op times and the W4 CNN training step, 1 thread.
 
     TREADLE_BUILD_DIR=$PWD/build/onednn PYTHONPATH=$PWD/python python bench/onednn_conv.py [--min-time 0.5]
-        [--problems NAME,...] [--no-w4]
+        [--problems NAME,...] [--no-w4] [--precision bf16]
 
 Per op, for each problem (a convolution layer's geometry and batch), median CPU time of the calling
 thread per call, in alternating rounds (all runners see the same machine noise; treadle starts no
@@ -17,7 +17,12 @@ treadle "onednn" is the layer pinned to oneDNN: it shows whether the backend tak
 it declines runs on Eigen, marked "(eigen)"). Before timing,
 the three implementations' results must agree (1e-4 of the tensor's scale). Then the W4 training
 step (bench/workloads.py) on both backends and torch, timed the same way (bench/onednn_mlp.py).
-Writes bench/results/onednn_conv.{json,md} and prints the tables.
+With --precision bf16 every treadle layer computes in bf16 (set_precision("bf16"): operands
+rounded to bf16, float32 accumulation and results) and torch runs the same ops on bf16 tensors
+converted beforehand (bf16 results); results must then agree within 3e-2 of the scale, and the W4
+step is timed on oneDNN in float32 and bf16 against torch in float32 and under
+torch.autocast("cpu", torch.bfloat16).
+Writes bench/results/onednn_conv[-bf16].{json,md} and prints the tables.
 """
 import argparse
 import json
@@ -65,7 +70,7 @@ PROBLEMS = {
     "128-256-1x1-8x8": (32, 128, 256, (8, 8), 1, 1, 0, 1),
     "32-32-1x1-28x28": (32, 32, 32, (28, 28), 1, 1, 0, 1),
 }
-AGREE = 1e-4
+AGREE = {"float32": 1e-4, "bf16": 3e-2}
 
 
 def _layers(tl_or_torch_nn, nd, transpose):
@@ -73,13 +78,15 @@ def _layers(tl_or_torch_nn, nd, transpose):
     return getattr(tl_or_torch_nn, ("ConvTranspose" if transpose else "Conv") + names[nd])
 
 
-def _torch_ops(torch, p, x, w, b):
+def _torch_ops(torch, p, x, w, b, precision):
     batch, cin, cout, size, k, stride, pad, groups = p
     nd = len(size)
     conv = getattr(torch.nn.functional, f"conv{nd}d")
-    tx, tw, tb_ = (torch.from_numpy(a) for a in (x, w, b))
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    tx, tw, tb_ = (torch.from_numpy(a).to(dtype) for a in (x, w, b))
     ty = conv(tx, tw, tb_, stride, pad, 1, groups)
-    gy = torch.from_numpy(np.random.default_rng(1).standard_normal(tuple(ty.shape)).astype(np.float32))
+    gy_np = np.random.default_rng(1).standard_normal(tuple(ty.shape)).astype(np.float32)
+    gy = torch.from_numpy(gy_np).to(dtype)
     args = ([stride] * nd, [pad] * nd, [1] * nd, False, [0] * nd, groups)
 
     def backward(mask):
@@ -87,24 +94,24 @@ def _torch_ops(torch, p, x, w, b):
 
     return {"forward": lambda: conv(tx, tw, tb_, stride, pad, 1, groups),
             "backward_data": lambda: backward([True, False, False])[0],
-            "backward_weight": lambda: backward([False, True, False])[1]}, gy.numpy()
+            "backward_weight": lambda: backward([False, True, False])[1]}, gy_np
 
 
-def _treadle_runners(p, x, w, b, gy, backend):
+def _treadle_runners(p, x, w, b, gy, backend, precision):
     batch, cin, cout, size, k, stride, pad, groups = p
     nd = len(size)
     conv = _layers(tl.nn, nd, False)(cin, cout, k, stride=stride, padding=pad, groups=groups)
     conv.load_state_dict({"weight": w, "bias": b})
-    conv.set_backend(backend)
     # ConvTranspose(cout -> cin) with the same weights is the data gradient of the convolution.
     out_pad = [s - ((o - 1) * stride - 2 * pad + k) for s, o in zip(size, gy.shape[2:])]
     tconv = _layers(tl.nn, nd, True)(cout, cin, k, stride=stride, padding=pad, output_padding=out_pad,
                                      groups=groups, bias=False)
     tconv.load_state_dict({"weight": w})
-    tconv.set_backend(backend)
     wconv = _layers(tl.nn, nd, False)(cin, cout, k, stride=stride, padding=pad, groups=groups, bias=False)
     wconv.load_state_dict({"weight": w})
-    wconv.set_backend(backend)
+    for layer in (conv, tconv, wconv):
+        layer.set_backend(backend)
+        layer.set_precision(precision)
     trainer = tl.Trainer(wconv, tl.loss.MSE(), tl.optim.SGD(lr=0.0))
     target = np.zeros_like(gy)
     y_out, dx_out = np.empty_like(gy), np.empty_like(x)
@@ -121,27 +128,27 @@ def _taken(model_or_trainer):
             if line.split()[1].startswith("conv")}
 
 
-def _check(name, p, x, w, b, gy, torch_ops, runners):
+def _check(name, torch_ops, runners, precision):
     """The forward and data gradient of both backends agree with torch (scale-relative)."""
-    ref_y, ref_dx = torch_ops["forward"]().numpy(), torch_ops["backward_data"]().numpy()
+    ref_y, ref_dx = (torch_ops[what]().float().numpy() for what in ("forward", "backward_data"))
     for backend, r in runners.items():
         for what, got, ref in (("forward", r["forward"](), ref_y), ("backward data", r["backward_data"](), ref_dx)):
             err = float(np.max(np.abs(got - ref))) / max(1.0, float(np.max(np.abs(ref))))
-            if err > AGREE:
+            if err > AGREE[precision]:
                 raise SystemExit(f"{name}: {backend} {what} differs from torch by {err:.2e}")
 
 
-def bench_problem(torch, name, p, min_time):
+def bench_problem(torch, name, p, min_time, precision="float32"):
     batch, cin, cout, size, k, stride, pad, groups = p
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, cin) + tuple(size)).astype(np.float32)
     w = (rng.standard_normal((cout, cin // groups) + (k,) * len(size)) / np.sqrt(cin // groups * k ** len(size)))
     w, b = w.astype(np.float32), rng.standard_normal(cout).astype(np.float32)
-    torch_ops, gy = _torch_ops(torch, p, x, w, b)
+    torch_ops, gy = _torch_ops(torch, p, x, w, b, precision)
     runners, keep = {}, {}
     for backend in ("eigen", "onednn"):
-        runners[backend], keep[backend] = _treadle_runners(p, x, w, b, gy, backend)
-    _check(name, p, x, w, b, gy, torch_ops, runners)
+        runners[backend], keep[backend] = _treadle_runners(p, x, w, b, gy, backend, precision)
+    _check(name, torch_ops, runners, precision)
     for r in runners.values():
         r["step"]()
     taken = {}
@@ -165,6 +172,45 @@ def bench_problem(torch, name, p, min_time):
     return row
 
 
+def w4_bf16(w, torch, min_time, seed=0):
+    """The W4 step on oneDNN in float32 and bf16, torch in float32 and autocast bf16 (median CPU us)."""
+    torch.manual_seed(seed)
+    tmodel = w.build_torch(torch).float().train()
+    state = {k: v.detach().numpy() for k, v in tmodel.state_dict().items()}
+    x, y = tb._data(w, np.random.default_rng(seed))
+    runners = {}
+    for precision in ("float32", "bf16"):
+        model = w.build_treadle(tl)
+        model.load_state_dict(state)
+        model.set_backend("onednn")
+        model.set_precision(precision)
+        trainer = tl.Trainer(model, tl.loss.CrossEntropy(), tl.optim.Adam(lr=1e-3))
+        runners["treadle-onednn-" + precision] = lambda k, tr=trainer: [tr.step(x, y) for _ in range(k)]
+    topt = torch.optim.Adam(tmodel.parameters(), lr=1e-3)
+    tx, ty, tloss = torch.from_numpy(x), torch.from_numpy(y), torch.nn.CrossEntropyLoss()
+
+    def torch_step(autocast):
+        topt.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+            loss = tloss(tmodel(tx), ty)
+        loss.backward()
+        topt.step()
+
+    runners["torch-float32"] = lambda k: [torch_step(False) for _ in range(k)]
+    runners["torch-autocast-bf16"] = lambda k: [torch_step(True) for _ in range(k)]
+    timing = onednn_mlp.time_alternating(runners, min_time)
+    return {"workload": w.name, "title": w.title, "batch": w.batch, "us": {k: v["cpu_s"] * 1e6 for k, v in timing.items()}}
+
+
+def w4_bf16_table(r):
+    u = r["us"]
+    return "\n".join([f"W4 training step ({r['title']}, batch {r['batch']}), us, median CPU time, 1 thread:", "",
+                      "| treadle onednn float32 | treadle onednn bf16 | torch float32 | torch autocast bf16 | "
+                      "bf16 / float32 (treadle) |", "|---|---|---|---|---|",
+                      f"| {u['treadle-onednn-float32']:.0f} | {u['treadle-onednn-bf16']:.0f} | {u['torch-float32']:.0f} | "
+                      f"{u['torch-autocast-bf16']:.0f} | {u['treadle-onednn-float32'] / u['treadle-onednn-bf16']:.2f}x |"])
+
+
 def op_table(rows):
     lines = ["Per op, us (median CPU time, 1 thread): eigen / onednn / torch, and eigen / onednn "
              "(> 1: oneDNN faster; '(eigen)': the backend declined the node).", "",
@@ -186,6 +232,7 @@ def main(argv=None):
     ap.add_argument("--min-time", type=float, default=0.5, help="seconds of timed calls per runner")
     ap.add_argument("--problems", default=",".join(PROBLEMS))
     ap.add_argument("--no-w4", action="store_true", help="skip the W4 training step")
+    ap.add_argument("--precision", default="float32", choices=["float32", "bf16"])
     ap.add_argument("--out", default=str(here / "results"))
     args = ap.parse_args(argv)
     if "onednn" not in tl.backends():
@@ -195,21 +242,26 @@ def main(argv=None):
     torch.set_num_threads(1)
     rows = []
     for name in args.problems.split(","):
-        rows.append(bench_problem(torch, name, PROBLEMS[name], args.min_time))
+        rows.append(bench_problem(torch, name, PROBLEMS[name], args.min_time, args.precision))
         print(op_table(rows[-1:]).splitlines()[-1], flush=True)
     tables = [op_table(rows)]
     w4 = []
-    if not args.no_w4:
-        w4 = [onednn_mlp.bench(w, torch, 2 * args.min_time) for w in workloads.all_workloads() if w.name == "W4"]
+    w4_spec = next(w for w in workloads.all_workloads() if w.name == "W4")
+    if not args.no_w4 and args.precision == "float32":
+        w4 = [onednn_mlp.bench(w4_spec, torch, 2 * args.min_time)]
         tables.append(onednn_mlp.markdown(w4))
+    elif not args.no_w4:
+        w4 = [w4_bf16(w4_spec, torch, 2 * args.min_time)]
+        tables.append(w4_bf16_table(w4[0]))
     conditions = (f"Conditions: {tb.machine_info()}, 1 thread (torch.set_num_threads(1)), "
-                  f"load average {os.getloadavg()[0]:.1f}.")
+                  f"precision {args.precision}, load average {os.getloadavg()[0]:.1f}.")
     text = "\n\n".join(tables + [conditions])
     print(text)
     os.makedirs(args.out, exist_ok=True)
     result = {"machine": tb.machine_info(), "loadavg": os.getloadavg()[0], "ops": rows, "w4": w4}
-    Path(args.out, "onednn_conv.json").write_text(json.dumps(result, indent=1, default=str))
-    Path(args.out, "onednn_conv.md").write_text(text + "\n")
+    stem = "onednn_conv" + ("-bf16" if args.precision == "bf16" else "")
+    Path(args.out, stem + ".json").write_text(json.dumps(result, indent=1, default=str))
+    Path(args.out, stem + ".md").write_text(text + "\n")
     return 0
 
 

@@ -16,6 +16,11 @@
 // memory speed). Nodes go to oneDNN only where its direct kernels were measured faster than Eigen,
 // reorders included (thresholds below); the rest, and windows oneDNN cannot express (negative end
 // padding, from a transposed convolution with output_padding >= stride), stay on Eigen.
+//
+// A fused activation (ops/fusion.hpp) is an eltwise post-op of the forward convolution, applied to
+// the blocked output. bf16 compute (ops/precision.hpp) changes only data types: the reorders into
+// the blocked layouts convert the float32 operands to bf16 (round to nearest even), the bf16
+// kernels accumulate in float32 and write float32 results, so the chain stays the same.
 #include <Eigen/Core>
 #include <algorithm>
 #include <cstring>
