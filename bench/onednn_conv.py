@@ -10,9 +10,10 @@ threads and torch runs with set_num_threads(1), so every runner computes on the 
   backward data    treadle: predict of a bias-free ConvTranspose layer with the same geometry, which
                    is exactly the "conv_backward_data" node; torch: aten.convolution_backward (input)
   backward weight  treadle: a training step of the bias-free Conv layer (forward, MSE loss, weight
-                   gradient, SGD) minus its forward; the loss and the update are elementwise passes
-                   (a few % of the step, the same on both backends); torch: aten.convolution_backward
-                   (weight)
+                   gradient, SGD) minus its forward, times the weight gradient's share of the rest
+                   of the step (kernel times from tl.profile, which reads wall clocks: the MSE loss
+                   over the output is 10-25% of the step's non-forward time, not to be counted);
+                   torch: aten.convolution_backward (weight)
 treadle "onednn" is the layer pinned to oneDNN: it shows whether the backend takes the node (a node
 it declines runs on Eigen, marked "(eigen)"). Before timing,
 the three implementations' results must agree (1e-4 of the tensor's scale). Then the W4 training
@@ -128,6 +129,18 @@ def _taken(model_or_trainer):
             if line.split()[1].startswith("conv")}
 
 
+def _weight_grad_share(trainer, x, gy, steps=20):
+    """The weight gradient's part of a training step's kernel time outside the forward convolution."""
+    target = np.zeros_like(gy)
+    with tl.profile() as prof:
+        for _ in range(steps):
+            trainer.step(x, target)
+    nodes = prof.nodes()
+    weight = sum(n["seconds"] for n in nodes if n["op"] == "conv_backward_weight")
+    rest = sum(n["seconds"] for n in nodes if n["op"] != "conv")
+    return weight / rest if rest > 0 else 1.0
+
+
 def _check(name, torch_ops, runners, precision):
     """The forward and data gradient of both backends agree with torch (scale-relative)."""
     ref_y, ref_dx = (torch_ops[what]().float().numpy() for what in ("forward", "backward_data"))
@@ -162,12 +175,15 @@ def bench_problem(torch, name, p, min_time, precision="float32"):
     timers.update({f"torch:{what}": loop(f) for what, f in torch_ops.items()})
     t = onednn_mlp.time_alternating(timers, min_time)
     us = {key: v["cpu_s"] * 1e6 for key, v in t.items()}
+    shares = {be: _weight_grad_share(keep[be][2], x, gy) for be in runners}
     row = {"problem": name, "geometry": dict(zip(["batch", "in", "out", "size", "kernel", "stride", "padding",
                                                    "groups"], p)),
            "macs": int(batch * cout * np.prod(gy.shape[2:]) * (cin // groups) * k ** len(size)), "taken": taken}
     for be in ("eigen", "onednn"):
+        rest = us[f"{be}:step"] - us[f"{be}:forward_nobias"]
         row[be] = {"forward": us[f"{be}:forward"], "backward_data": us[f"{be}:backward_data"],
-                   "backward_weight": us[f"{be}:step"] - us[f"{be}:forward_nobias"]}
+                   "backward_weight": rest * shares[be], "step_minus_forward": rest,
+                   "weight_grad_share": shares[be]}
     row["torch"] = {what: us[f"torch:{what}"] for what in torch_ops}
     return row
 
