@@ -45,6 +45,8 @@ CASES = [
     # 4 input channels: oneDNN's weight gradient falls back to a slower AVX2 kernel
     ("2d-4-channels", "conv", [(6, 4, 16, 16), (16, 4, 3, 3)], {"padding": [1]},
      {"conv_backward_data": "eigen", "conv_backward_weight": "eigen"}),
+    # 20 pieces of 2 images in 16 slots: slots run several pieces
+    ("2d-many-pieces", "conv", [(40, 32, 14, 14), (64, 32, 3, 3), (64,)], {"padding": [1]}, None),
     ("2d-small", "conv", [(2, 16, 8, 8), (16, 16, 3, 3)], {"padding": [1]}, None),
     ("2d-tiny", "conv", [(2, 4, 6, 6), (4, 4, 3, 3)], {"padding": [1]},
      {"conv": "eigen", "conv_backward_data": "eigen", "conv_backward_weight": "eigen"}),

@@ -8,9 +8,10 @@
 // the primitives are created with format_tag::any and every piece chains reorders around them:
 //   before the pieces   weights plain -> blocked into the workspace (once per node execution)
 //   each piece          its images plain -> blocked, the convolution, the result blocked -> plain
-// Pieces are a fixed number of images (set by the problem, never by the workers), each with its own
-// region of the workspace (blocked copies, scratchpad), so pieces and concurrent contexts never
-// share memory. The weight gradient sums over images: each piece writes a partial gradient
+// Pieces are a fixed number of images (set by the problem, never by the workers), dealt round-robin
+// to at most 16 slots that run in parallel; each slot has its own region of the workspace (blocked
+// copies, scratchpad), so slots and concurrent contexts never share memory, and the workspace stays
+// bounded for large batches. The weight gradient sums over images: each piece writes a partial gradient
 // (blocked) into its region; the partials are added in piece order and the sum reordered to plain,
 // so the result does not depend on the executor. conv_backward_bias stays on Eigen (a reduction at
 // memory speed). Nodes go to oneDNN only where its direct kernels were measured faster than Eigen,
@@ -41,6 +42,10 @@ constexpr int64_t kF32 = sizeof(float);
 constexpr int64_t kPieceMacs = int64_t{1} << 22;
 // At most this many pieces for the weight gradient: each adds a partial gradient to the sum.
 constexpr int64_t kMaxWeightPieces = 8;
+// Slots (parallel workers' regions of the workspace) per node; every piece of a weight gradient has
+// its own slot, since its partial gradient stays there until the sum.
+constexpr int64_t kMaxSlots = 16;
+static_assert(kMaxWeightPieces <= kMaxSlots);
 constexpr int64_t kSumGrain = int64_t{1} << 14;  // elements per chunk of the partial-gradient sum
 
 using Tag = dnnl::memory::format_tag;
@@ -185,6 +190,7 @@ struct ConvPlan {
   int64_t images[2] = {0, 0};
   dnnl::primitive_desc pds[2];
   int64_t pieces() const { return (geo.batch + grain - 1) / grain; }
+  int64_t slots() const { return std::min(pieces(), kMaxSlots); }
 };
 
 ConvGeometry geometry_of(const Graph& g, const Node& node, ConvPass pass) {
@@ -250,7 +256,7 @@ struct ConvState {
   Staged weights;  // forward / backward data: plain -> blocked; backward weights: blocked sum -> plain
   std::size_t weights_bytes = 0;   // blocked weights at the start of the workspace (0: read in place)
   std::size_t partial_bytes = 0;   // backward weights: one partial gradient per piece
-  std::size_t piece_offset = 0, piece_stride = 0;
+  std::size_t piece_offset = 0, piece_stride = 0;  // where the slots' regions start, and their size
   std::size_t off_b = 0, off_out = 0, off_scratch = 0;  // within a piece's region (in_a at 0)
 };
 
@@ -305,14 +311,14 @@ PreparedNode prepare_conv(const Graph& g, const Node& node, ConvPass pass) {
   s->off_scratch = s->off_out + aligned_bytes(out_bytes);
   s->piece_offset = s->weights_bytes;
   s->piece_stride = s->off_scratch + aligned_bytes(scratch);
-  const std::size_t workspace = s->piece_offset + s->piece_stride * static_cast<std::size_t>(plan->pieces());
+  const std::size_t workspace = s->piece_offset + s->piece_stride * static_cast<std::size_t>(plan->slots());
   return {std::move(s), workspace};
 }
 
 // ---- execution ----------------------------------------------------------------------------------
 
-char* region_of(const KernelArgs& a, const ConvState& s, int64_t piece) {
-  return static_cast<char*>(a.workspace) + s.piece_offset + piece * s.piece_stride;
+char* region_of(const KernelArgs& a, const ConvState& s, int64_t slot) {
+  return static_cast<char*>(a.workspace) + s.piece_offset + slot * s.piece_stride;
 }
 
 // Adds the bias of a transposed convolution to `n` plain images.
@@ -321,13 +327,13 @@ void add_bias(float* y, const float* b, int64_t n, int64_t channels, int64_t vol
     Eigen::Map<Eigen::ArrayXf>(y + i * volume, volume) += b[i % channels];
 }
 
-void run_piece(const KernelArgs& a, const ConvState& s, int64_t piece) {
+void run_piece(const KernelArgs& a, const ConvState& s, int64_t piece, int64_t slot) {
   const ConvPlan& p = s.plan;
   const int64_t n0 = piece * p.grain;
   const bool rest = p.geo.batch - n0 < p.grain;
   const PieceKind& k = s.kinds[rest];
   const int64_t n = p.images[rest];
-  char* r = region_of(a, s, piece);
+  char* r = region_of(a, s, slot);
   void* scratch = r + s.off_scratch;
   auto batched = [&](const TensorRef& t, int64_t image_bytes) { return static_cast<char*>(t.data) + n0 * image_bytes; };
   auto blocked = [&](const Staged& t, void* plain, std::size_t off) -> void* { return t.in_place() ? plain : r + off; };
@@ -352,7 +358,8 @@ void run_piece(const KernelArgs& a, const ConvState& s, int64_t piece) {
   if (!fwd && p.bias) add_bias(static_cast<float*>(out), a.in[2].ptr<float>(), n, p.geo.channels, p.geo.in_volume());
 }
 
-// Adds the partial weight gradients of pieces 1.. into piece 0's, in piece order for every element.
+// Adds the partial weight gradients of pieces 1.. into piece 0's, in piece order for every element
+// (piece i ran in slot i).
 void sum_partials(const KernelArgs& a, const ConvState& s) {
   const int64_t pieces = s.plan.pieces(), numel = static_cast<int64_t>(s.partial_bytes / sizeof(float));
   auto body = [&](int64_t c0, int64_t c1) {
@@ -370,10 +377,15 @@ void sum_partials(const KernelArgs& a, const ConvState& s) {
   a.exec.parallel_for(chunks, [b](int64_t c0, int64_t c1) { (*b)(c0, c1); });
 }
 
+// Slot k runs pieces k, k + slots, ... in order.
+void run_slot(const KernelArgs& a, const ConvState& s, int64_t slot) {
+  for (int64_t piece = slot; piece < s.plan.pieces(); piece += s.plan.slots()) run_piece(a, s, piece, slot);
+}
+
 void run_pieces(const KernelArgs& a, const ConvState& s) {
-  const int64_t pieces = s.plan.pieces();
-  if (pieces <= 1 || a.exec.num_workers() <= 1) {
-    for (int64_t i = 0; i < pieces; ++i) run_piece(a, s, i);
+  const int64_t slots = s.plan.slots();
+  if (slots <= 1 || a.exec.num_workers() <= 1) {
+    for (int64_t k = 0; k < slots; ++k) run_slot(a, s, k);
     return;
   }
   // One captured pointer keeps the std::function inside its small buffer: no allocation per call.
@@ -382,8 +394,8 @@ void run_pieces(const KernelArgs& a, const ConvState& s) {
     const ConvState& s;
   } job{a, s};
   const Job* j = &job;
-  a.exec.parallel_for(pieces, [j](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) run_piece(j->a, j->s, i);
+  a.exec.parallel_for(slots, [j](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) run_slot(j->a, j->s, k);
   });
 }
 
