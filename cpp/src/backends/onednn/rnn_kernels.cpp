@@ -32,8 +32,13 @@ using dnnl::memory;
 // 19.3 ms against 19.5 ms; T 32, H 64: 4 x 16 samples 0.72 ms against 0.74 ms for 64), so fixed
 // pieces cost nothing on one worker and let several workers share a large batch.
 constexpr int64_t kPieceSamples = 32;
-// Below this many multiply-adds per layer call Eigen is faster (measured, docs/onednn.md).
-constexpr int64_t kMinMacs = int64_t{1} << 15;
+// Where Eigen is faster (bench/onednn_rnn.py, one core, CPU time of predict, T = 16, I = H; docs/onednn.md):
+// one sample (Eigen's matrix-vector steps beat oneDNN's at every H: 0.4-0.7x), and small layers,
+// where oneDNN's fixed cost per call is not yet paid back (2 samples: even at 2^18 multiply-adds,
+// H = 32; from 4 samples oneDNN is 1.2-1.7x faster above it; 8 or more are faster at any size, but
+// by microseconds).
+constexpr int64_t kMinSamples = 2;
+constexpr int64_t kMinMacs = int64_t{1} << 18;
 constexpr std::size_t kAlign = 64;
 constexpr int kMaxArgs = 12;
 
@@ -130,7 +135,7 @@ std::optional<Layer> layer_of(const Graph& g, const Node& node) {
   l.N = l.batch_first ? x[0] : x[1];
   l.I = x[2];
   l.H = in_shape(g, node, l.slots.w_hh)[1];
-  if (l.T * l.N * 4 * l.H * (l.I + l.H) < kMinMacs) return std::nullopt;
+  if (l.N < kMinSamples || l.T * l.N * 4 * l.H * (l.I + l.H) < kMinMacs) return std::nullopt;
   return l;
 }
 
