@@ -81,7 +81,7 @@ def timed(runners, min_time):
     return {k: v["cpu_s"] * 1e6 for k, v in t.items()}, plans
 
 
-def crossover(torch, min_time, seq=16, batches=(1, 4, 32, 128), hiddens=(8, 16, 32, 64, 128, 256)):
+def crossover(torch, min_time, seq=16, batches=(1, 2, 4, 8, 32, 128), hiddens=(8, 16, 32, 64, 128, 256)):
     rows = []
     rng = np.random.default_rng(0)
     for n in batches:
