@@ -4,6 +4,7 @@
 #include <iterator>
 
 #include "core/op_registry.hpp"
+#include "ops/fusion.hpp"
 #include "ops/precision.hpp"
 #include "treadle/error.hpp"
 #include "treadle/ops.hpp"
@@ -45,6 +46,7 @@ std::shared_ptr<Plan> compile_plan(const PlanKey& key, const TraceFn& trace, con
   if (outputs.empty()) throw_value_error("model: forward returned no outputs");
   for (const Value& v : outputs) plan->outputs.push_back(v.id());
   plan->forward_end = static_cast<int>(g.nodes().size());
+  if (key.fuse) fuse_activations(g, plan->forward_end, plan->outputs);
   set_product_precision(g, plan->forward_end, key.precision);
 
   std::vector<std::pair<int, int>> seeds;

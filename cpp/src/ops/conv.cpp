@@ -9,6 +9,7 @@
 
 #include "core/op_registry.hpp"
 #include "ops/conv_geometry.hpp"
+#include "ops/fusion.hpp"
 #include "treadle/error.hpp"
 #include "treadle/nn_conv.hpp"
 
@@ -277,6 +278,7 @@ void check_bias(const std::string& op, const std::vector<TensorMeta>& in, int64_
 
 std::vector<TensorMeta> infer_conv(const std::vector<TensorMeta>& in, Attrs& attrs) {
   check_inputs("conv", in, 2, 3);
+  check_activation_attr("conv", attrs);
   ConvGeometry g = conv_geometry_forward(in[0].shape, in[1].shape, attrs);
   check_bias(conv_label(g.nd), in, g.out_channels);
   normalise_window(attrs, g);
@@ -330,7 +332,7 @@ Value backward_weight(Value x, Value dy, const Attrs& window, const Shape& kerne
 
 std::vector<Value> grad_conv(const GradContext& c) {
   const Attrs win = window_attrs(c.node.attrs);
-  Value x = c.inputs[0], w = c.inputs[1], dy = c.grad_outputs[0];
+  Value x = c.inputs[0], w = c.inputs[1], dy = activation_grad(c);
   std::vector<Value> g(c.inputs.size());
   if (c.needs_grad[0]) g[0] = backward_data(dy, w, win, spatial(x));
   if (c.needs_grad[1]) g[1] = backward_weight(x, dy, win, spatial(w));

@@ -13,6 +13,7 @@
 
 #include "backends/eigen/eigen_backend.hpp"
 #include "backends/eigen/eigen_common.hpp"
+#include "backends/eigen/epilogue.hpp"
 #include "ops/conv_geometry.hpp"
 
 namespace treadle {
@@ -300,12 +301,14 @@ void conv_forward_kernel(const KernelArgs& a) {
   const T *x = a.in[0].ptr<T>(), *w = a.in[1].ptr<T>(), *bias = a.num_in == 3 ? a.in[2].ptr<T>() : nullptr;
   T* y = a.out[0].ptr<T>();
   const int64_t units = g.batch * g.groups, cout = g.out_group();
+  const Epilogue epilogue = epilogue_of(a.attrs());
   run_slots(a.exec, p.slots, [&](int64_t slot) {
     for (int64_t u = slot; u < units; u += p.slots) {
       const UnitOffsets at = unit_offsets(g, u);
       forward_unit(g, p, x + at.x, w + at.grp * cout * g.rows(), y + at.y,
                    static_cast<T*>(a.workspace) + slot * p.slot_elements);
       if (bias) add_channel_bias(y + at.y, bias + at.grp * cout, cout, g.out_volume());
+      apply_epilogue(epilogue, y + at.y, cout * g.out_volume());
     }
   });
 }
