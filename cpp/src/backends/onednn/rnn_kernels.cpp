@@ -4,7 +4,8 @@
 // first three; `saved` (the gates and cell of every step, read by lstm_layer_backward) has no
 // counterpart: forward_training keeps them in an opaque workspace. So a node is taken only when
 // nothing reads `saved` (ValueInfo::read: no node consumes it and the host does not read it), which
-// is the case in every inference plan; training plans keep the Eigen kernel.
+// is the case in every inference plan; training plans keep the Eigen kernel (recomputing `saved`
+// on top of oneDNN's output costs more than Eigen's whole forward: measured, docs/onednn.md).
 //
 // Per call: the weights (they change between training steps) are reordered from treadle's layout
 // (W_ih is (4H, I) row-major: oneDNN's ldgoi, gate order i, f, g, o as oneDNN's) into the
@@ -16,7 +17,6 @@
 // GRU: oneDNN 3.2 runs lbr_gru (PyTorch's GRU) only on its "ref" implementation (see docs/onednn.md).
 #include <algorithm>
 #include <array>
-#include <cstring>
 
 #include "backends/onednn/onednn_common.hpp"
 #include "ops/recurrent.hpp"
@@ -45,7 +45,8 @@ constexpr int kMaxArgs = 12;
 std::size_t align_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 void check(dnnl_status_t status, const char* what) {
-  if (status != dnnl_success) throw_runtime_error("onednn lstm_layer: ", what, " failed (status ", static_cast<int>(status), ")");
+  if (status != dnnl_success)
+    throw_runtime_error("onednn lstm_layer: ", what, " failed (status ", static_cast<int>(status), ")");
 }
 
 // The stream of the calling thread, created once per host thread (CPU streams hold no data).
@@ -217,7 +218,9 @@ void run_piece(const KernelArgs& a, const LstmState& s, int64_t p) {
   const bool rest = l.N - n0 < kPieceSamples;
   const PooledPrimitive& prim = s.piece[rest && l.N > kPieceSamples ? 1 : 0];
   char* ws = static_cast<char*>(a.workspace);
-  auto at = [&](const TensorRef& t, int64_t step) { return static_cast<void*>(static_cast<char*>(t.data) + n0 * step); };
+  auto at = [&](const TensorRef& t, int64_t step) {
+    return static_cast<void*>(static_cast<char*>(t.data) + n0 * step);
+  };
   std::array<void*, kMaxArgs> ptrs = {at(a.in[sl.x], l.sample_step(l.I)),
                                       at(a.in[sl.h0], state_step),
                                       at(a.in[sl.c0], state_step),
