@@ -12,7 +12,7 @@
 namespace treadle {
 namespace {
 
-// Sets the compute precision of the forward's matrix products (nodes [0, end)). Runs before the
+// Sets the compute precision of the forward's matrix products and convolutions (nodes [0, end)). Runs before the
 // loss and the backward pass are added: losses keep float32, and the products of the gradient
 // rules inherit the precision of the node they differentiate. Attributes are re-validated by the
 // op's own check, so a non-float32 product is refused there with the op's name.
@@ -20,7 +20,7 @@ void set_product_precision(Graph& g, int end, const std::string& precision) {
   if (precision.empty() || precision == "float32") return;
   check_precision_name("compile_plan", precision);
   const OpRegistry& reg = OpRegistry::instance();
-  const int ops[] = {reg.id("linear"), reg.id("matmul"), reg.id("bmm")};
+  const int ops[] = {reg.id("linear"), reg.id("matmul"), reg.id("bmm"), reg.id("conv"), reg.id("conv_backward_data")};
   for (int n = 0; n < end; ++n) {
     Node& node = g.nodes()[n];
     if (std::find(std::begin(ops), std::end(ops), node.op) == std::end(ops)) continue;
