@@ -173,10 +173,10 @@ bool worth_it(const ConvGeometry& g, ConvPass pass) {
       // dominates (0.21 at 1 channel, 0.40 at 2, 0.43 at 3, 0.68 at 4; 1.10 at 8).
       return g.channels >= 8;
     case ConvPass::backward_weight:
-      // One input channel: a tie again (1.02-1.12). With 4 to 7 input channels per group oneDNN
-      // falls back to its AVX2 kernel in 8-channel blocks (0.89 at 4 -> 16 channels); with 2-3 it
-      // reads the input in place (1.41-1.81); depthwise ones are fast (1.9).
-      return g.channels > 1 && (g.in_group() < 4 || g.in_group() >= 8);
+      // With 4 to 7 input channels per group oneDNN falls back to its AVX2 kernel in 8-channel
+      // blocks (0.78 at 4 -> 16 channels); with 1 to 3 it reads the input in place (1.20 at 1,
+      // 2.2-2.4 at 2 and 3); depthwise ones are fast (3.3).
+      return g.in_group() < 4 || g.in_group() >= 8;
   }
   return false;
 }
