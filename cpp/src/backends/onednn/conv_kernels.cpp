@@ -166,11 +166,11 @@ bool worth_it(const ConvGeometry& g, ConvPass pass) {
   switch (pass) {
     case ConvPass::forward:
       // One input channel: oneDNN reads it in place, a tie (0.99, 1 -> 32 channels at 28x28). A
-      // pointwise convolution is one plain GEMM for Eigen, without im2col (0.91-1.24).
+      // pointwise convolution is one plain GEMM for Eigen, without im2col (0.91-1.24 across runs).
       return g.channels > 1 && !g.pointwise();
     case ConvPass::backward_data:
       // A data gradient with few channels is blocked in 16s: mostly padding, and its reorder back
-      // dominates (0.21 at 1 channel, 0.40 at 2, 0.43 at 3, 0.68 at 4; 1.10 at 8).
+      // dominates (0.21 at 1 channel, 0.40 at 2, 0.43 at 3, 0.68 at 4; 1.10-1.43 at 8).
       return g.channels >= 8;
     case ConvPass::backward_weight:
       // With 4 to 7 input channels per group oneDNN falls back to its AVX2 kernel in 8-channel
