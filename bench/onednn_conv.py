@@ -1,7 +1,7 @@
 """oneDNN convolutions vs Eigen vs PyTorch: per-op times and the W4 CNN training step, 1 thread.
 
     TREADLE_BUILD_DIR=$PWD/build/onednn PYTHONPATH=$PWD/python python bench/onednn_conv.py [--min-time 0.5]
-        [--problems NAME,...] [--no-w4] [--precision bf16]
+        [--problems NAME,...] [--no-w4] [--w4-threads 1,2] [--precision bf16]
 
 Per op, for each problem (a convolution layer's geometry and batch), median CPU time of the calling
 thread per call, in alternating rounds (all runners see the same machine noise; treadle starts no
@@ -17,7 +17,8 @@ threads and torch runs with set_num_threads(1), so every runner computes on the 
 treadle "onednn" is the layer pinned to oneDNN: it shows whether the backend takes the node (a node
 it declines runs on Eigen, marked "(eigen)"). Before timing,
 the three implementations' results must agree (1e-4 of the tensor's scale). Then the W4 training
-step (bench/workloads.py) on both backends and torch, timed the same way (bench/onednn_mlp.py).
+step (bench/workloads.py) on both backends and torch, timed the same way (bench/onednn_mlp.py); with
+--w4-threads 1,2 also on a 2-worker tl.PoolExecutor against torch.set_num_threads(2) (wall time).
 With --precision bf16 every treadle layer computes in bf16 (set_precision("bf16"): operands
 rounded to bf16, float32 accumulation and results) and torch runs the same ops on bf16 tensors
 converted beforehand (bf16 results); results must then agree within 3e-2 of the scale, and the W4
@@ -248,6 +249,7 @@ def main(argv=None):
     ap.add_argument("--min-time", type=float, default=0.5, help="seconds of timed calls per runner")
     ap.add_argument("--problems", default=",".join(PROBLEMS))
     ap.add_argument("--no-w4", action="store_true", help="skip the W4 training step")
+    ap.add_argument("--w4-threads", default="1", help="thread counts for the W4 step (float32)")
     ap.add_argument("--precision", default="float32", choices=["float32", "bf16"])
     ap.add_argument("--out", default=str(here / "results"))
     args = ap.parse_args(argv)
@@ -264,7 +266,14 @@ def main(argv=None):
     w4 = []
     w4_spec = next(w for w in workloads.all_workloads() if w.name == "W4")
     if not args.no_w4 and args.precision == "float32":
-        w4 = [onednn_mlp.bench(w4_spec, torch, 2 * args.min_time)]
+        import concurrent.futures
+        for threads in (int(t) for t in args.w4_threads.split(",")):
+            pool = concurrent.futures.ThreadPoolExecutor(threads) if threads > 1 else None
+            executor = tl.PoolExecutor(pool, threads) if pool else None
+            w4.append(onednn_mlp.bench(w4_spec, torch, 2 * args.min_time, threads, executor))
+            if pool:
+                pool.shutdown()
+        torch.set_num_threads(1)
         tables.append(onednn_mlp.markdown(w4))
     elif not args.no_w4:
         w4 = [w4_bf16(w4_spec, torch, 2 * args.min_time)]
