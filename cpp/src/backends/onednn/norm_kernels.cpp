@@ -1,7 +1,215 @@
+// layer_norm and layer_norm_backward on oneDNN's layer_normalization primitives (jit:uni here),
+// float32. The tensor is viewed as (rows, width) with width = the normalized trailing dims; fixed
+// blocks of rows are the pieces. The ops' statistics are (mean, rstd = 1/sqrt(var + eps)) while
+// oneDNN's are (mean, var), so the forward writes var into the rstd output and converts it after each
+// piece, and the backward gives oneDNN var = 1/rstd^2 with eps = 0 (the backward op carries no eps;
+// oneDNN then recomputes rstd from it), converted into the workspace before each piece. The
+// backward's weight and bias gradients are per-piece partial sums (in the workspace), added in piece
+// order in double afterwards: results never depend on the executor.
+//
+// What stays on Eigen (docs/onednn.md, "Pooling and normalisation", has the numbers):
+//   - batch_norm (training statistics): oneDNN sums the mean in float32 (plain layout: ncsp_bnorm;
+//     blocked/nhwc: bnorm_jit), which on inputs with a large mean (N(100, 1)) misses the float64 mean
+//     by 3e-4 to 4e-2, so y misses by as much: far outside the 1e-5 contract. Eigen sums in double.
+//   - batch_norm_eval: Eigen's loop runs at 0.12 ns per element; oneDNN's plain-layout kernel at 0.9
+//     (its fast kernels want nhwc or blocked layouts, and the reorders alone cost more than Eigen).
+//   - group_norm and rms_norm: oneDNN 3.2 has no primitive for them.
+//   - small tensors (kMinElements) and float64.
+#include <algorithm>
+#include <cmath>
+
 #include "backends/onednn/onednn_common.hpp"
 
 namespace treadle::onednn {
+namespace {
 
-std::vector<OpEntry> norm_entries() { return {}; }
+constexpr int64_t kElementGrain = int64_t{1} << 16;  // elements per piece
+constexpr int64_t kMinElements = 256;                // below, Eigen is as fast (bench/onednn_norm_pool.py)
+constexpr std::size_t kAlign = 64;
+
+using dnnl::normalization_flags;
+
+// The (rows, width) view of input `x` of a layer_norm node (normalized_ndim trailing dims).
+struct Rows {
+  int64_t rows = 0, width = 1;
+  int64_t grain() const { return std::max<int64_t>(1, kElementGrain / width); }
+  int64_t step() const { return width * static_cast<int64_t>(sizeof(float)); }
+};
+
+std::optional<Rows> rows_if_supported(const Graph& g, const Node& node, int x) {
+  if (!all_f32(g, node)) return std::nullopt;
+  const Shape& s = in_shape(g, node, x);
+  const int64_t k = node.attrs.i("normalized_ndim"), numel = shape_numel(s);
+  Rows r;
+  for (std::size_t d = s.size() - static_cast<std::size_t>(k); d < s.size(); ++d) r.width *= s[d];
+  if (r.width == 0 || numel < kMinElements) return std::nullopt;
+  r.rows = numel / r.width;
+  return r;
+}
+
+normalization_flags flags_of(bool scale, bool shift) {
+  normalization_flags f = normalization_flags::none;
+  if (scale) f = f | normalization_flags::use_scale;
+  if (shift) f = f | normalization_flags::use_shift;
+  return f;
+}
+
+float eps_of(const Node& node) { return static_cast<float>(node.attrs.f("eps")); }
+
+dnnl::layer_normalization_forward::primitive_desc forward_pd(int64_t rows, int64_t width, float eps,
+                                                             normalization_flags f) {
+  const MemDesc md = f32_dense({rows, width});
+  return dnnl::layer_normalization_forward::primitive_desc(cpu_engine(), dnnl::prop_kind::forward_training, md, md,
+                                                           eps, f, default_attr());
+}
+
+// Runs f(tile) for every tile, on the executor when it has workers (one captured pointer: the
+// std::function keeps it in its small buffer, no allocation per call).
+template <typename F>
+void for_each_tile(const KernelArgs& a, int64_t tiles, const F& f) {
+  if (tiles <= 1 || a.exec.num_workers() <= 1) {
+    for (int64_t t = 0; t < tiles; ++t) f(t);
+    return;
+  }
+  const F* fp = &f;
+  a.exec.parallel_for(tiles, [fp](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) (*fp)(t);
+  });
+}
+
+const ChunkedPrimitive& prepared(const KernelArgs& a) { return *static_cast<const ChunkedPrimitive*>(a.state); }
+
+// ---- layer_norm: (x, [weight, [bias]]) -> (y, mean, rstd)
+std::optional<ChunkPlan> plan_forward(const Graph& g, const Node& node) {
+  const std::optional<Rows> r = rows_if_supported(g, node, 0);
+  if (!r) return std::nullopt;
+  const bool scale = node.inputs.size() > 1, shift = node.inputs.size() > 2;
+  std::vector<ArgSpec> args = {{DNNL_ARG_SRC, false, 0, r->step()},
+                               {DNNL_ARG_DST, true, 0, r->step()},
+                               {DNNL_ARG_MEAN, true, 1, sizeof(float)},
+                               {DNNL_ARG_VARIANCE, true, 2, sizeof(float)}};  // var, turned into rstd
+  if (scale) args.push_back({DNNL_ARG_SCALE, false, 1, 0});
+  if (shift) args.push_back({DNNL_ARG_SHIFT, false, 2, 0});
+  const float eps = eps_of(node);
+  return plan_chunks(args, r->rows, r->grain(), [&](int64_t rows) {
+    return try_pd([&]() -> dnnl::primitive_desc { return forward_pd(rows, r->width, eps, flags_of(scale, shift)); });
+  });
+}
+
+bool accepts_forward(const Graph& g, const Node& node) { return plan_forward(g, node).has_value(); }
+
+PreparedNode prepare_forward(const Graph& g, const Node& node) { return make_prepared(*plan_forward(g, node)); }
+
+void forward_kernel(const KernelArgs& a) {
+  const ChunkedPrimitive& s = prepared(a);
+  const double eps = a.attrs().f("eps");
+  float* rstd = a.out[2].ptr<float>();
+  for_each_tile(a, s.split.tiles(), [&](int64_t t) {
+    run_tile(a, s, t);
+    const int64_t r0 = t * s.split.row_grain, r1 = std::min(s.split.rows, r0 + s.split.row_grain);
+    for (int64_t r = r0; r < r1; ++r) rstd[r] = static_cast<float>(1.0 / std::sqrt(double{rstd[r]} + eps));
+  });
+}
+
+// ---- layer_norm_backward: (dy, x, mean, rstd, [weight]) -> (dx, [dweight, dbias])
+// Workspace: var (rows floats), then per tile the partial dweight and dbias (2 x width floats each),
+// then the tiles' scratchpads.
+struct BackwardLayout {
+  std::size_t var_bytes = 0, partial_bytes = 0;  // partial_bytes: per tile
+  std::size_t total(int64_t tiles) const { return var_bytes + partial_bytes * static_cast<std::size_t>(tiles); }
+};
+
+BackwardLayout backward_layout(const Rows& r, bool weight) {
+  BackwardLayout l;
+  l.var_bytes = static_cast<std::size_t>(round_up(r.rows * static_cast<int64_t>(sizeof(float)), kAlign));
+  if (weight) l.partial_bytes = static_cast<std::size_t>(round_up(2 * r.step(), kAlign));
+  return l;
+}
+
+// Argument order: the weight-gradient arguments last (kDiffScale, kDiffShift), so that the kernel
+// can point them at each tile's partial sums.
+constexpr int kDiffScale = 7, kDiffShift = 8;
+
+std::optional<ChunkPlan> plan_backward(const Graph& g, const Node& node) {
+  const std::optional<Rows> r = rows_if_supported(g, node, 1);
+  if (!r) return std::nullopt;
+  const bool weight = node.inputs.size() > 4;
+  std::vector<ArgSpec> args = {{DNNL_ARG_DIFF_DST, false, 0, r->step()},
+                               {DNNL_ARG_SRC, false, 1, r->step()},
+                               {DNNL_ARG_MEAN, false, 2, sizeof(float)},
+                               {DNNL_ARG_VARIANCE, false, 0, sizeof(float), 0, 0},  // staged at byte 0
+                               {DNNL_ARG_DIFF_SRC, true, 0, r->step()}};
+  if (weight) {
+    // oneDNN's backward with use_shift asks for the shift although dx does not depend on it: the
+    // weight stands in (read-only, same shape).
+    args.push_back({DNNL_ARG_SCALE, false, 4, 0});
+    args.push_back({DNNL_ARG_SHIFT, false, 4, 0});
+    args.push_back({DNNL_ARG_DIFF_SCALE, true, 1, 0});  // replaced by the tile's partial sums
+    args.push_back({DNNL_ARG_DIFF_SHIFT, true, 2, 0});
+  }
+  const float eps = 0.f;  // var = 1/rstd^2 already holds the forward's eps
+  const normalization_flags f = flags_of(weight, weight);
+  const dnnl::prop_kind prop = weight ? dnnl::prop_kind::backward : dnnl::prop_kind::backward_data;
+  std::optional<ChunkPlan> plan = plan_chunks(args, r->rows, r->grain(), [&](int64_t rows) {
+    return try_pd([&]() -> dnnl::primitive_desc {
+      const MemDesc md = f32_dense({rows, r->width});
+      return dnnl::layer_normalization_backward::primitive_desc(cpu_engine(), prop, md, md, md, eps, f,
+                                                                forward_pd(rows, r->width, eps, f), default_attr());
+    });
+  });
+  if (plan) plan->staging_bytes = backward_layout(*r, weight).total(plan->split.row_tiles());
+  return plan;
+}
+
+bool accepts_backward(const Graph& g, const Node& node) { return plan_backward(g, node).has_value(); }
+
+PreparedNode prepare_backward(const Graph& g, const Node& node) { return make_prepared(*plan_backward(g, node)); }
+
+// dweight and dbias: the tiles' partial sums added in tile order, in double.
+void sum_partials(const KernelArgs& a, const ChunkedPrimitive& s, const BackwardLayout& l, int64_t width) {
+  const char* base = static_cast<const char*>(a.workspace) + l.var_bytes;
+  float *dw = a.out[1].ptr<float>(), *db = a.out[2].ptr<float>();
+  for (int64_t j = 0; j < width; ++j) {
+    double sw = 0, sb = 0;
+    for (int64_t t = 0; t < s.split.tiles(); ++t) {
+      const auto* p = reinterpret_cast<const float*>(base + static_cast<std::size_t>(t) * l.partial_bytes);
+      sw += p[j];
+      sb += p[width + j];
+    }
+    dw[j] = static_cast<float>(sw);
+    db[j] = static_cast<float>(sb);
+  }
+}
+
+void backward_kernel(const KernelArgs& a) {
+  const ChunkedPrimitive& s = prepared(a);
+  const bool weight = a.num_in > 4;
+  const int64_t width = a.in[1].numel / std::max<int64_t>(1, s.split.rows);
+  const BackwardLayout l = backward_layout(Rows{s.split.rows, width}, weight);
+  const float* rstd = a.in[3].ptr<float>();
+  auto* var = static_cast<float*>(a.workspace);
+  for_each_tile(a, s.split.tiles(), [&](int64_t t) {
+    const int64_t r0 = t * s.split.row_grain, r1 = std::min(s.split.rows, r0 + s.split.row_grain);
+    for (int64_t r = r0; r < r1; ++r) {
+      const double rs = rstd[r];
+      var[r] = static_cast<float>(1.0 / (rs * rs));
+    }
+    if (!weight) return run_tile(a, s, t);
+    std::array<void*, kDiffShift + 1> overrides{};
+    auto* partial = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + l.var_bytes +
+                                             static_cast<std::size_t>(t) * l.partial_bytes);
+    overrides[kDiffScale] = partial;
+    overrides[kDiffShift] = partial + width;
+    run_tile(a, s, t, overrides.data());
+  });
+  if (weight) sum_partials(a, s, l, width);
+}
+
+}  // namespace
+
+std::vector<OpEntry> norm_entries() {
+  return {{"layer_norm", nullptr, &accepts_forward, &prepare_forward, &forward_kernel},
+          {"layer_norm_backward", nullptr, &accepts_backward, &prepare_backward, &backward_kernel}};
+}
 
 }  // namespace treadle::onednn

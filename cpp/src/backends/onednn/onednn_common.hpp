@@ -178,6 +178,11 @@ PreparedNode make_prepared(const ChunkPlan& plan);
 // The kernel every oneDNN node runs: its chunks on the host's executor.
 void run_chunked(const KernelArgs& a);
 
+// One tile of a prepared node, as run_chunked runs it, for families whose kernels add their own
+// steps around each tile (statistics converted after it, partial sums per tile). `overrides`, when
+// given, holds one pointer per ArgSpec; a non-null one replaces that argument's data pointer.
+void run_tile(const KernelArgs& a, const ChunkedPrimitive& s, int64_t index, void* const* overrides = nullptr);
+
 // Rounds `n` up to a multiple of `m`.
 inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
