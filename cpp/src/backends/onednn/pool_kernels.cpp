@@ -1,7 +1,251 @@
+// Pooling on oneDNN's pooling primitives (jit:avx512_core here; plain NCHW/NCDHW is handled by
+// oneDNN itself, which transposes internally), float32, 1 to 3 spatial dims. Pieces are fixed blocks
+// of batch entries.
+//   max_pool          forward_training: oneDNN's workspace holds, per output, the position of the
+//                     window's maximum as a u8 offset in (kd, kh, kw) scan order; each piece turns
+//                     it into the op's int64 index (plane offset of that input element) through
+//                     tables built at prepare time. Ties go to the first maximum in scan order, as in
+//                     Eigen and PyTorch (checked). oneDNN does not let a NaN win its window and starts
+//                     its maxima below -inf's handling, so a piece whose input holds a NaN or -inf runs
+//                     the op's own rule (a scalar loop, as in the reference) instead.
+//   avg_pool and      count_include_pad = False (divisor: the window's elements inside the input) and
+//   avg_pool_backward count_include_pad = True where no window reaches past the input's right
+//                     padding (ceil mode can make it do so: there PyTorch's divisor is clipped,
+//                     oneDNN's is not); no divisor_override.
+// What stays on Eigen (docs/onednn.md, "Pooling and normalisation"): max_pool_backward (it takes
+// the int64 indices, not oneDNN's workspace, and Eigen's scatter is already at memory speed),
+// adaptive_avg_pool (no oneDNN primitive), float64, and small inputs (thresholds below, measured).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
 #include "backends/onednn/onednn_common.hpp"
+#include "ops/conv_geometry.hpp"
 
 namespace treadle::onednn {
+namespace {
 
-std::vector<OpEntry> pool_entries() { return {}; }
+using dnnl::algorithm;
+
+constexpr int64_t kElementGrain = int64_t{1} << 16;  // input elements per piece
+constexpr int64_t kMinMaxElements = 2048;            // max_pool: input elements from which oneDNN wins
+constexpr int64_t kMinAvgElements = 512;             // avg_pool (both directions)
+
+// oneDNN's view of a pooling: dims of src/dst (N, C, spatial) and the window parameters.
+struct PoolDims {
+  PoolGeometry g;
+  int64_t n = 0, c = 0;
+  Dims strides, kernel, dilation, pad_l, pad_r;
+  bool reaches_right_pad = false;  // some window extends past the input's right padding
+
+  Dims src(int64_t batch) const { return with_spatial(batch, g.in); }
+  Dims dst(int64_t batch) const { return with_spatial(batch, g.out); }
+  int64_t grain() const { return std::max<int64_t>(1, kElementGrain / std::max<int64_t>(1, c * g.in_volume())); }
+
+ private:
+  Dims with_spatial(int64_t batch, const Dims3& s) const {
+    Dims d{batch, c};
+    d.insert(d.end(), s.begin() + (3 - g.nd), s.end());
+    return d;
+  }
+};
+
+// `x` is the pooled input's shape. oneDNN's right padding makes its output size PyTorch's (ceil mode
+// included); its dilation counts the gaps (PyTorch's minus one).
+PoolDims pool_dims(const char* kind, const Shape& x, const Attrs& attrs, bool dilation) {
+  PoolDims p;
+  p.g = pool_geometry(kind, x, attrs, dilation);
+  p.n = x[0];
+  p.c = x[1];
+  for (int i = 3 - p.g.nd; i < 3; ++i) {
+    const PoolGeometry& g = p.g;
+    const int64_t span = (g.kernel[i] - 1) * g.dilation[i] + 1;
+    const int64_t needed = (g.out[i] - 1) * g.stride[i] + span - g.in[i] - g.pad[i];
+    p.strides.push_back(g.stride[i]);
+    p.kernel.push_back(g.kernel[i]);
+    p.dilation.push_back(g.dilation[i] - 1);
+    p.pad_l.push_back(g.pad[i]);
+    p.pad_r.push_back(std::max(g.pad[i], needed));
+    p.reaches_right_pad = p.reaches_right_pad || needed > g.pad[i];
+  }
+  return p;
+}
+
+dnnl::pooling_forward::primitive_desc forward_pd(const PoolDims& p, int64_t batch, algorithm alg,
+                                                 dnnl::prop_kind prop) {
+  return dnnl::pooling_forward::primitive_desc(cpu_engine(), prop, alg, f32_dense(p.src(batch)),
+                                               f32_dense(p.dst(batch)), p.strides, p.kernel, p.dilation, p.pad_l,
+                                               p.pad_r, default_attr());
+}
+
+bool f32_data(const Graph& g, const Node& node) {
+  return g.info(node.inputs.at(0)).dtype == DType::f32 && g.info(node.outputs.at(0)).dtype == DType::f32;
+}
+
+// ---- avg_pool and avg_pool_backward
+std::optional<algorithm> avg_algorithm(const Node& node, const PoolDims& p) {
+  if (node.attrs.i_or("divisor_override", 0) != 0) return std::nullopt;
+  if (node.attrs.i_or("count_include_pad", 1) == 0) return algorithm::pooling_avg_exclude_padding;
+  if (p.reaches_right_pad) return std::nullopt;
+  return algorithm::pooling_avg_include_padding;
+}
+
+std::optional<ChunkPlan> plan_avg_forward(const Graph& g, const Node& node) {
+  if (!f32_data(g, node) || shape_numel(in_shape(g, node, 0)) < kMinAvgElements) return std::nullopt;
+  const PoolDims p = pool_dims("avg", in_shape(g, node, 0), node.attrs, false);
+  const std::optional<algorithm> alg = avg_algorithm(node, p);
+  if (!alg) return std::nullopt;
+  const int64_t f = sizeof(float);
+  std::vector<ArgSpec> args = {{DNNL_ARG_SRC, false, 0, p.c * p.g.in_volume() * f},
+                               {DNNL_ARG_DST, true, 0, p.c * p.g.out_volume() * f}};
+  return plan_chunks(args, p.n, p.grain(), [&](int64_t batch) {
+    return try_pd([&]() -> dnnl::primitive_desc {
+      return forward_pd(p, batch, *alg, dnnl::prop_kind::forward_inference);
+    });
+  });
+}
+
+// dy -> dx; the pooled input's shape is the output's.
+std::optional<ChunkPlan> plan_avg_backward(const Graph& g, const Node& node) {
+  if (!f32_data(g, node) || shape_numel(out_shape(g, node, 0)) < kMinAvgElements) return std::nullopt;
+  const PoolDims p = pool_dims("avg", out_shape(g, node, 0), node.attrs, false);
+  const std::optional<algorithm> alg = avg_algorithm(node, p);
+  if (!alg) return std::nullopt;
+  const int64_t f = sizeof(float);
+  std::vector<ArgSpec> args = {{DNNL_ARG_DIFF_DST, false, 0, p.c * p.g.out_volume() * f},
+                               {DNNL_ARG_DIFF_SRC, true, 0, p.c * p.g.in_volume() * f}};
+  return plan_chunks(args, p.n, p.grain(), [&](int64_t batch) {
+    return try_pd([&]() -> dnnl::primitive_desc {
+      return dnnl::pooling_backward::primitive_desc(
+          cpu_engine(), *alg, f32_dense(p.src(batch)), f32_dense(p.dst(batch)), p.strides, p.kernel, p.dilation,
+          p.pad_l, p.pad_r, forward_pd(p, batch, *alg, dnnl::prop_kind::forward_training), default_attr());
+    });
+  });
+}
+
+// ---- max_pool: x -> (y, int64 indices)
+// Prepared state: the primitives, and the tables that turn oneDNN's window offsets into indices:
+// index = window_start[o] + tap_offset[offset] (window_start may be negative: padding).
+struct MaxPoolState {
+  PreparedNode chunks;
+  PoolGeometry g;
+  std::vector<int64_t> window_start, tap_offset;
+};
+
+std::optional<ChunkPlan> plan_max(const Graph& g, const Node& node) {
+  if (!f32_data(g, node) || shape_numel(in_shape(g, node, 0)) < kMinMaxElements) return std::nullopt;
+  const PoolDims p = pool_dims("max", in_shape(g, node, 0), node.attrs, true);
+  if (p.g.kernel[0] * p.g.kernel[1] * p.g.kernel[2] > 256) return std::nullopt;  // offsets must fit u8
+  const int64_t f = sizeof(float), ov = p.c * p.g.out_volume();
+  // The workspace (u8 offsets, laid out like y) lives at the start of the node's workspace.
+  std::vector<ArgSpec> args = {{DNNL_ARG_SRC, false, 0, p.c * p.g.in_volume() * f},
+                               {DNNL_ARG_DST, true, 0, ov * f},
+                               {DNNL_ARG_WORKSPACE, false, 0, ov, 0, 0}};
+  std::optional<ChunkPlan> plan = plan_chunks(args, p.n, p.grain(), [&](int64_t batch) {
+    return try_pd([&]() -> std::optional<dnnl::primitive_desc> {
+      auto pd = forward_pd(p, batch, algorithm::pooling_max, dnnl::prop_kind::forward_training);
+      const Dims dst = p.dst(batch);
+      Dims strides(dst.size(), 1);
+      for (int d = static_cast<int>(dst.size()) - 2; d >= 0; --d) strides[d] = strides[d + 1] * dst[d + 1];
+      if (pd.workspace_desc() != plain_desc(dst, strides, dnnl::memory::data_type::u8)) return std::nullopt;
+      return pd;
+    });
+  });
+  if (plan) plan->staging_bytes = static_cast<std::size_t>(round_up(p.n * ov, 64));
+  return plan;
+}
+
+bool accepts_max(const Graph& g, const Node& node) { return plan_max(g, node).has_value(); }
+
+PreparedNode prepare_max(const Graph& g, const Node& node) {
+  auto s = std::make_shared<MaxPoolState>();
+  s->chunks = make_prepared(*plan_max(g, node));
+  s->g = pool_geometry("max", in_shape(g, node, 0), node.attrs, true);
+  const PoolGeometry& pg = s->g;
+  for (int64_t od = 0; od < pg.out[0]; ++od)
+    for (int64_t oh = 0; oh < pg.out[1]; ++oh)
+      for (int64_t ow = 0; ow < pg.out[2]; ++ow)
+        s->window_start.push_back(((od * pg.stride[0] - pg.pad[0]) * pg.in[1] + oh * pg.stride[1] - pg.pad[1]) *
+                                      pg.in[2] +
+                                  ow * pg.stride[2] - pg.pad[2]);
+  for (int64_t kd = 0; kd < pg.kernel[0]; ++kd)
+    for (int64_t kh = 0; kh < pg.kernel[1]; ++kh)
+      for (int64_t kw = 0; kw < pg.kernel[2]; ++kw)
+        s->tap_offset.push_back((kd * pg.dilation[0] * pg.in[1] + kh * pg.dilation[1]) * pg.in[2] +
+                                kw * pg.dilation[2]);
+  const std::size_t workspace = s->chunks.workspace;
+  return {std::move(s), workspace};
+}
+
+// True when x[0, n) holds a NaN or -inf (the values oneDNN's max pooling does not treat as the op).
+bool has_nan_or_neg_inf(const float* x, int64_t n) {
+  bool found = false;
+  for (int64_t i = 0; i < n; ++i) found |= !(x[i] > -std::numeric_limits<float>::infinity());
+  return found;
+}
+
+// The op's rule for one plane: the first maximum in scan order, a NaN wins (the last one seen).
+void max_pool_plane(const PoolGeometry& g, const float* x, float* y, int64_t* idx) {
+  int64_t o = 0;
+  for (int64_t od = 0; od < g.out[0]; ++od)
+    for (int64_t oh = 0; oh < g.out[1]; ++oh)
+      for (int64_t ow = 0; ow < g.out[2]; ++ow, ++o) {
+        const int64_t start[3] = {od * g.stride[0] - g.pad[0], oh * g.stride[1] - g.pad[1], ow * g.stride[2] - g.pad[2]};
+        float best = -std::numeric_limits<float>::infinity();
+        int64_t arg = -1;
+        for (int64_t kd = 0; kd < g.kernel[0]; ++kd)
+          for (int64_t kh = 0; kh < g.kernel[1]; ++kh)
+            for (int64_t kw = 0; kw < g.kernel[2]; ++kw) {
+              const int64_t i[3] = {start[0] + kd * g.dilation[0], start[1] + kh * g.dilation[1],
+                                    start[2] + kw * g.dilation[2]};
+              if (i[0] < 0 || i[0] >= g.in[0] || i[1] < 0 || i[1] >= g.in[1] || i[2] < 0 || i[2] >= g.in[2]) continue;
+              const int64_t at = (i[0] * g.in[1] + i[1]) * g.in[2] + i[2];
+              const float v = x[at];
+              if (arg < 0 || v > best || std::isnan(v)) best = v, arg = at;
+            }
+        y[o] = best;
+        idx[o] = arg;
+      }
+}
+
+void max_kernel(const KernelArgs& a) {
+  const auto& st = *static_cast<const MaxPoolState*>(a.state);
+  const auto& s = *static_cast<const ChunkedPrimitive*>(st.chunks.state.get());
+  const PoolGeometry& g = st.g;
+  const int64_t iv = g.in_volume(), ov = g.out_volume(), c = g.planes / std::max<int64_t>(1, s.split.rows);
+  const float* x = a.in[0].ptr<float>();
+  float* y = a.out[0].ptr<float>();
+  int64_t* idx = a.out[1].ptr<int64_t>();
+  const auto* offsets = static_cast<const uint8_t*>(a.workspace);
+  auto piece = [&](int64_t t) {
+    const int64_t p0 = t * s.split.row_grain * c, p1 = std::min(s.split.rows, (t + 1) * s.split.row_grain) * c;
+    if (has_nan_or_neg_inf(x + p0 * iv, (p1 - p0) * iv)) {
+      for (int64_t p = p0; p < p1; ++p) max_pool_plane(g, x + p * iv, y + p * ov, idx + p * ov);
+      return;
+    }
+    run_tile(a, s, t);
+    const int64_t* start = st.window_start.data();
+    const int64_t* tap = st.tap_offset.data();
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t o = 0; o < ov; ++o) idx[p * ov + o] = start[o] + tap[offsets[p * ov + o]];
+  };
+  const int64_t tiles = s.split.tiles();
+  if (tiles <= 1 || a.exec.num_workers() <= 1) {
+    for (int64_t t = 0; t < tiles; ++t) piece(t);
+    return;
+  }
+  const auto* fp = &piece;
+  a.exec.parallel_for(tiles, [fp](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) (*fp)(t);
+  });
+}
+
+}  // namespace
+
+std::vector<OpEntry> pool_entries() {
+  return {{"avg_pool", &plan_avg_forward},
+          {"avg_pool_backward", &plan_avg_backward},
+          {"max_pool", nullptr, &accepts_max, &prepare_max, &max_kernel}};
+}
 
 }  // namespace treadle::onednn
