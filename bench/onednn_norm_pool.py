@@ -4,9 +4,8 @@ Each case is a small model trained for a few steps on each backend (pinned with 
 profiler (tl.profile) gives the time of every kernel call of the op's forward and backward nodes, so
 the numbers are per op, without the rest of the step. treadle computes on the calling thread only
 (one core). The two backends run in alternating rounds; a round's time per call is its kernel time
-divided by its calls, and the table gives the minimum over rounds: on this shared machine the
-minimum of a single-threaded call is its CPU time (a round that lost the core to another process
-only gets slower). Eval-mode ops (batch_norm_eval) are timed through predict.
+divided by its calls, scaled to CPU time (the round's thread CPU time / wall time), and the table
+gives the median over rounds. Eval-mode ops (batch_norm_eval) are timed through predict.
 
 Writes bench/results/onednn-norm-pool-<time>.{json,md} (and latest-onednn-norm-pool.*) and prints
 the markdown table. Needs a build with -DTREADLE_WITH_ONEDNN=ON.
@@ -14,6 +13,7 @@ the markdown table. Needs a build with -DTREADLE_WITH_ONEDNN=ON.
 import argparse
 import datetime
 import json
+import os
 import platform
 import sys
 import time
@@ -61,17 +61,23 @@ def trainer_for(module, backend):
 
 
 def round_times(run, steps):
-    """Kernel seconds per call of each (op, pass) node over `steps` runs, and the round's backends."""
+    """CPU seconds per call of each (op, pass) node over `steps` runs, and the backends that ran it.
+
+    The profiler's kernel times are wall time; they are scaled by the round's CPU time / wall time
+    of the calling thread (treadle computes on it alone), which removes the time slices other
+    processes of a shared machine took."""
     with tl.profile() as prof:
+        w0, c0 = time.perf_counter(), time.thread_time()
         for _ in range(steps):
             run()
+        cpu_share = (time.thread_time() - c0) / max(time.perf_counter() - w0, 1e-9)
     times, backends = {}, {}
     for node in prof.nodes():
         key = (node["op"], node["pass"])
         t, c = times.get(key, (0.0, 0))
         times[key] = (t + node["seconds"], c + node["calls"])
         backends.setdefault(key, set()).add(node["backend"])
-    return {k: t / c for k, (t, c) in times.items()}, backends
+    return {k: min(1.0, cpu_share) * t / c for k, (t, c) in times.items()}, backends
 
 
 def measure(case, rounds, round_seconds, seed=0):
@@ -98,15 +104,15 @@ def measure(case, rounds, round_seconds, seed=0):
             run()
             n += 1
         steps[backend] = max(1, int(n * 4))
-    best, used = {}, {}
+    samples, used = {}, {}
     for _ in range(rounds):
         for backend, run in runners.items():
             per_call, backends = round_times(run, steps[backend])
             for key, t in per_call.items():
-                b = best.setdefault(backend, {})
-                b[key] = min(b.get(key, float("inf")), t)
+                samples.setdefault(backend, {}).setdefault(key, []).append(t)
                 used.setdefault(backend, {})[key] = sorted(backends[key])
-    return name, best, used
+    median = {b: {k: float(np.median(v)) for k, v in per.items()} for b, per in samples.items()}
+    return name, median, used
 
 
 def op_keys(name, best):
@@ -147,7 +153,8 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     meta = {"machine": platform.processor() or platform.machine(), "rounds": args.rounds, "time": stamp,
-            "clock": "kernel time per call (profiler), minimum over alternating rounds, one thread"}
+            "clock": "kernel time per call (profiler) scaled to thread CPU time, median over alternating rounds",
+            "load_average": list(os.getloadavg())}
     for stem in (f"onednn-norm-pool-{stamp}", "latest-onednn-norm-pool"):
         (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
         (out / f"{stem}.md").write_text(text + "\n")

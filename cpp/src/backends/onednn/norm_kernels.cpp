@@ -16,6 +16,7 @@
 //   - group_norm and rms_norm: oneDNN 3.2 has no primitive for them.
 //   - small tensors (kMinElements) and float64.
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "backends/onednn/onednn_common.hpp"
@@ -26,6 +27,7 @@ namespace {
 constexpr int64_t kElementGrain = int64_t{1} << 16;  // elements per piece
 constexpr int64_t kMinElements = 256;                // below, Eigen is as fast (bench/onednn_norm_pool.py)
 constexpr std::size_t kAlign = 64;
+constexpr std::size_t kMaxLayerNormArgs = 9;  // layer_norm_backward with a weight
 
 using dnnl::normalization_flags;
 
@@ -63,20 +65,6 @@ dnnl::layer_normalization_forward::primitive_desc forward_pd(int64_t rows, int64
                                                            eps, f, default_attr());
 }
 
-// Runs f(tile) for every tile, on the executor when it has workers (one captured pointer: the
-// std::function keeps it in its small buffer, no allocation per call).
-template <typename F>
-void for_each_tile(const KernelArgs& a, int64_t tiles, const F& f) {
-  if (tiles <= 1 || a.exec.num_workers() <= 1) {
-    for (int64_t t = 0; t < tiles; ++t) f(t);
-    return;
-  }
-  const F* fp = &f;
-  a.exec.parallel_for(tiles, [fp](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) (*fp)(t);
-  });
-}
-
 const ChunkedPrimitive& prepared(const KernelArgs& a) { return *static_cast<const ChunkedPrimitive*>(a.state); }
 
 // ---- layer_norm: (x, [weight, [bias]]) -> (y, mean, rstd)
@@ -104,8 +92,10 @@ void forward_kernel(const KernelArgs& a) {
   const ChunkedPrimitive& s = prepared(a);
   const double eps = a.attrs().f("eps");
   float* rstd = a.out[2].ptr<float>();
-  for_each_tile(a, s.split.tiles(), [&](int64_t t) {
-    run_tile(a, s, t);
+  for_each_tile(a, s, [&](int64_t t, int64_t region) {
+    std::array<void*, kMaxLayerNormArgs + 1> overrides{};
+    overrides[s.args.size()] = tile_scratch(a, s, region);
+    run_tile(a, s, t, overrides.data());
     const int64_t r0 = t * s.split.row_grain, r1 = std::min(s.split.rows, r0 + s.split.row_grain);
     for (int64_t r = r0; r < r1; ++r) rstd[r] = static_cast<float>(1.0 / std::sqrt(double{rstd[r]} + eps));
   });
@@ -188,18 +178,20 @@ void backward_kernel(const KernelArgs& a) {
   const BackwardLayout l = backward_layout(Rows{s.split.rows, width}, weight);
   const float* rstd = a.in[3].ptr<float>();
   auto* var = static_cast<float*>(a.workspace);
-  for_each_tile(a, s.split.tiles(), [&](int64_t t) {
+  for_each_tile(a, s, [&](int64_t t, int64_t region) {
     const int64_t r0 = t * s.split.row_grain, r1 = std::min(s.split.rows, r0 + s.split.row_grain);
     for (int64_t r = r0; r < r1; ++r) {
       const double rs = rstd[r];
       var[r] = static_cast<float>(1.0 / (rs * rs));
     }
-    if (!weight) return run_tile(a, s, t);
-    std::array<void*, kDiffShift + 1> overrides{};
-    auto* partial = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + l.var_bytes +
-                                             static_cast<std::size_t>(t) * l.partial_bytes);
-    overrides[kDiffScale] = partial;
-    overrides[kDiffShift] = partial + width;
+    std::array<void*, kMaxLayerNormArgs + 1> overrides{};
+    overrides[s.args.size()] = tile_scratch(a, s, region);
+    if (weight) {
+      auto* partial = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + l.var_bytes +
+                                               static_cast<std::size_t>(t) * l.partial_bytes);
+      overrides[kDiffScale] = partial;
+      overrides[kDiffShift] = partial + width;
+    }
     run_tile(a, s, t, overrides.data());
   });
   if (weight) sum_partials(a, s, l, width);

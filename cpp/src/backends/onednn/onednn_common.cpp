@@ -157,7 +157,7 @@ void run_tile(const KernelArgs& a, const ChunkedPrimitive& s, int64_t index, voi
   std::array<void*, kMaxArgs> ptrs;
   const int n = tile_pointers(a, s, t, ptrs);
   if (overrides)
-    for (std::size_t k = 0; k < s.args.size(); ++k)
+    for (int k = 0; k < n; ++k)
       if (overrides[k]) ptrs[k] = overrides[k];
   auto arg_of = [&](int k) { return k < static_cast<int>(s.args.size()) ? s.args[k].arg : DNNL_ARG_SCRATCHPAD; };
   auto md_of = [&](int k) -> const MemDesc& { return k < static_cast<int>(s.args.size()) ? v.mds[k] : v.scratch_md; };

@@ -1,6 +1,9 @@
 // Pooling on oneDNN's pooling primitives (jit:avx512_core here; plain NCHW/NCDHW is handled by
-// oneDNN itself, which transposes internally), float32, 1 to 3 spatial dims. Pieces are fixed blocks
-// of batch entries.
+// oneDNN itself, which transposes internally), float32, 1 to 3 spatial dims. Planes are independent
+// and a block of consecutive planes of one sample is itself a plain (1, block, *spatial) tensor, so
+// the input is viewed as (N * C / block, block, *spatial) and pieces are fixed runs of those items,
+// about 2^16 input elements each: a whole sample of a large layer per piece ran 2x slower (its
+// internal transposes leave the cache).
 //   max_pool          forward_training: oneDNN's workspace holds, per output, the position of the
 //                     window's maximum as a u8 offset in (kd, kh, kw) scan order; each piece turns
 //                     it into the op's int64 index (plane offset of that input element) through
@@ -16,7 +19,10 @@
 // the int64 indices, not oneDNN's workspace, and Eigen's scatter is already at memory speed),
 // adaptive_avg_pool (no oneDNN primitive), float64, and small inputs (thresholds below, measured).
 #include <algorithm>
+#include <array>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 #include "backends/onednn/onednn_common.hpp"
@@ -30,11 +36,12 @@ using dnnl::algorithm;
 constexpr int64_t kElementGrain = int64_t{1} << 16;  // input elements per piece
 constexpr int64_t kMinMaxElements = 2048;            // max_pool: input elements from which oneDNN wins
 constexpr int64_t kMinAvgElements = 512;             // avg_pool (both directions)
+constexpr std::size_t kMaxPoolArgs = 3;              // arguments of a pooling primitive (max: src, dst, workspace)
 
-// oneDNN's view of a pooling: dims of src/dst (N, C, spatial) and the window parameters.
+// oneDNN's view of a pooling: items of `c` planes (src/dst dims (items, c, spatial)) and the window.
 struct PoolDims {
   PoolGeometry g;
-  int64_t n = 0, c = 0;
+  int64_t n = 0, c = 0;  // items, planes per item
   Dims strides, kernel, dilation, pad_l, pad_r;
   bool reaches_right_pad = false;  // some window extends past the input's right padding
 
@@ -55,8 +62,14 @@ struct PoolDims {
 PoolDims pool_dims(const char* kind, const Shape& x, const Attrs& attrs, bool dilation) {
   PoolDims p;
   p.g = pool_geometry(kind, x, attrs, dilation);
-  p.n = x[0];
-  p.c = x[1];
+  // The largest block of channels (a divisor of C) within the piece size; all of C when it fits.
+  p.c = 1;
+  for (int64_t b = x[1]; b >= 1; --b)
+    if (x[1] % b == 0 && (b * p.g.in_volume() <= kElementGrain || b == 1)) {
+      p.c = b;
+      break;
+    }
+  p.n = p.g.planes / p.c;
   for (int i = 3 - p.g.nd; i < 3; ++i) {
     const PoolGeometry& g = p.g;
     const int64_t span = (g.kernel[i] - 1) * g.dilation[i] + 1;
@@ -178,10 +191,20 @@ PreparedNode prepare_max(const Graph& g, const Node& node) {
 }
 
 // True when x[0, n) holds a NaN or -inf (the values oneDNN's max pooling does not treat as the op).
+// On the bits, in blocks: integer compares vectorise (a float compare here compiled to scalar code
+// that cost more than the pooling itself).
 bool has_nan_or_neg_inf(const float* x, int64_t n) {
-  bool found = false;
-  for (int64_t i = 0; i < n; ++i) found |= !(x[i] > -std::numeric_limits<float>::infinity());
-  return found;
+  constexpr uint32_t kAbs = 0x7fffffffu, kInf = 0x7f800000u, kNegInf = 0xff800000u;
+  constexpr int64_t kBlock = 4096;
+  for (int64_t b = 0; b < n; b += kBlock) {
+    uint32_t found = 0;
+    for (int64_t i = b, e = std::min(n, b + kBlock); i < e; ++i) {
+      const uint32_t u = std::bit_cast<uint32_t>(x[i]);
+      found |= static_cast<uint32_t>((u & kAbs) > kInf) | static_cast<uint32_t>(u == kNegInf);
+    }
+    if (found) return true;
+  }
+  return false;
 }
 
 // The op's rule for one plane: the first maximum in scan order, a NaN wins (the last one seen).
@@ -208,6 +231,13 @@ void max_pool_plane(const PoolGeometry& g, const float* x, float* y, int64_t* id
       }
 }
 
+// Runs tile t with the scratchpad of `region` (see for_each_tile).
+void run_tile_in(const KernelArgs& a, const ChunkedPrimitive& s, int64_t t, int64_t region) {
+  std::array<void*, kMaxPoolArgs + 1> overrides{};
+  overrides[s.args.size()] = tile_scratch(a, s, region);
+  run_tile(a, s, t, overrides.data());
+}
+
 void max_kernel(const KernelArgs& a) {
   const auto& st = *static_cast<const MaxPoolState*>(a.state);
   const auto& s = *static_cast<const ChunkedPrimitive*>(st.chunks.state.get());
@@ -217,34 +247,43 @@ void max_kernel(const KernelArgs& a) {
   float* y = a.out[0].ptr<float>();
   int64_t* idx = a.out[1].ptr<int64_t>();
   const auto* offsets = static_cast<const uint8_t*>(a.workspace);
-  auto piece = [&](int64_t t) {
+  const int64_t* start = st.window_start.data();
+  const int64_t* tap = st.tap_offset.data();
+  for_each_tile(a, s, [&](int64_t t, int64_t region) {
     const int64_t p0 = t * s.split.row_grain * c, p1 = std::min(s.split.rows, (t + 1) * s.split.row_grain) * c;
     if (has_nan_or_neg_inf(x + p0 * iv, (p1 - p0) * iv)) {
       for (int64_t p = p0; p < p1; ++p) max_pool_plane(g, x + p * iv, y + p * ov, idx + p * ov);
       return;
     }
-    run_tile(a, s, t);
-    const int64_t* start = st.window_start.data();
-    const int64_t* tap = st.tap_offset.data();
-    for (int64_t p = p0; p < p1; ++p)
-      for (int64_t o = 0; o < ov; ++o) idx[p * ov + o] = start[o] + tap[offsets[p * ov + o]];
-  };
-  const int64_t tiles = s.split.tiles();
-  if (tiles <= 1 || a.exec.num_workers() <= 1) {
-    for (int64_t t = 0; t < tiles; ++t) piece(t);
-    return;
-  }
-  const auto* fp = &piece;
-  a.exec.parallel_for(tiles, [fp](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) (*fp)(t);
+    run_tile_in(a, s, t, region);
+    for (int64_t p = p0; p < p1; ++p) {
+      const uint8_t* op = offsets + p * ov;
+      int64_t* ip = idx + p * ov;
+      for (int64_t o = 0; o < ov; ++o) ip[o] = start[o] + tap[op[o]];
+    }
   });
+}
+
+// avg_pool and avg_pool_backward: the tiles, with shared scratchpads.
+void avg_kernel(const KernelArgs& a) {
+  const auto& s = *static_cast<const ChunkedPrimitive*>(a.state);
+  for_each_tile(a, s, [&](int64_t t, int64_t region) { run_tile_in(a, s, t, region); });
+}
+
+bool accepts_avg_forward(const Graph& g, const Node& node) { return plan_avg_forward(g, node).has_value(); }
+PreparedNode prepare_avg_forward(const Graph& g, const Node& node) {
+  return make_prepared(*plan_avg_forward(g, node));
+}
+bool accepts_avg_backward(const Graph& g, const Node& node) { return plan_avg_backward(g, node).has_value(); }
+PreparedNode prepare_avg_backward(const Graph& g, const Node& node) {
+  return make_prepared(*plan_avg_backward(g, node));
 }
 
 }  // namespace
 
 std::vector<OpEntry> pool_entries() {
-  return {{"avg_pool", &plan_avg_forward},
-          {"avg_pool_backward", &plan_avg_backward},
+  return {{"avg_pool", nullptr, &accepts_avg_forward, &prepare_avg_forward, &avg_kernel},
+          {"avg_pool_backward", nullptr, &accepts_avg_backward, &prepare_avg_backward, &avg_kernel},
           {"max_pool", nullptr, &accepts_max, &prepare_max, &max_kernel}};
 }
 
