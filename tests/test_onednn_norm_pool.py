@@ -38,7 +38,7 @@ def ln_attrs(k):
 LAYER_NORM = [("ln-affine", "layer_norm", [(300, 257), (257,), (257,)], ln_attrs(1), 0.0, "layer_norm_backward"),
               ("ln-affine-mean100", "layer_norm", [(300, 257), (257,), (257,)], ln_attrs(1), 100.0,
                "layer_norm_backward"),
-              ("ln-weight-2d", "layer_norm", [(4, 6, 20), (6, 20)], ln_attrs(2), 0.0, "layer_norm_backward"),
+              ("ln-weight-2d", "layer_norm", [(8, 6, 40), (6, 40)], ln_attrs(2), 0.0, "layer_norm_backward"),
               ("ln-plain-mean100", "layer_norm", [(30, 40, 64)], ln_attrs(1), 100.0, "layer_norm_backward"),
               ("ln-many-rows", "layer_norm", [(2000, 70), (70,), (70,)], ln_attrs(1), 0.0, "layer_norm_backward")]
 MAX_POOL = [("max-2x2", "max_pool", [(8, 16, 28, 28)], pool_attrs(2, 2), 0.0, None),
@@ -179,9 +179,10 @@ UNSUPPORTED = {
     "batch_norm_eval": ("batch_norm_eval", [BN_X, np.full(64, 100, F32), np.ones(64, F32)], {"eps": 1e-5}),
     "group_norm": ("group_norm", [BN_X], {"num_groups": 8, "eps": 1e-5}),
     "rms_norm": ("rms_norm", [BN_X], {"normalized_ndim": 2, "eps": 1e-5}),
-    "layer_norm-small": ("layer_norm", [np.ones((8, 16), F32)], ln_attrs(1)),
+    "layer_norm-small": ("layer_norm", [np.ones((8, 64), F32)], ln_attrs(1)),
     "layer_norm-f64": ("layer_norm", [np.ones((300, 257))], ln_attrs(1)),
-    "max_pool-small": ("max_pool", [np.ones((2, 2, 8, 8), F32)], pool_attrs(2, 2)),
+    "max_pool-small": ("max_pool", [np.ones((2, 4, 8, 8), F32)], pool_attrs(2, 2)),
+    "avg_pool-small": ("avg_pool", [np.ones((1, 4, 8, 8), F32)], pool_attrs(2, 2)),
     "max_pool-dilated": ("max_pool", [BN_X], pool_attrs(2, 3, 1, 1, dilation=2)),  # oneDNN: reference only
     "avg_pool-divisor": ("avg_pool", [BN_X], pool_attrs(2, 3, 2, 1, divisor_override=5)),
     # ceil mode makes the last window reach past the padding: PyTorch clips that divisor, oneDNN does not

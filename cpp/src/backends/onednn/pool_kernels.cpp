@@ -34,8 +34,11 @@ namespace {
 using dnnl::algorithm;
 
 constexpr int64_t kElementGrain = int64_t{1} << 16;  // input elements per piece
-constexpr int64_t kMinMaxElements = 2048;            // max_pool: input elements from which oneDNN wins
-constexpr int64_t kMinAvgElements = 512;             // avg_pool (both directions)
+// Input elements from which oneDNN wins (bench/onednn_norm_pool.py and a predict sweep, one core, CPU
+// time): max_pool 2x2 0.86x of Eigen's speed at 512 elements, 1.5x at 1024 (3x3 windows, which Eigen
+// runs ~10x slower than 2x2, win from 256: 3.9x); avg_pool 1.2x at 256, 1.6x at 512 (backward 2.1x).
+constexpr int64_t kMinMaxElements = 1024;
+constexpr int64_t kMinAvgElements = 512;
 constexpr std::size_t kMaxPoolArgs = 3;              // arguments of a pooling primitive (max: src, dst, workspace)
 
 // oneDNN's view of a pooling: items of `c` planes (src/dst dims (items, c, spatial)) and the window.
