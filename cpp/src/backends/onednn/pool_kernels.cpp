@@ -2,15 +2,16 @@
 // oneDNN itself, which transposes internally), float32, 1 to 3 spatial dims. Planes are independent
 // and a block of consecutive planes of one sample is itself a plain (1, block, *spatial) tensor, so
 // the input is viewed as (N * C / block, block, *spatial) and pieces are fixed runs of those items,
-// about 2^16 input elements each: a whole sample of a large layer per piece ran 2x slower (its
-// internal transposes leave the cache).
+// about 2^16 input elements each, also when one sample is larger than that (64 x 56 x 56: 200k).
+// oneDNN's plain-layout kernels transpose each piece through their scratchpad (300 KB for such a
+// piece); for_each_tile lets the pieces of one worker reuse one scratchpad.
 //   max_pool          forward_training: oneDNN's workspace holds, per output, the position of the
 //                     window's maximum as a u8 offset in (kd, kh, kw) scan order; each piece turns
 //                     it into the op's int64 index (plane offset of that input element) through
 //                     tables built at prepare time. Ties go to the first maximum in scan order, as in
-//                     Eigen and PyTorch (checked). oneDNN does not let a NaN win its window and starts
-//                     its maxima below -inf's handling, so a piece whose input holds a NaN or -inf runs
-//                     the op's own rule (a scalar loop, as in the reference) instead.
+//                     Eigen and PyTorch (checked). oneDNN never lets a NaN win its window (the op does)
+//                     and gives a window of -inf values -FLT_MAX (measured), so a piece whose input
+//                     holds a NaN or -inf runs the op's own rule (a scalar loop, as in the reference).
 //   avg_pool and      count_include_pad = False (divisor: the window's elements inside the input) and
 //   avg_pool_backward count_include_pad = True where no window reaches past the input's right
 //                     padding (ceil mode can make it do so: there PyTorch's divisor is clipped,
