@@ -43,6 +43,7 @@ module treadle
   public :: treadle_trainer_evaluate, treadle_trainer_zero_grad, treadle_trainer_forward
   public :: treadle_trainer_backward, treadle_trainer_update, treadle_trainer_get_gradients
   public :: treadle_model_set_backend, treadle_model_set_precision, treadle_model_set_deterministic
+  public :: treadle_model_set_fusion
 
   ! The kind of an integer(c_int64_t) array (class indices), next to TREADLE_F32/F64; -1: unknown.
   integer(c_int), parameter :: KIND_I64 = 2, KIND_UNKNOWN = -1
@@ -249,6 +250,15 @@ contains
     integer(c_int) :: status
     status = c_treadle_model_set_deterministic(model%handle, merge(1_c_int, 0_c_int, deterministic))
   end function treadle_model_set_deterministic
+
+  ! .false. runs every node as traced; .true. (the default) lets a linear or conv apply the
+  ! relu/tanh/sigmoid after it itself (docs/architecture.md).
+  function treadle_model_set_fusion(model, fusion) result(status)
+    type(treadle_model), intent(in) :: model
+    logical, intent(in) :: fusion
+    integer(c_int) :: status
+    status = c_treadle_model_set_fusion(model%handle, merge(1_c_int, 0_c_int, fusion))
+  end function treadle_model_set_fusion
 
   subroutine treadle_model_free(model)
     type(treadle_model), intent(inout) :: model

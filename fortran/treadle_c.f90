@@ -25,6 +25,7 @@ module treadle_c
   public :: c_treadle_trainer_evaluate, c_treadle_trainer_zero_grad, c_treadle_trainer_forward
   public :: c_treadle_trainer_backward, c_treadle_trainer_update, c_treadle_trainer_get_gradients, c_strlen
   public :: c_treadle_model_set_backend, c_treadle_model_set_precision, c_treadle_model_set_deterministic
+  public :: c_treadle_model_set_fusion
 
   interface
     function c_treadle_last_error() result(message) bind(C, name="treadle_last_error")
@@ -96,6 +97,13 @@ module treadle_c
       integer(c_int), value :: deterministic
       integer(c_int) :: status
     end function c_treadle_model_set_deterministic
+
+    function c_treadle_model_set_fusion(model, fusion) result(status) bind(C, name="treadle_model_set_fusion")
+      import :: c_int, c_ptr
+      type(c_ptr), value :: model
+      integer(c_int), value :: fusion
+      integer(c_int) :: status
+    end function c_treadle_model_set_fusion
 
     subroutine c_treadle_model_free(model) bind(C, name="treadle_model_free")
       import :: c_ptr

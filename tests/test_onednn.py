@@ -187,7 +187,9 @@ def test_training_plan_runs_linear_layers_on_onednn():
     trainer.step(randn(rng, 200, 40), rng.integers(0, 7, 200))
     found = backends_by_op(net._compiled().describe_plans())
     assert found["linear"] == {"onednn"} and found["matmul"] == {"onednn"}
-    assert found["tanh"] == {"onednn"} and found["tanh_backward"] == {"eigen"}
+    # tanh is fused into the linear before it (an eltwise post-op); its backward stays on Eigen
+    assert "tanh" not in found and found["fused_activation"] == {"view"} and found["tanh_backward"] == {"eigen"}
+    assert "+tanh" in net._compiled().describe_plans()
 
 
 def test_training_curve_matches_eigen():

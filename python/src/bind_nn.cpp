@@ -156,6 +156,7 @@ void bind_nn(py::module_& m) {
       .def("zero_grad", &Model::zero_grad)
       .def("set_backend", &Model::set_backend, py::call_guard<py::gil_scoped_release>())
       .def_property("deterministic", &Model::deterministic, &Model::set_deterministic)
+      .def_property("fusion", &Model::fusion, &Model::set_fusion)
       .def_property_readonly("backend", &Model::backend)
       .def("set_precision", &Model::set_precision, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("precision", &Model::precision)

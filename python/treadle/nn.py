@@ -190,6 +190,18 @@ class Module:
     def deterministic(self, on):
         self._compiled().deterministic = bool(on)
 
+    @property
+    def fusion(self):
+        """Activation fusion (on by default): a Linear whose output only a ReLU, Tanh or Sigmoid
+        reads applies that activation itself, as the epilogue of its product. Turn it off to run
+        every node as traced (e.g. to see pre-activations under detect_anomaly). Setting it drops
+        compiled plans."""
+        return self._compiled().fusion
+
+    @fusion.setter
+    def fusion(self, on):
+        self._compiled().fusion = bool(on)
+
     def set_precision(self, name):
         """Compute precision of the matrix products: "float32" (default) or "bf16" (operands rounded
         to bfloat16, float32 accumulation; parameters stay float32). Float32 models only."""

@@ -34,6 +34,7 @@ struct PlanKey {
   std::string backend;  // "" = automatic dispatch
   bool deterministic = false;
   std::string precision;  // of the forward's matrix products: "" (float32) or "bf16"
+  bool fuse = true;       // activation fusion into the products before them
   auto operator<=>(const PlanKey&) const = default;
 };
 
@@ -86,6 +87,11 @@ class TREADLE_API Model {
   // and results; parameters stay float32). Only for float32 models; drops compiled plans.
   void set_precision(const std::string& name);
   const std::string& precision() const { return precision_; }
+  // Activation fusion (on by default): a linear whose output only a relu, tanh or sigmoid reads
+  // computes that activation itself (docs/architecture.md). Off: every node runs as traced, e.g. to
+  // see pre-activations under check_numerics. Drops compiled plans.
+  void set_fusion(bool on);
+  bool fusion() const { return fusion_; }
 
   // Inference on shared weights; thread-safe (each call takes its own context unless given one).
   std::vector<Tensor> predict(const std::vector<Tensor>& inputs, Context* ctx = nullptr);
@@ -132,6 +138,7 @@ class TREADLE_API Model {
   Tensor flat_params_, flat_grads_;
   std::string backend_;
   bool deterministic_ = false;
+  bool fusion_ = true;
   std::string precision_ = "float32";
   mutable std::mutex mutex_;  // guards plans_ and contexts_
   std::map<PlanKey, std::shared_ptr<const Plan>> plans_;

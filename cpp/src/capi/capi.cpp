@@ -202,6 +202,10 @@ int treadle_model_set_deterministic(treadle_model* model, int deterministic) {
                  [&] { need(model, "model").model->set_deterministic(deterministic != 0); });
 }
 
+int treadle_model_set_fusion(treadle_model* model, int fusion) {
+  return guarded("treadle_model_set_fusion", [&] { need(model, "model").model->set_fusion(fusion != 0); });
+}
+
 int treadle_model_output_shape(treadle_model* model, int x_ndim, const int64_t* x_shape, int capacity, int* out_ndim,
                                int64_t* out_shape) {
   return guarded("treadle_model_output_shape", [&] {

@@ -4,6 +4,7 @@
 #include <iterator>
 
 #include "core/op_registry.hpp"
+#include "ops/fusion.hpp"
 #include "ops/precision.hpp"
 #include "treadle/error.hpp"
 #include "treadle/ops.hpp"
@@ -11,7 +12,7 @@
 namespace treadle {
 namespace {
 
-// Sets the compute precision of the forward's matrix products (nodes [0, end)). Runs before the
+// Sets the compute precision of the forward's matrix products and convolutions (nodes [0, end)). Runs before the
 // loss and the backward pass are added: losses keep float32, and the products of the gradient
 // rules inherit the precision of the node they differentiate. Attributes are re-validated by the
 // op's own check, so a non-float32 product is refused there with the op's name.
@@ -19,7 +20,7 @@ void set_product_precision(Graph& g, int end, const std::string& precision) {
   if (precision.empty() || precision == "float32") return;
   check_precision_name("compile_plan", precision);
   const OpRegistry& reg = OpRegistry::instance();
-  const int ops[] = {reg.id("linear"), reg.id("matmul"), reg.id("bmm")};
+  const int ops[] = {reg.id("linear"), reg.id("matmul"), reg.id("bmm"), reg.id("conv"), reg.id("conv_backward_data")};
   for (int n = 0; n < end; ++n) {
     Node& node = g.nodes()[n];
     if (std::find(std::begin(ops), std::end(ops), node.op) == std::end(ops)) continue;
@@ -45,6 +46,7 @@ std::shared_ptr<Plan> compile_plan(const PlanKey& key, const TraceFn& trace, con
   if (outputs.empty()) throw_value_error("model: forward returned no outputs");
   for (const Value& v : outputs) plan->outputs.push_back(v.id());
   plan->forward_end = static_cast<int>(g.nodes().size());
+  if (key.fuse) fuse_activations(g, plan->forward_end, plan->outputs);
   set_product_precision(g, plan->forward_end, key.precision);
 
   std::vector<std::pair<int, int>> seeds;

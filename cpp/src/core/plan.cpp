@@ -8,6 +8,7 @@
 
 #include "core/dispatch_table.hpp"
 #include "core/op_registry.hpp"
+#include "ops/fusion.hpp"
 #include "ops/precision.hpp"
 #include "treadle/error.hpp"
 
@@ -307,6 +308,7 @@ std::string Plan::describe() const {
     const Node& n = graph.nodes()[s.node];
     os << s.node << " " << reg.at(n.op).name << " [" << (s.backend ? s.backend->name() : "view") << "]";
     if (is_bf16_compute(n.attrs)) os << " bf16";
+    if (!fused_activation(n.attrs).empty()) os << " +" << fused_activation(n.attrs);
     if (!n.scope.empty()) os << " scope=" << n.scope;
     for (int out : n.outputs) os << " -> " << shape_str(graph.info(out).shape);
     os << "\n";

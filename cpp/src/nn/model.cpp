@@ -110,6 +110,13 @@ void Model::set_deterministic(bool on) {
   ++generation_;
 }
 
+void Model::set_fusion(bool on) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  fusion_ = on;
+  plans_.clear();
+  ++generation_;
+}
+
 void Model::set_precision(const std::string& name) {
   check_precision_name("Model.set_precision", name);
   if (name != "float32" && dtype_ != DType::f32)
@@ -142,6 +149,7 @@ PlanKey Model::infer_key(const std::vector<Tensor>& inputs) const {
   }
   key.backend = backend_;
   key.deterministic = deterministic_;
+  key.fuse = fusion_;
   if (precision_ != "float32") key.precision = precision_;
   return key;
 }

@@ -9,6 +9,8 @@
 
 #include "core/op_registry.hpp"
 #include "ops/conv_geometry.hpp"
+#include "ops/fusion.hpp"
+#include "ops/precision.hpp"
 #include "treadle/error.hpp"
 #include "treadle/nn_conv.hpp"
 
@@ -257,7 +259,8 @@ void normalise_window(Attrs& attrs, const ConvGeometry& g) {
 
 Attrs window_attrs(const Attrs& a) {
   Attrs w;
-  for (const char* k : {"stride", "padding", "padding_end", "dilation", "groups"})
+  // the compute precision carries over to the convolutions of the gradient, as for products
+  for (const char* k : {"stride", "padding", "padding_end", "dilation", "groups", kPrecisionAttr})
     for (const auto& [name, v] : a.items())
       if (name == k) w.set(name, v);
   return w;
@@ -277,6 +280,8 @@ void check_bias(const std::string& op, const std::vector<TensorMeta>& in, int64_
 
 std::vector<TensorMeta> infer_conv(const std::vector<TensorMeta>& in, Attrs& attrs) {
   check_inputs("conv", in, 2, 3);
+  check_activation_attr("conv", attrs);
+  check_precision_attr("conv", attrs, in[0].dtype);
   ConvGeometry g = conv_geometry_forward(in[0].shape, in[1].shape, attrs);
   check_bias(conv_label(g.nd), in, g.out_channels);
   normalise_window(attrs, g);
@@ -287,6 +292,7 @@ std::vector<TensorMeta> infer_conv(const std::vector<TensorMeta>& in, Attrs& att
 
 std::vector<TensorMeta> infer_conv_backward_data(const std::vector<TensorMeta>& in, Attrs& attrs) {
   check_inputs("conv_backward_data", in, 2, 3);
+  check_precision_attr("conv_backward_data", attrs, in[0].dtype);
   ConvGeometry g = conv_geometry_backward_data(in[0].shape, in[1].shape, attrs);
   check_bias(conv_transpose_label(g.nd), in, g.channels);
   normalise_window(attrs, g);
@@ -297,6 +303,7 @@ std::vector<TensorMeta> infer_conv_backward_data(const std::vector<TensorMeta>& 
 
 std::vector<TensorMeta> infer_conv_backward_weight(const std::vector<TensorMeta>& in, Attrs& attrs) {
   check_inputs("conv_backward_weight", in, 2, 2);
+  check_precision_attr("conv_backward_weight", attrs, in[0].dtype);
   ConvGeometry g = conv_geometry_backward_weight(in[0].shape, in[1].shape, attrs);
   normalise_window(attrs, g);
   Shape out{g.out_channels, g.in_group()};
@@ -330,7 +337,7 @@ Value backward_weight(Value x, Value dy, const Attrs& window, const Shape& kerne
 
 std::vector<Value> grad_conv(const GradContext& c) {
   const Attrs win = window_attrs(c.node.attrs);
-  Value x = c.inputs[0], w = c.inputs[1], dy = c.grad_outputs[0];
+  Value x = c.inputs[0], w = c.inputs[1], dy = activation_grad(c);
   std::vector<Value> g(c.inputs.size());
   if (c.needs_grad[0]) g[0] = backward_data(dy, w, win, spatial(x));
   if (c.needs_grad[1]) g[1] = backward_weight(x, dy, win, spatial(w));
@@ -369,21 +376,23 @@ void register_conv_ops(OpRegistry& r) {
          .grad = grad_conv,
          .workspace = [](const std::vector<TensorMeta>& in, const Attrs& a) {
            ConvGeometry g = conv_geometry_forward(in[0].shape, in[1].shape, a);
-           return bytes_of(conv_workspace_elements(g, ConvPass::forward), in[0].dtype);
+           return bf16_operand_workspace(in, a) + bytes_of(conv_workspace_elements(g, ConvPass::forward), in[0].dtype);
          }});
   r.add({.name = "conv_backward_data",
          .infer = infer_conv_backward_data,
          .grad = grad_conv_backward_data,
          .workspace = [](const std::vector<TensorMeta>& in, const Attrs& a) {
            ConvGeometry g = conv_geometry_backward_data(in[0].shape, in[1].shape, a);
-           return bytes_of(conv_workspace_elements(g, ConvPass::backward_data), in[0].dtype);
+           return bf16_operand_workspace(in, a) +
+                  bytes_of(conv_workspace_elements(g, ConvPass::backward_data), in[0].dtype);
          }});
   r.add({.name = "conv_backward_weight",
          .infer = infer_conv_backward_weight,
          .grad = grad_conv_backward_weight,
          .workspace = [](const std::vector<TensorMeta>& in, const Attrs& a) {
            ConvGeometry g = conv_geometry_backward_weight(in[0].shape, in[1].shape, a);
-           return bytes_of(conv_workspace_elements(g, ConvPass::backward_weight), in[0].dtype);
+           return bf16_operand_workspace(in, a) +
+                  bytes_of(conv_workspace_elements(g, ConvPass::backward_weight), in[0].dtype);
          }});
   r.add({.name = "conv_backward_bias", .infer = infer_conv_backward_bias});
 }

@@ -1,6 +1,8 @@
 // Linear (x @ W^T + b) and 2-D matmul with transpose flags. Gradients are matmuls and a reduction;
-// a node's compute precision (ops/precision.hpp) carries over to the products of its gradient.
+// a node's compute precision (ops/precision.hpp) carries over to the products of its gradient, and
+// a linear may carry a fused activation (ops/fusion.hpp).
 #include "core/op_registry.hpp"
+#include "ops/fusion.hpp"
 #include "ops/precision.hpp"
 #include "treadle/error.hpp"
 #include "treadle/ops.hpp"
@@ -13,6 +15,7 @@ std::vector<TensorMeta> infer_linear(const std::vector<TensorMeta>& in, Attrs& a
   check_floating("linear", in[0]);
   check_same_dtype("linear", in);
   check_precision_attr("linear", attrs, in[0].dtype);
+  check_activation_attr("linear", attrs);
   const Shape &x = in[0].shape, &w = in[1].shape;
   if (w.size() != 2) throw_value_error("linear: weight must be 2-D (out, in), got ", shape_str(w));
   if (x.empty()) throw_value_error("linear: input must have at least 1 dimension, got a scalar");
@@ -33,7 +36,7 @@ Value as_2d(Value v) {
 
 std::vector<Value> grad_linear(const GradContext& c) {
   Value x = c.inputs[0], w = c.inputs[1];
-  Value dy = as_2d(c.grad_outputs[0]);
+  Value dy = as_2d(activation_grad(c));
   std::vector<Value> g(c.inputs.size());
   if (c.needs_grad[0]) {
     Value dx = precision_product("matmul", c.node, dy, w, false, false);
@@ -76,6 +79,7 @@ std::vector<Value> grad_matmul(const GradContext& c) {
 void register_linear_ops(OpRegistry& r) {
   r.add({.name = "linear", .infer = infer_linear, .grad = grad_linear, .workspace = bf16_operand_workspace});
   r.add({.name = "matmul", .infer = infer_matmul, .grad = grad_matmul, .workspace = bf16_operand_workspace});
+  register_fused_activation(r);
 }
 
 namespace ops {

@@ -1,5 +1,6 @@
 #pragma once
-// The compute precision of matrix products (linear, matmul, bmm), carried by the node attribute
+// The compute precision of matrix products (linear, matmul, bmm) and convolutions (conv and its
+// data and weight gradients, whose two operands play the matrices' roles), carried by the node attribute
 // "precision". "float32" (or no attribute) is the plain product. "bf16" defines a mixed-precision
 // product exactly, so that the reference can check any fast path: both matrix operands are rounded
 // to bfloat16 (round to nearest, ties to even), multiplied with float32 accumulation, and the result
@@ -48,12 +49,16 @@ inline std::size_t padded_bytes(int64_t numel, std::size_t elem_size) {
   return (static_cast<std::size_t>(numel) * elem_size + 63) / 64 * 64;
 }
 
+// Bytes of the reference path's rounded copies of a product's two operands (0 without bf16).
+inline std::size_t bf16_operand_workspace_bytes(int64_t numel0, int64_t numel1, const Attrs& attrs) {
+  if (!is_bf16_compute(attrs)) return 0;
+  return padded_bytes(numel0, sizeof(float)) + padded_bytes(numel1, sizeof(float));
+}
+
 // The op workspace of a product (OpDef::workspace): with bf16 compute, the reference path rounds
 // both matrix operands into float32 copies.
 inline std::size_t bf16_operand_workspace(const std::vector<TensorMeta>& in, const Attrs& attrs) {
-  if (!is_bf16_compute(attrs)) return 0;
-  return padded_bytes(shape_numel(in.at(0).shape), sizeof(float)) +
-         padded_bytes(shape_numel(in.at(1).shape), sizeof(float));
+  return bf16_operand_workspace_bytes(shape_numel(in.at(0).shape), shape_numel(in.at(1).shape), attrs);
 }
 
 // The upper 16 bits of x rounded to nearest even: x as a bfloat16. NaNs stay NaN (quiet); the

@@ -11,8 +11,10 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backends/eigen/bf16_operands.hpp"
 #include "backends/eigen/eigen_backend.hpp"
 #include "backends/eigen/eigen_common.hpp"
+#include "backends/eigen/epilogue.hpp"
 #include "ops/conv_geometry.hpp"
 
 namespace treadle {
@@ -293,19 +295,30 @@ void backward_weight_unit(const ConvGeometry& g, const ConvWorkPlan& p, const T*
 
 // ---- kernels --------------------------------------------------------------------------------
 
+// The kernel's scratch after the bf16-rounded operand copies, if the node has them (they come
+// first in the workspace, bf16_operands.hpp).
+template <typename T>
+T* slot_workspace(const KernelArgs& a) {
+  return reinterpret_cast<T*>(static_cast<char*>(a.workspace) +
+                              bf16_operand_workspace_bytes(a.in[0].numel, a.in[1].numel, a.attrs()));
+}
+
 template <typename T>
 void conv_forward_kernel(const KernelArgs& a) {
   const ConvGeometry g = conv_geometry_forward(*a.in[0].shape, *a.in[1].shape, a.attrs());
   const ConvWorkPlan p = conv_work_plan(g, ConvPass::forward);
-  const T *x = a.in[0].ptr<T>(), *w = a.in[1].ptr<T>(), *bias = a.num_in == 3 ? a.in[2].ptr<T>() : nullptr;
+  const auto [x, w] = product_operands<T>(a);
+  const T* bias = a.num_in == 3 ? a.in[2].ptr<T>() : nullptr;
+  T* const ws = slot_workspace<T>(a);
   T* y = a.out[0].ptr<T>();
   const int64_t units = g.batch * g.groups, cout = g.out_group();
+  const Epilogue epilogue = epilogue_of(a.attrs());
   run_slots(a.exec, p.slots, [&](int64_t slot) {
     for (int64_t u = slot; u < units; u += p.slots) {
       const UnitOffsets at = unit_offsets(g, u);
-      forward_unit(g, p, x + at.x, w + at.grp * cout * g.rows(), y + at.y,
-                   static_cast<T*>(a.workspace) + slot * p.slot_elements);
+      forward_unit(g, p, x + at.x, w + at.grp * cout * g.rows(), y + at.y, ws + slot * p.slot_elements);
       if (bias) add_channel_bias(y + at.y, bias + at.grp * cout, cout, g.out_volume());
+      apply_epilogue(epilogue, y + at.y, cout * g.out_volume());
     }
   });
 }
@@ -315,14 +328,16 @@ template <typename T>
 void conv_backward_data_kernel(const KernelArgs& a) {
   const ConvGeometry g = conv_geometry_backward_data(*a.in[0].shape, *a.in[1].shape, a.attrs());
   const ConvWorkPlan p = conv_work_plan(g, ConvPass::backward_data);
-  const T *dy = a.in[0].ptr<T>(), *w = a.in[1].ptr<T>(), *bias = a.num_in == 3 ? a.in[2].ptr<T>() : nullptr;
+  const auto [dy, w] = product_operands<T>(a);
+  const T* bias = a.num_in == 3 ? a.in[2].ptr<T>() : nullptr;
+  T* const ws = slot_workspace<T>(a);
   T* dx = a.out[0].ptr<T>();
   const int64_t units = g.batch * g.groups, cin = g.in_group();
   run_slots(a.exec, p.slots, [&](int64_t slot) {
     for (int64_t u = slot; u < units; u += p.slots) {
       const UnitOffsets at = unit_offsets(g, u);
       backward_data_unit(g, p, dy + at.y, w + at.grp * g.out_group() * g.rows(), dx + at.x,
-                         static_cast<T*>(a.workspace) + slot * p.slot_elements);
+                         ws + slot * p.slot_elements);
       if (bias) add_channel_bias(dx + at.x, bias + at.grp * cin, cin, g.in_volume());
     }
   });
@@ -334,10 +349,10 @@ template <typename T>
 void conv_backward_weight_kernel(const KernelArgs& a) {
   const ConvGeometry g = conv_geometry_backward_weight(*a.in[0].shape, *a.in[1].shape, a.attrs());
   const ConvWorkPlan p = conv_work_plan(g, ConvPass::backward_weight);
-  const T *x = a.in[0].ptr<T>(), *dy = a.in[1].ptr<T>();
+  const auto [x, dy] = product_operands<T>(a);
   T* dw = a.out[0].ptr<T>();
   const int64_t units = g.batch * g.groups, w_numel = g.out_channels * g.rows(), slots = p.acc_slots;
-  T* ws = static_cast<T*>(a.workspace);
+  T* ws = slot_workspace<T>(a);
   T* acc_base = ws + slots * p.slot_elements;
   run_slots(a.exec, slots, [&](int64_t slot) {
     T* acc = slot == 0 ? dw : acc_base + (slot - 1) * w_numel;

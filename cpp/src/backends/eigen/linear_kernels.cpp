@@ -4,6 +4,7 @@
 #include "backends/eigen/bf16_operands.hpp"
 #include "backends/eigen/eigen_backend.hpp"
 #include "backends/eigen/eigen_common.hpp"
+#include "backends/eigen/epilogue.hpp"
 
 namespace treadle {
 namespace {
@@ -23,11 +24,13 @@ void linear_kernel(const KernelArgs& a) {
   std::tie(px, pw) = product_operands<T>(a);
   ConstMapR<T> W(pw, out, in);
   const T* b = a.num_in == 3 ? a.in[2].ptr<T>() : nullptr;
+  const Epilogue epilogue = epilogue_of(a.attrs());
   parallel_chunks(a.exec, rows, row_grain(in * out), [&](int64_t r0, int64_t r1) {
     ConstMapR<T> X(px + r0 * in, r1 - r0, in);
     MapR<T> Y(y.ptr<T>() + r0 * out, r1 - r0, out);
     Y.noalias() = X * W.transpose();
     if (b) Y.rowwise() += Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(b, out);
+    apply_epilogue(epilogue, Y.data(), (r1 - r0) * out);
   });
 }
 

@@ -11,6 +11,7 @@
 #include <algorithm>
 
 #include "backends/onednn/onednn_common.hpp"
+#include "ops/fusion.hpp"
 #include "ops/precision.hpp"
 
 namespace treadle::onednn {
@@ -70,6 +71,21 @@ Operands operands_of(const Graph& g, const Node& node) {
   return o;
 }
 
+// The primitive attributes of a linear: a fused activation (ops/fusion.hpp) becomes an eltwise
+// post-op applied to each output tile before it is stored.
+dnnl::primitive_attr linear_attr(const Node& node) {
+  dnnl::primitive_attr attr = default_attr();
+  const std::string& act = fused_activation(node.attrs);
+  if (act.empty()) return attr;
+  const dnnl::algorithm alg = act == "relu"   ? dnnl::algorithm::eltwise_relu
+                              : act == "tanh" ? dnnl::algorithm::eltwise_tanh
+                                              : dnnl::algorithm::eltwise_logistic;
+  dnnl::post_ops ops;
+  ops.append_eltwise(alg, 0.0f, 0.0f);
+  attr.set_post_ops(ops);
+  return attr;
+}
+
 std::optional<ChunkPlan> plan_linear(const Graph& g, const Node& node) {
   if (!all_f32(g, node)) return std::nullopt;
   const Shape& w = in_shape(g, node, 1);
@@ -85,9 +101,9 @@ std::optional<ChunkPlan> plan_linear(const Graph& g, const Node& node) {
     return try_pd([&]() -> dnnl::primitive_desc {
       const MemDesc src = ops.desc({r, in}, {in, 1}), wt = ops.desc({in, c}, {1, in});
       const MemDesc dst = f32_desc({r, c}, {out, 1});
-      if (bias)
-        return dnnl::matmul::primitive_desc(cpu_engine(), src, wt, f32_desc({1, c}, {out, 1}), dst, default_attr());
-      return dnnl::matmul::primitive_desc(cpu_engine(), src, wt, dst, default_attr());
+      const dnnl::primitive_attr attr = linear_attr(node);
+      if (bias) return dnnl::matmul::primitive_desc(cpu_engine(), src, wt, f32_desc({1, c}, {out, 1}), dst, attr);
+      return dnnl::matmul::primitive_desc(cpu_engine(), src, wt, dst, attr);
     });
   }));
 }
