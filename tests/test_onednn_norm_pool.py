@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import treadle as tl
-from opcheck import run
+from opcheck import assert_concurrent_predictions_bitwise, run
 
 pytestmark = pytest.mark.skipif("onednn" not in tl.backends(),
                                 reason="treadle was built without oneDNN (TREADLE_WITH_ONEDNN=OFF)")
@@ -231,3 +231,32 @@ def test_training_curve_matches_eigen():
                 assert found[op] == {"onednn"}, (op, found)
     np.testing.assert_allclose(losses["onednn"], losses["eigen"], rtol=1e-4)
     assert losses["onednn"][-1] < 0.7 * losses["onednn"][0]
+
+
+def test_concurrent_predictions_on_shared_primitives_are_bitwise_serial():
+    """Plans (primitives, max_pool's index tables) are shared by threads with their own contexts."""
+    rng = np.random.default_rng(2)
+    net = _cnn(1)
+    net.set_backend("onednn")
+    assert_concurrent_predictions_bitwise(net, [rng.standard_normal((40, 1, 28, 28)).astype(F32) for _ in range(6)])
+    found = backends_by_op(net._compiled().describe_plans())
+    assert found["max_pool"] == {"onednn"} and found["layer_norm"] == {"onednn"}
+
+
+def test_training_on_a_host_pool_is_bitwise_serial():
+    """The host's worker threads run pieces concurrently (sharing scratchpads within a range of
+    pieces only); the weights equal those of the serial run."""
+    import concurrent.futures
+
+    rng = np.random.default_rng(4)
+    x, y = rng.standard_normal((64, 1, 28, 28)).astype(F32), rng.integers(0, 5, 64)
+    weights = []
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        for executor in (None, tl.PoolExecutor(pool, 3)):
+            net = _cnn(2)
+            trainer = tl.Trainer(net, tl.loss.CrossEntropy(), tl.optim.Adam(lr=1e-3), executor=executor)
+            for _ in range(3):
+                trainer.step(x, y)
+            assert backends_by_op(net._compiled().describe_plans())["avg_pool_backward"] == {"onednn"}
+            weights.append(net.flat_parameters().copy())
+    np.testing.assert_array_equal(weights[0], weights[1])
