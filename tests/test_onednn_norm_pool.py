@@ -1,14 +1,14 @@
-"""The oneDNN backend's pooling and normalisation: layer_norm (and its backward op), max_pool, avg_pool
-(and its backward op). Every node it takes is checked against Eigen float32 and the float64 reference
-on fresh random inputs, for the op's exact outputs (max_pool's int64 indices included, ties and NaN
-as the reference), bitwise on 1/2/3/7 workers; what it does not take (batch_norm, whose float32
-statistics oneDNN gets wrong on inputs with a large mean; max_pool_backward; group/rms norm; small
-or float64 inputs; average pools whose divisor oneDNN defines otherwise) is checked to run on Eigen.
-A small CNN trains on oneDNN along Eigen's curve.
+"""The oneDNN backend's pooling and normalisation: layer_norm, max_pool, avg_pool and adaptive_avg_pool
+(where its windows are an avg_pool's), and the backward ops of all but max_pool. Every node it takes
+is checked against Eigen float32 and the float64 reference on fresh random inputs, for the op's exact
+outputs (max_pool's int64 indices included, ties and NaN as the reference), bitwise on 1/2/3/7
+workers; what it does not take (batch_norm, whose float32 statistics oneDNN gets wrong on inputs with
+a large mean; max_pool_backward; group/rms norm; small or float64 inputs; average pools whose divisor
+oneDNN defines otherwise; adaptive pools whose sizes do not divide or whose windows are large) is
+checked to run on Eigen. A small CNN trains on oneDNN along Eigen's curve.
 
 Skipped when treadle was built without oneDNN (TREADLE_WITH_ONEDNN=OFF, the default wheel).
-"""
-import numpy as np
+"""import numpy as np
 import pytest
 
 import treadle as tl
@@ -56,7 +56,15 @@ AVG_POOL = [("avg-2x2", "avg_pool", [(8, 16, 28, 28)], pool_attrs(2, 2), 0.0, "a
              pool_attrs(1, 4, 3, 2, ceil_mode=True, count_include_pad=False), 0.0, "avg_pool_backward"),
             ("avg-3d", "avg_pool", [(2, 4, 10, 12, 11)], pool_attrs(3, 3, 2, 1, count_include_pad=False), 0.0,
              "avg_pool_backward")]
-SUPPORTED = LAYER_NORM + MAX_POOL + AVG_POOL
+ADAPTIVE = [("adaptive-global", "adaptive_avg_pool", [(32, 64, 7, 7)], {"output_size": [1, 1]}, 0.0,
+             "adaptive_avg_pool_backward"),
+            ("adaptive-14-7", "adaptive_avg_pool", [(8, 16, 14, 14)], {"output_size": [7, 7]}, 0.0,
+             "adaptive_avg_pool_backward"),
+            ("adaptive-1d", "adaptive_avg_pool", [(4, 8, 300)], {"output_size": [30]}, 0.0,
+             "adaptive_avg_pool_backward"),
+            ("adaptive-3d", "adaptive_avg_pool", [(2, 4, 8, 12, 10)], {"output_size": [4, 3, 5]}, 0.0,
+             "adaptive_avg_pool_backward")]
+SUPPORTED = LAYER_NORM + MAX_POOL + AVG_POOL + ADAPTIVE
 IDS = [c[0] for c in SUPPORTED]
 
 
@@ -188,7 +196,8 @@ UNSUPPORTED = {
     "avg_pool-divisor": ("avg_pool", [BN_X], pool_attrs(2, 3, 2, 1, divisor_override=5)),
     # ceil mode makes the last window reach past the padding: PyTorch clips that divisor, oneDNN does not
     "avg_pool-ceil-include": ("avg_pool", [BN_X], pool_attrs(2, 3, 2, 1, ceil_mode=True)),
-    "adaptive_avg_pool": ("adaptive_avg_pool", [BN_X], {"output_size": [5, 5]}),
+    "adaptive_avg_pool": ("adaptive_avg_pool", [BN_X], {"output_size": [5, 5]}),  # 14 is no multiple of 5
+    "adaptive_avg_pool-global-28": ("adaptive_avg_pool", [np.ones((8, 64, 28, 28), F32)], {"output_size": [1, 1]}),
 }
 
 
