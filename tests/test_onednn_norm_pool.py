@@ -8,7 +8,8 @@ oneDNN defines otherwise; adaptive pools whose sizes do not divide or whose wind
 checked to run on Eigen. A small CNN trains on oneDNN along Eigen's curve.
 
 Skipped when treadle was built without oneDNN (TREADLE_WITH_ONEDNN=OFF, the default wheel).
-"""import numpy as np
+"""
+import numpy as np
 import pytest
 
 import treadle as tl
