@@ -270,3 +270,47 @@ def test_training_on_a_host_pool_is_bitwise_serial():
             assert backends_by_op(net._compiled().describe_plans())["avg_pool_backward"] == {"onednn"}
             weights.append(net.flat_parameters().copy())
     np.testing.assert_array_equal(weights[0], weights[1])
+
+
+def test_primitives_created_at_plan_time_and_no_threads_started():
+    """Under ONEDNN_VERBOSE=2 every creation happens in the first step (the plan's), and with
+    OMP_NUM_THREADS=4 the process still has the threads it started with (the OpenMP guard)."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import numpy as np
+        import treadle as tl
+
+        def threads():
+            with open("/proc/self/status") as f:
+                return next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
+
+        before = threads()
+        tl.manual_seed(0)
+        net = tl.nn.Sequential(tl.nn.Conv2d(1, 8, 3, padding=1), tl.nn.MaxPool2d(3, 2, 1), tl.nn.AvgPool2d(2),
+                               tl.nn.AdaptiveAvgPool2d(1), tl.nn.Flatten(), tl.nn.LayerNorm(8), tl.nn.Linear(8, 5))
+        trainer = tl.Trainer(net, tl.loss.CrossEntropy(), tl.optim.SGD(lr=0.1))
+        rng = np.random.default_rng(0)
+        x, y = rng.standard_normal((200, 1, 28, 28)).astype(np.float32), rng.integers(0, 5, 200)
+        for i in range(4):
+            print("STEP", i, flush=True)
+            trainer.step(x, y)
+        print("THREADS", before, threads(), flush=True)
+    """)
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(tl.__file__)))
+    env = dict(os.environ, ONEDNN_VERBOSE="2", OMP_NUM_THREADS="4")
+    env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    sections = proc.stdout.split("STEP ")[1:]
+    creates = [s.count("onednn_verbose,create") for s in sections]
+    execs = [s.count("onednn_verbose,exec") for s in sections]
+    assert creates[0] > 0 and creates[1:] == [0, 0, 0], creates
+    assert min(execs) > 0 and len(set(execs)) == 1, execs
+    for kind in ("pooling", "layer_normalization"):
+        assert f"exec,cpu,{kind}" in sections[-1], kind
+    before, after = (int(v) for v in proc.stdout.split("THREADS")[1].split())
+    assert after == before
