@@ -314,3 +314,20 @@ def test_primitives_created_at_plan_time_and_no_threads_started():
         assert f"exec,cpu,{kind}" in sections[-1], kind
     before, after = (int(v) for v in proc.stdout.split("THREADS")[1].split())
     assert after == before
+
+
+def test_benchmark_script_runs(tmp_path):
+    """bench/onednn_norm_pool.py on one small case: a JSON and a markdown table with both backends."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "onednn_norm_pool.py"
+    spec = importlib.util.spec_from_file_location("onednn_norm_pool", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.main(["--filter", "layer_norm 16x64", "--rounds", "1", "--round-seconds", "0.005", "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "latest-onednn-norm-pool.json").read_text())["rows"]
+    assert {r["op"] for r in rows} == {"layer_norm", "layer_norm_backward"}
+    assert all(r["onednn_backend"] == "onednn" and r["eigen_us"] > 0 for r in rows)
+    assert "| layer_norm 16x64 |" in (tmp_path / "latest-onednn-norm-pool.md").read_text()
