@@ -21,6 +21,12 @@ class TREADLE_API TypeError : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+// A failure that is not the caller's mistake: a device or library call that reported an error.
+class TREADLE_API RuntimeError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 namespace detail {
 template <typename... Args>
 std::string concat(const Args&... args) {

@@ -1,0 +1,137 @@
+// test_cuda --bench: each kernel at a size that runs well past launch overhead, timed with CUDA
+// events on the test's stream (3 warm-up calls, then the mean of 20). Prints a table and writes
+// JSON records {name, op, shape, ms, metric, unit} that bench/gpu_check.sh compares with torch.
+#include <cstdio>
+#include <fstream>
+#include <functional>
+
+#include "backends/cuda/cuda_kernels.hpp"
+#include "backends/cuda/linear_lt.hpp"
+#include "backends/cuda/lt_gemm.hpp"
+#include "test_cuda_common.hpp"
+
+namespace treadle::cuda::test {
+namespace {
+
+struct Record {
+  std::string name, op, shape;
+  double ms, metric;
+  const char* unit;
+};
+
+double time_ms(Env& env, const std::function<void()>& fn) {
+  for (int i = 0; i < 3; ++i) fn();
+  CudaEvent start, stop;
+  start.record(env.s());
+  constexpr int kReps = 20;
+  for (int i = 0; i < kReps; ++i) fn();
+  stop.record(env.s());
+  stop.synchronize();
+  return CudaEvent::elapsed_ms(start, stop) / kReps;
+}
+
+void add(std::vector<Record>& out, Record r) {
+  std::printf("BENCH %-22s %-22s %9.4f ms %10.1f %s\n", r.name.c_str(), r.shape.c_str(), r.ms, r.metric, r.unit);
+  std::fflush(stdout);
+  out.push_back(std::move(r));
+}
+
+double gbps(double bytes, double ms) { return bytes / (ms * 1e-3) / 1e9; }
+
+void bench_elementwise(Env& env, std::vector<Record>& out) {
+  const int64_t n = int64_t{1} << 26;
+  DeviceArray<float> x(env, uniform(env, n, -3, 3)), y(env, n), dy(env, uniform(env, n, -1, 1)), dx(env, n);
+  const std::string shape = detail::concat("(", n, ")");
+  for (Activation a : {Activation::relu, Activation::gelu, Activation::silu, Activation::tanh}) {
+    const double f = time_ms(env, [&] { activation_forward(a, x.get(), y.get(), n, env.s()); });
+    add(out, {detail::concat(activation_name(a), "_forward"), activation_name(a), shape, f, gbps(8.0 * n, f), "GB/s"});
+    const float* saved = activation_backward_uses_output(a) ? y.get() : x.get();
+    const double b = time_ms(env, [&] { activation_backward(a, saved, dy.get(), dx.get(), n, env.s()); });
+    add(out, {detail::concat(activation_name(a), "_backward"), std::string(activation_name(a)) + "_backward", shape, b,
+              gbps(12.0 * n, b), "GB/s"});
+  }
+  std::vector<float> zeros(n, 0.0f);
+  DeviceArray<float> m(env, zeros), v(env, zeros);
+  const AdamCoefficients k = adam_coefficients(1e-3, 0.9, 0.999, 1e-8, 0.01, 1, true, false);
+  const double t = time_ms(env, [&] { adam_update(x.get(), dy.get(), m.get(), v.get(), nullptr, n, k, env.s()); });
+  add(out, {"adamw_update", "adamw", shape, t, gbps(28.0 * n, t), "GB/s"});
+}
+
+void bench_rows(Env& env, std::vector<Record>& out) {
+  const int64_t rows = 8192, cols = 4096, n = rows * cols;
+  DeviceArray<float> x(env, uniform(env, n, -5, 5)), y(env, n), dy(env, uniform(env, n, -1, 1)), dx(env, n);
+  const std::string shape = detail::concat("(", rows, ", ", cols, ")");
+  const double f = time_ms(env, [&] { softmax_forward(x.get(), y.get(), rows, cols, 1, env.s()); });
+  add(out, {"softmax_forward", "softmax", shape, f, gbps(8.0 * n, f), "GB/s"});
+  const double b = time_ms(env, [&] { softmax_backward(y.get(), dy.get(), dx.get(), rows, cols, 1, env.s()); });
+  add(out, {"softmax_backward", "softmax_backward", shape, b, gbps(12.0 * n, b), "GB/s"});
+  std::vector<int64_t> labels(rows);
+  for (int64_t i = 0; i < rows; ++i) labels[i] = static_cast<int64_t>(env.rng() % cols);
+  DeviceArray<int64_t> lab(env, labels);
+  DeviceArray<float> loss(env, 1), g(env, std::vector<float>{1.0f});
+  DeviceBuffer ws = env.alloc.buffer(cross_entropy_workspace_bytes(rows, 1), env.s());
+  const double cf = time_ms(env, [&] {
+    cross_entropy_forward(x.get(), lab.get(), loss.get(), rows, cols, 1, Reduction::mean, ws.data(), env.s());
+  });
+  add(out, {"cross_entropy_forward", "cross_entropy", shape, cf, gbps(4.0 * n, cf), "GB/s"});
+  const double cb = time_ms(env, [&] {
+    cross_entropy_backward(x.get(), lab.get(), g.get(), dx.get(), rows, cols, 1, Reduction::mean, env.s());
+  });
+  add(out, {"cross_entropy_backward", "cross_entropy_backward", shape, cb, gbps(8.0 * n, cb), "GB/s"});
+  DeviceArray<float> col(env, cols);
+  DeviceBuffer cws = env.alloc.buffer(column_sum_workspace_bytes(rows, cols), env.s());
+  const double cs = time_ms(env, [&] { column_sum(x.get(), col.get(), rows, cols, cws.data(), env.s()); });
+  add(out, {"column_sum", "column_sum", shape, cs, gbps(4.0 * n, cs), "GB/s"});
+}
+
+void bench_linear(Env& env, std::vector<Record>& out) {
+  const int64_t n = 8192, in = 4096, o = 4096;
+  DeviceArray<float> x(env, uniform(env, n * in, -1, 1)), w(env, uniform(env, o * in, -1, 1)),
+      b(env, uniform(env, o, -1, 1)), y(env, n * o), dy(env, uniform(env, n * o, -1, 1)), dx(env, n * in),
+      dw(env, o * in);
+  const double flops = 2.0 * n * in * o;
+  const std::string shape = detail::concat("(", n, ", ", in, ", ", o, ")");
+  for (MathMode math : {MathMode::f32, MathMode::bf16, MathMode::bf16_operands}) {
+    const char* tag = math_name(math);
+    LtLinear lin(env.lt.get(), LinearConfig{n, in, o, LinearEpilogue::bias_relu, math});
+    DeviceBuffer ws = env.alloc.buffer(lin.workspace_bytes(), env.s());
+    const double f = time_ms(env, [&] { lin.forward(x.get(), w.get(), b.get(), y.get(), ws.data(), env.s()); });
+    add(out, {detail::concat("linear_relu_fwd_", tag), detail::concat("linear_relu_", tag), shape, f,
+              flops / (f * 1e-3) / 1e12, "TFLOP/s"});
+    const double bi = time_ms(env, [&] { lin.backward_input(dy.get(), w.get(), dx.get(), ws.data(), env.s()); });
+    add(out, {detail::concat("linear_dx_", tag), detail::concat("linear_dx_", tag), shape, bi, flops / (bi * 1e-3) / 1e12,
+              "TFLOP/s"});
+    const double bw = time_ms(env, [&] { lin.backward_weight(dy.get(), x.get(), dw.get(), false, ws.data(), env.s()); });
+    add(out, {detail::concat("linear_dw_", tag), detail::concat("linear_dw_", tag), shape, bw, flops / (bw * 1e-3) / 1e12,
+              "TFLOP/s"});
+  }
+}
+
+}  // namespace
+
+int run_benchmarks(Env& env, const std::string& json_path) {
+  std::vector<Record> out;
+  try {
+    bench_elementwise(env, out);
+    bench_rows(env, out);
+    bench_linear(env, out);
+  } catch (const std::exception& e) {
+    std::printf("FAIL bench: %s\n", e.what());
+    return 1;
+  }
+  if (!json_path.empty()) {
+    std::ofstream f(json_path);
+    f << "[\n";
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      const Record& r = out[i];
+      f << "  {\"name\": \"" << r.name << "\", \"op\": \"" << r.op << "\", \"shape\": \"" << r.shape
+        << "\", \"ms\": " << r.ms << ", \"metric\": " << r.metric << ", \"unit\": \"" << r.unit << "\"}"
+        << (i + 1 < out.size() ? ",\n" : "\n");
+    }
+    f << "]\n";
+  }
+  std::printf("bench: %zu kernels timed\n", out.size());
+  return 0;
+}
+
+}  // namespace treadle::cuda::test

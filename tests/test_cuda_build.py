@@ -1,0 +1,110 @@
+"""The CUDA variant in CI: configures treadle with TREADLE_WITH_CUDA=ON and TREADLE_BUILD_TESTS=ON in
+build/cuda-check (ccache, sm_90 + PTX only), builds libtreadle and the GPU check program test_cuda, and
+runs it. Without a GPU the program runs its host-side checks (status messages, argument validation,
+allocator size classes) and prints "SKIP: no CUDA device (...)"; with one it runs every device test.
+So CI, which has no GPU, still compiles and links every CUDA source against cuBLAS(Lt)/cuDNN 9.
+
+Skipped, with the reason, when nvcc, cmake or the NVIDIA wheels (nvidia-cublas, nvidia-cudnn-cu13) are
+missing, or with TREADLE_CUDA_CHECK=0 (a quick local run).
+"""
+import glob
+import os
+import shutil
+import site
+import subprocess
+import sys
+import sysconfig
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUILD = os.path.join(REPO, "build", "cuda-check")
+NVCC = os.environ.get("CUDACXX") or "/usr/local/cuda/bin/nvcc"
+
+
+def _site_dirs():
+    dirs = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    try:
+        dirs.update(site.getsitepackages())
+    except AttributeError:  # some virtualenvs lack it
+        pass
+    return sorted(dirs)
+
+
+def _wheel_lib(pattern):
+    for d in _site_dirs():
+        hits = glob.glob(os.path.join(d, "nvidia", "*", "lib", pattern))
+        if hits:
+            return hits[0]
+    return None
+
+
+def skip_reason():
+    if os.environ.get("TREADLE_CUDA_CHECK") == "0":
+        return "TREADLE_CUDA_CHECK=0"
+    if shutil.which("cmake") is None:
+        return "cmake is not installed"
+    if shutil.which("ninja") is None:
+        return "ninja is not installed"
+    if not os.access(NVCC, os.X_OK):
+        return f"nvcc not found at {NVCC} (install the CUDA toolkit or set CUDACXX)"
+    if _wheel_lib("libcublasLt.so*") is None:
+        return "cuBLASLt not found in site-packages/nvidia/*/lib (pip install nvidia-cublas)"
+    if _wheel_lib("libcudnn.so.9*") is None:
+        return "cuDNN 9 not found in site-packages/nvidia/*/lib (pip install nvidia-cudnn-cu13)"
+    return None
+
+
+def _run(cmd, env, timeout):
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    return proc, (proc.stdout[-6000:] + proc.stderr[-6000:])
+
+
+@pytest.fixture(scope="module")
+def cuda_build():
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    env = dict(os.environ)
+    # build/cuda-check sits at the depth of build/dev: with the repository as ccache's base directory the
+    # core's objects are hits of a CPU-only build (the CUDA variant compiles them unchanged).
+    env.setdefault("CCACHE_BASEDIR", REPO)
+    configure = ["cmake", "-S", REPO, "-B", BUILD, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+                 "-DTREADLE_WITH_CUDA=ON", "-DTREADLE_BUILD_TESTS=ON", "-DTREADLE_BUILD_PYTHON=OFF",
+                 f"-DCMAKE_CUDA_COMPILER={NVCC}", "-DCMAKE_CUDA_ARCHITECTURES=90",
+                 f"-DPython3_EXECUTABLE={os.path.realpath(sys.executable)}"]
+    if shutil.which("ccache"):
+        configure += ["-DCMAKE_CXX_COMPILER_LAUNCHER=ccache", "-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache"]
+    proc, report = _run(configure, env, 600)
+    assert proc.returncode == 0, report
+    proc, report = _run(["cmake", "--build", BUILD, "-j2", "--target", "treadle", "test_cuda"], env, 3600)
+    assert proc.returncode == 0, report
+    return BUILD
+
+
+def test_libtreadle_links_the_nvidia_libraries(cuda_build):
+    libs = glob.glob(os.path.join(cuda_build, "cpp", "libtreadle.so*"))
+    assert libs, f"no libtreadle.so under {cuda_build}/cpp"
+    if shutil.which("readelf") is None:
+        pytest.skip("readelf is not installed")
+    dyn = subprocess.run(["readelf", "-d", libs[0]], capture_output=True, text=True).stdout
+    assert "libcublasLt.so" in dyn and "libcudnn.so.9" in dyn, dyn
+    # Found through the RUNPATH at the wheels' directories, with no LD_LIBRARY_PATH.
+    assert os.path.dirname(_wheel_lib("libcublasLt.so*")) in dyn, dyn
+    assert "libcudart.so" not in dyn, "the CUDA runtime should be linked statically"
+
+
+def test_cuda_check_program(cuda_build):
+    exe = os.path.join(cuda_build, "cpp", "tests", "cuda", "test_cuda")
+    env = dict(os.environ)
+    env.pop("LD_LIBRARY_PATH", None)
+    proc, report = _run([exe], env, 900)
+    assert proc.returncode == 0, report
+    out = proc.stdout
+    for name in ("status_messages", "argument_validation", "allocator_size_classes"):
+        assert f"PASS {name}" in out, report
+    assert "FAIL" not in out, report
+    if "SKIP: no CUDA device (cudaGetDeviceCount: " in out:
+        assert "cuda host checks: 3 passed, 0 failed" in out, report
+    else:
+        assert "cuda tests:" in out and ", 0 failed" in out, report
