@@ -45,6 +45,12 @@ def layer_norm_case(rows, width):
     return (f"layer_norm {rows}x{width}", lambda: (tl.nn.LayerNorm(width), (rows, width)), False)
 
 
+def group_norm_case(n, c, hw, groups):
+    def build():
+        return tl.nn.Sequential(tl.nn.Conv2d(c, c, 1), tl.nn.GroupNorm(groups, c)), (n, c, hw, hw)
+    return (f"group_norm {n}x{c}x{hw}x{hw} groups={groups}", build, False)
+
+
 def batch_norm_case(n, c, hw, eval_mode):
     def build():
         return tl.nn.BatchNorm2d(c), (n, c, hw, hw)
@@ -59,6 +65,7 @@ CASES = ([layer_norm_case(r, w) for r, w in [(8, 32), (16, 64), (64, 64), (32, 2
             for opts in (dict(kernel_size=2), dict(kernel_size=3, stride=2, padding=1))]
          + [pool_case("avg", 32, 16, 28, kernel_size=3, stride=2, padding=1, count_include_pad=False)]
          + [adaptive_case(8, 64, hw, out) for hw, out in [(7, 1), (14, 1), (16, 1), (28, 1), (14, 7)]]
+         + [group_norm_case(n, c, hw, 8) for (n, c, hw) in [(2, 16, 8), (32, 32, 8), (8, 64, 28)]]
          + [batch_norm_case(n, c, hw, ev) for ev in (False, True) for (n, c, hw) in [(8, 8, 8), (32, 64, 14)]])
 
 
@@ -127,7 +134,8 @@ def op_keys(name, best):
     ops = {"max_pool2d": ("max_pool", "max_pool_backward"), "avg_pool2d": ("avg_pool", "avg_pool_backward"),
            "layer_norm": ("layer_norm", "layer_norm_backward"), "batch_norm": ("batch_norm", "batch_norm_backward"),
            "batch_norm_eval": ("batch_norm_eval", None),
-           "adaptive_avg_pool2d": ("adaptive_avg_pool", "adaptive_avg_pool_backward")}[op]
+           "adaptive_avg_pool2d": ("adaptive_avg_pool", "adaptive_avg_pool_backward"),
+           "group_norm": ("group_norm", "group_norm_backward")}[op]
     return [k for k in best["eigen"] if k[0] in ops]
 
 

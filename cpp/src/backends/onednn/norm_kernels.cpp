@@ -1,6 +1,7 @@
-// layer_norm and layer_norm_backward on oneDNN's layer_normalization primitives (jit:uni here),
-// float32. The tensor is viewed as (rows, width) with width = the normalized trailing dims; fixed
-// blocks of rows are the pieces. The ops' statistics are (mean, rstd = 1/sqrt(var + eps)) while
+// layer_norm, layer_norm_backward and group_norm on oneDNN's layer_normalization primitives
+// (jit:uni here), float32. The tensor is viewed as (rows, width) with width = the normalized
+// trailing dims (group_norm: rows = (sample, group), width = C / G channels x spatial); fixed blocks
+// of rows are the pieces. The ops' statistics are (mean, rstd = 1/sqrt(var + eps)) while
 // oneDNN's are (mean, var), so the forward writes var into the rstd output and converts it after each
 // piece, and the backward gives oneDNN var = 1/rstd^2 with eps = 0 (the backward op carries no eps;
 // oneDNN then recomputes rstd from it), converted into the workspace before each piece. The
@@ -13,7 +14,9 @@
 //     by 3e-4 to 4e-2, so y misses by as much: far outside the 1e-5 contract. Eigen sums in double.
 //   - batch_norm_eval: Eigen's loop runs at 0.12 ns per element; oneDNN's plain-layout kernel at 0.9
 //     (its fast kernels want nhwc or blocked layouts, and the reorders alone cost more than Eigen).
-//   - group_norm and rms_norm: oneDNN 3.2 has no primitive for them.
+//   - group_norm_backward: its weight and bias gradients are per-channel sums oneDNN has no
+//     primitive for (dx alone could go through layer_normalization backward on dy * weight);
+//   - rms_norm: oneDNN 3.2 has no primitive for it.
 //   - small tensors (kMinElements) and float64.
 #include <algorithm>
 #include <array>
@@ -52,6 +55,15 @@ std::optional<Rows> rows_if_supported(const Graph& g, const Node& node, int x) {
   return r;
 }
 
+// group_norm's rows: (sample, group) blocks of C / G channels, contiguous in (N, C, *).
+std::optional<Rows> group_rows_if_supported(const Graph& g, const Node& node) {
+  if (!all_f32(g, node)) return std::nullopt;
+  const Shape& s = in_shape(g, node, 0);
+  const int64_t numel = shape_numel(s), rows = s[0] * node.attrs.i("num_groups");
+  if (rows == 0 || numel < kMinElements) return std::nullopt;
+  return Rows{rows, numel / rows};
+}
+
 normalization_flags flags_of(bool scale, bool shift) {
   normalization_flags f = normalization_flags::none;
   if (scale) f = f | normalization_flags::use_scale;
@@ -70,11 +82,14 @@ dnnl::layer_normalization_forward::primitive_desc forward_pd(int64_t rows, int64
 
 const ChunkedPrimitive& prepared(const KernelArgs& a) { return *static_cast<const ChunkedPrimitive*>(a.state); }
 
-// ---- layer_norm: (x, [weight, [bias]]) -> (y, mean, rstd)
+// ---- layer_norm: (x, [weight, [bias]]) -> (y, mean, rstd), and group_norm (x, [weight, bias]) ->
+// (y, mean, rstd): a layer norm of its (sample, group) rows without oneDNN's scale and shift (they
+// are per channel, not per row element); each piece applies them after its execution.
 std::optional<ChunkPlan> plan_forward(const Graph& g, const Node& node) {
-  const std::optional<Rows> r = rows_if_supported(g, node, 0);
+  const bool group = op_name(node) == "group_norm";
+  const std::optional<Rows> r = group ? group_rows_if_supported(g, node) : rows_if_supported(g, node, 0);
   if (!r) return std::nullopt;
-  const bool scale = node.inputs.size() > 1, shift = node.inputs.size() > 2;
+  const bool scale = !group && node.inputs.size() > 1, shift = !group && node.inputs.size() > 2;
   std::vector<ArgSpec> args = {{DNNL_ARG_SRC, false, 0, r->step()},
                                {DNNL_ARG_DST, true, 0, r->step()},
                                {DNNL_ARG_MEAN, true, 1, sizeof(float)},
@@ -91,16 +106,35 @@ bool accepts_forward(const Graph& g, const Node& node) { return plan_forward(g, 
 
 PreparedNode prepare_forward(const Graph& g, const Node& node) { return make_prepared(*plan_forward(g, node)); }
 
+// group_norm's per-channel affine on rows [r0, r1) of y (rows of `cg` channels of `spatial` values).
+void group_affine(const KernelArgs& a, int64_t r0, int64_t r1, int64_t cg, int64_t spatial) {
+  const int64_t groups = a.attrs().i("num_groups");
+  const float *w = a.in[1].ptr<float>(), *b = a.in[2].ptr<float>();
+  float* y = a.out[0].ptr<float>();
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t cc = 0; cc < cg; ++cc) {
+      const int64_t c = (r % groups) * cg + cc;
+      const float wc = w[c], bc = b[c];
+      float* ys = y + (r * cg + cc) * spatial;
+      for (int64_t i = 0; i < spatial; ++i) ys[i] = ys[i] * wc + bc;
+    }
+}
+
 void forward_kernel(const KernelArgs& a) {
   const ChunkedPrimitive& s = prepared(a);
   const double eps = a.attrs().f("eps");
   float* rstd = a.out[2].ptr<float>();
+  // group_norm with weight and bias: channels per row and values per channel
+  const bool affine = a.attrs().has("num_groups") && a.num_in == 3;
+  const int64_t cg = affine ? a.in[0].dim(1) / a.attrs().i("num_groups") : 1;
+  const int64_t spatial = affine ? a.in[0].numel / (s.split.rows * cg) : 1;
   for_each_tile(a, s, [&](int64_t t, int64_t region) {
     std::array<void*, kMaxLayerNormArgs + 1> overrides{};
     overrides[s.args.size()] = tile_scratch(a, s, region);
     run_tile(a, s, t, overrides.data());
     const int64_t r0 = t * s.split.row_grain, r1 = std::min(s.split.rows, r0 + s.split.row_grain);
     for (int64_t r = r0; r < r1; ++r) rstd[r] = static_cast<float>(1.0 / std::sqrt(double{rstd[r]} + eps));
+    if (affine) group_affine(a, r0, r1, cg, spatial);
   });
 }
 
@@ -204,6 +238,7 @@ void backward_kernel(const KernelArgs& a) {
 
 std::vector<OpEntry> norm_entries() {
   return {{"layer_norm", nullptr, &accepts_forward, &prepare_forward, &forward_kernel},
+          {"group_norm", nullptr, &accepts_forward, &prepare_forward, &forward_kernel},
           {"layer_norm_backward", nullptr, &accepts_backward, &prepare_backward, &backward_kernel}};
 }
 
