@@ -54,6 +54,10 @@ struct ValueInfo {
   int producer = -1;     // node index for intermediates
   int slot = -1;         // input/target/seed/parameter index
   bool requires_grad = false;
+  // Set when a plan is finalized: a node consumes the value or the host reads it after a run. A
+  // backend may leave an output that nobody reads unwritten (a recurrent layer's saved buffer in
+  // an inference plan).
+  bool read = false;
 };
 
 struct Node {

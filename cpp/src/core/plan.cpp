@@ -63,8 +63,20 @@ void Plan::finalize(const std::vector<int64_t>& param_offsets, const std::string
   steps.clear();
   steps.resize(graph.nodes().size());
   for (int n = 0; n < static_cast<int>(steps.size()); ++n) steps[n].node = n;
+  mark_read_values();
   select_kernels(backend, deterministic);
   plan_memory();
+}
+
+void Plan::mark_read_values() {
+  for (ValueInfo& v : graph.values()) v.read = false;
+  for (const Node& node : graph.nodes())
+    for (int in : node.inputs) graph.values()[in].read = true;
+  for (int v : outputs) graph.values()[v].read = true;
+  if (loss >= 0) graph.values()[loss].read = true;
+  for (const auto& pg : param_grads) graph.values()[pg.second].read = true;
+  for (int g : input_grads)
+    if (g >= 0) graph.values()[g].read = true;
 }
 
 void Plan::select_kernels(const std::string& backend, bool deterministic) {
@@ -261,6 +273,7 @@ void Plan::record_time(Profiler& profiler, int s, double seconds) const {
 void Plan::check_numerics(int s, const TensorRef* outs) const {
   const Node& node = graph.nodes()[steps[s].node];
   for (std::size_t k = 0; k < node.outputs.size(); ++k) {
+    if (!graph.info(node.outputs[k]).read) continue;  // possibly never written (ValueInfo::read)
     const TensorRef& r = outs[k];
     std::pair<int64_t, int64_t> bad{-1, 0};
     if (r.dtype == DType::f32) bad = find_nonfinite<float>(r.data, r.numel);

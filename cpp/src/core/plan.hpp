@@ -98,6 +98,8 @@ class Plan {
 
  private:
   void plan_memory();
+  // Sets ValueInfo::read from the graph's consumers and the values the host reads after a run.
+  void mark_read_values();
   // Anomaly mode: throws ValueError if an output of step `s` holds NaN/Inf.
   void check_numerics(int s, const TensorRef* outs) const;
   void select_kernels(const std::string& backend, bool deterministic);

@@ -1,7 +1,281 @@
+// LSTM layers in inference plans on oneDNN's vanilla_lstm primitive (forward_inference).
+//
+// lstm_layer defines four outputs (y, h_n, c_n, saved). oneDNN's forward_inference computes the
+// first three; `saved` (the gates and cell of every step, read by lstm_layer_backward) has no
+// counterpart: forward_training keeps them in an opaque workspace. So a node is taken only when
+// nothing reads `saved` (ValueInfo::read: no node consumes it and the host does not read it), which
+// is the case in every inference plan; training plans keep the Eigen kernel (recomputing `saved`
+// on top of oneDNN's output costs more than Eigen's whole forward: measured, docs/onednn.md).
+//
+// Per call: the weights (they change between training steps) are reordered from treadle's layout
+// (W_ih is (4H, I) row-major: oneDNN's ldgoi, gate order i, f, g, o as oneDNN's) into the
+// primitive's layout in the workspace, the two biases are summed (oneDNN adds one bias per gate),
+// then the batch runs in fixed pieces of samples, one single-threaded execution each, on the host's
+// executor. Pieces depend on the problem only, so results do not depend on the workers.
+//
+// Not taken: variable lengths (a run-time input; oneDNN has no per-sample lengths), float64, and
+// GRU: oneDNN 3.2 runs lbr_gru (PyTorch's GRU) only on its "ref" implementation (see docs/onednn.md).
+#include <algorithm>
+#include <array>
+
 #include "backends/onednn/onednn_common.hpp"
+#include "ops/recurrent.hpp"
+#include "treadle/error.hpp"
 
 namespace treadle::onednn {
+namespace {
 
-std::vector<OpEntry> rnn_entries() { return {}; }
+using dnnl::memory;
+
+// Samples per piece. A piece is one oneDNN execution; pieces of 16 to 64 samples run as fast per
+// sample as the whole batch in one execution (one core: T 16, N 256, I = H = 256 in 4 pieces of 64,
+// 19.3 ms against 19.5 ms; T 32, H 64: 4 x 16 samples 0.72 ms against 0.74 ms for 64), so fixed
+// pieces cost nothing on one worker and let several workers share a large batch.
+constexpr int64_t kPieceSamples = 32;
+// Where Eigen is faster (bench/onednn_rnn.py, one core, CPU time of predict, T = 16, I = H; docs/onednn.md):
+// one sample (Eigen's matrix-vector steps beat oneDNN's at every H: 0.4-0.7x), and small layers,
+// where oneDNN's fixed cost per call is not yet paid back (2 samples: even at 2^18 multiply-adds,
+// H = 32; from 4 samples oneDNN is 1.2-1.7x faster above it; 8 or more are faster at any size, but
+// by microseconds).
+constexpr int64_t kMinSamples = 2;
+constexpr int64_t kMinMacs = int64_t{1} << 18;
+constexpr std::size_t kAlign = 64;
+constexpr int kMaxArgs = 12;
+
+std::size_t align_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+void check(dnnl_status_t status, const char* what) {
+  if (status != dnnl_success)
+    throw_runtime_error("onednn lstm_layer: ", what, " failed (status ", static_cast<int>(status), ")");
+}
+
+// The stream of the calling thread, created once per host thread (CPU streams hold no data).
+dnnl_stream_t thread_stream() {
+  thread_local const dnnl::stream stream(cpu_engine());
+  return stream.get();
+}
+
+// One primitive with the descriptor of each argument (the scratchpad last, when it has one) and a
+// pool of memory objects, so that an execution creates none once the pool is warm.
+struct PooledPrimitive {
+  dnnl::primitive prim;
+  std::vector<int> args;
+  std::vector<MemDesc> mds;
+  std::size_t scratch_bytes = 0;
+  std::unique_ptr<MemoryPool> pool = std::make_unique<MemoryPool>();
+};
+
+PooledPrimitive make_pooled(const dnnl::primitive_desc_base& pd, std::vector<int> args) {
+  PooledPrimitive p;
+  p.prim = dnnl::primitive(pd.get());
+  for (int arg : args) p.mds.push_back(pd.query_md(dnnl::query::exec_arg_md, arg));
+  p.scratch_bytes = pd.scratchpad_desc().get_size();
+  if (p.scratch_bytes) {
+    args.push_back(DNNL_ARG_SCRATCHPAD);
+    p.mds.push_back(pd.scratchpad_desc());
+  }
+  p.args = std::move(args);
+  return p;
+}
+
+// Executes `p` on `ptrs` (one per argument, the scratchpad last). With every pooled slot busy
+// (more concurrent executions than slots) it makes temporary memory objects.
+void run_pooled(const PooledPrimitive& p, void* const* ptrs) {
+  const int n = static_cast<int>(p.args.size());
+  std::array<dnnl_exec_arg_t, kMaxArgs> args{};
+  std::array<dnnl_memory_t, kMaxArgs> temp{};
+  MemoryPool::Slot* slot = p.pool->acquire();
+  struct Cleanup {
+    MemoryPool::Slot* slot;
+    std::array<dnnl_memory_t, kMaxArgs>& temp;
+    ~Cleanup() {
+      if (slot) MemoryPool::release(slot);
+      for (dnnl_memory_t m : temp)
+        if (m) dnnl_memory_destroy(m);
+    }
+  } cleanup{slot, temp};
+  OmpSingleThread guard;
+  for (int k = 0; k < n; ++k) {
+    if (slot) {
+      if (static_cast<int>(slot->mems.size()) == k)
+        slot->mems.emplace_back(p.mds[k], cpu_engine(), static_cast<void*>(DNNL_MEMORY_NONE));
+      check(dnnl_memory_set_data_handle(slot->mems[k].get(), ptrs[k]), "setting a data pointer");
+      args[k] = {p.args[k], slot->mems[k].get()};
+    } else {
+      check(dnnl_memory_create(&temp[k], p.mds[k].get(), cpu_engine().get(), ptrs[k]), "memory creation");
+      args[k] = {p.args[k], temp[k]};
+    }
+  }
+  check(dnnl_primitive_execute(p.prim.get(), thread_stream(), n, args.data()), "primitive execution");
+}
+
+// The layer's dimensions and options.
+struct Layer {
+  rnn::ForwardSlots slots;
+  int64_t T = 0, N = 0, I = 0, H = 0;
+  bool batch_first = false, reverse = false;
+
+  // Sequence tensor of width `c` for the piece of `n` samples (x or y, in place).
+  MemDesc seq_desc(int64_t n, int64_t c) const {
+    return batch_first ? f32_desc({T, n, c}, {c, T * c, 1}) : f32_desc({T, n, c}, {N * c, c, 1});
+  }
+  // Bytes from one sample to the next in a sequence tensor of width `c`.
+  int64_t sample_step(int64_t c) const { return (batch_first ? T * c : c) * static_cast<int64_t>(sizeof(float)); }
+  int64_t pieces() const { return (N + kPieceSamples - 1) / kPieceSamples; }
+};
+
+std::optional<Layer> layer_of(const Graph& g, const Node& node) {
+  Layer l;
+  l.slots = rnn::forward_slots(rnn::cell_info(rnn::Cell::lstm), static_cast<int>(node.inputs.size()));
+  if (!l.slots.valid || l.slots.lengths >= 0 || !all_f32(g, node)) return std::nullopt;
+  if (g.info(node.outputs.back()).read) return std::nullopt;  // `saved` is needed: training
+  l.batch_first = node.attrs.i_or("batch_first", 0) != 0;
+  l.reverse = node.attrs.i_or("reverse", 0) != 0;
+  const Shape& x = in_shape(g, node, l.slots.x);
+  l.T = l.batch_first ? x[1] : x[0];
+  l.N = l.batch_first ? x[0] : x[1];
+  l.I = x[2];
+  l.H = in_shape(g, node, l.slots.w_hh)[1];
+  if (l.N < kMinSamples || l.T * l.N * 4 * l.H * (l.I + l.H) < kMinMacs) return std::nullopt;
+  return l;
+}
+
+const std::vector<int> kLstmArgs = {DNNL_ARG_SRC_LAYER,  DNNL_ARG_SRC_ITER, DNNL_ARG_SRC_ITER_C,
+                                    DNNL_ARG_WEIGHTS_LAYER, DNNL_ARG_WEIGHTS_ITER, DNNL_ARG_BIAS,
+                                    DNNL_ARG_DST_LAYER, DNNL_ARG_DST_ITER, DNNL_ARG_DST_ITER_C};
+
+std::optional<dnnl::lstm_forward::primitive_desc> piece_pd(const Layer& l, int64_t n) {
+  try {
+    const MemDesc state = f32_dense({1, 1, n, l.H});
+    const MemDesc any_wl(Dims{1, 1, l.I, 4, l.H}, memory::data_type::f32, memory::format_tag::any);
+    const MemDesc any_wi(Dims{1, 1, l.H, 4, l.H}, memory::data_type::f32, memory::format_tag::any);
+    const auto dir = l.reverse ? dnnl::rnn_direction::unidirectional_right2left
+                               : dnnl::rnn_direction::unidirectional_left2right;
+    dnnl::lstm_forward::primitive_desc pd(cpu_engine(), dnnl::prop_kind::forward_inference, dir, l.seq_desc(n, l.I),
+                                          state, state, any_wl, any_wi, f32_dense({1, 1, 4, l.H}), l.seq_desc(n, l.H),
+                                          state, state, default_attr());
+    if (!is_optimised(pd)) return std::nullopt;
+    return pd;
+  } catch (const dnnl::error&) {
+    return std::nullopt;
+  }
+}
+
+// The prepared node: weight reorders, one primitive per piece size and the workspace layout
+// (reordered W_ih, reordered W_hh, the summed bias, reorder scratch, then one scratch per piece).
+struct LstmState {
+  Layer layer;
+  PooledPrimitive reorder_ih, reorder_hh;
+  PooledPrimitive piece[2];  // a full piece, and the remainder when N is not a multiple
+  std::size_t wl_offset = 0, wi_offset = 0, bias_offset = 0, reorder_scratch = 0, piece_scratch = 0, piece_stride = 0;
+};
+
+bool accepts(const Graph& g, const Node& node) {
+  const std::optional<Layer> l = layer_of(g, node);
+  if (!l) return false;
+  const int64_t rest = l->N % kPieceSamples;
+  return piece_pd(*l, std::min(l->N, kPieceSamples)) && (rest == 0 || l->N < kPieceSamples || piece_pd(*l, rest));
+}
+
+PooledPrimitive weight_reorder(const MemDesc& to, int64_t rows) {
+  const MemDesc from(Dims{1, 1, rows, 4, to.get_dims()[4]}, memory::data_type::f32, memory::format_tag::ldgoi);
+  const dnnl::reorder::primitive_desc pd(cpu_engine(), from, cpu_engine(), to, default_attr());
+  return make_pooled(pd, {DNNL_ARG_FROM, DNNL_ARG_TO});
+}
+
+PreparedNode prepare(const Graph& g, const Node& node) {
+  const std::optional<Layer> l = layer_of(g, node);
+  if (!l) throw_runtime_error("onednn: lstm_layer is no longer supported at prepare time");
+  auto s = std::make_shared<LstmState>();
+  s->layer = *l;
+  const int64_t sizes[2] = {std::min(l->N, kPieceSamples), l->N > kPieceSamples ? l->N % kPieceSamples : 0};
+  std::size_t piece_scratch = 0;
+  for (int k = 0; k < 2; ++k) {
+    if (sizes[k] == 0) continue;
+    const std::optional<dnnl::lstm_forward::primitive_desc> pd = piece_pd(*l, sizes[k]);
+    if (!pd) throw_runtime_error("onednn: lstm_layer has no primitive for ", sizes[k], " samples at prepare time");
+    s->piece[k] = make_pooled(*pd, kLstmArgs);
+    piece_scratch = std::max(piece_scratch, s->piece[k].scratch_bytes);
+    if (k == 0) {
+      s->reorder_ih = weight_reorder(pd->weights_layer_desc(), l->I);
+      s->reorder_hh = weight_reorder(pd->weights_iter_desc(), l->H);
+      s->wi_offset = align_up(pd->weights_layer_desc().get_size());
+      s->bias_offset = s->wi_offset + align_up(pd->weights_iter_desc().get_size());
+    }
+  }
+  s->reorder_scratch = s->bias_offset + align_up(4 * l->H * sizeof(float));
+  s->piece_scratch = s->reorder_scratch + align_up(std::max(s->reorder_ih.scratch_bytes, s->reorder_hh.scratch_bytes));
+  s->piece_stride = align_up(piece_scratch);
+  const std::size_t workspace = s->piece_scratch + s->piece_stride * static_cast<std::size_t>(l->pieces());
+  return {std::move(s), workspace};
+}
+
+// Runs the samples of piece `p` through the layer.
+void run_piece(const KernelArgs& a, const LstmState& s, int64_t p) {
+  const Layer& l = s.layer;
+  const rnn::ForwardSlots& sl = l.slots;
+  const int64_t n0 = p * kPieceSamples, state_step = l.H * static_cast<int64_t>(sizeof(float));
+  const bool rest = l.N - n0 < kPieceSamples;
+  const PooledPrimitive& prim = s.piece[rest && l.N > kPieceSamples ? 1 : 0];
+  char* ws = static_cast<char*>(a.workspace);
+  auto at = [&](const TensorRef& t, int64_t step) {
+    return static_cast<void*>(static_cast<char*>(t.data) + n0 * step);
+  };
+  std::array<void*, kMaxArgs> ptrs = {at(a.in[sl.x], l.sample_step(l.I)),
+                                      at(a.in[sl.h0], state_step),
+                                      at(a.in[sl.c0], state_step),
+                                      ws + s.wl_offset,
+                                      ws + s.wi_offset,
+                                      ws + s.bias_offset,
+                                      at(a.out[0], l.sample_step(l.H)),
+                                      at(a.out[1], state_step),
+                                      at(a.out[2], state_step),
+                                      ws + s.piece_scratch + p * static_cast<int64_t>(s.piece_stride)};
+  run_pooled(prim, ptrs.data());
+}
+
+void lstm_inference(const KernelArgs& a) {
+  const auto& s = *static_cast<const LstmState*>(a.state);
+  const Layer& l = s.layer;
+  char* ws = static_cast<char*>(a.workspace);
+  void* reorder_ih[3] = {a.in[l.slots.w_ih].data, ws + s.wl_offset, ws + s.reorder_scratch};
+  void* reorder_hh[3] = {a.in[l.slots.w_hh].data, ws + s.wi_offset, ws + s.reorder_scratch};
+  run_pooled(s.reorder_ih, reorder_ih);
+  run_pooled(s.reorder_hh, reorder_hh);
+  // oneDNN adds one bias per gate: b_ih + b_hh, as treadle's and PyTorch's LSTM use them.
+  auto* bias = reinterpret_cast<float*>(ws + s.bias_offset);
+  if (l.slots.b_ih >= 0) {
+    const float* b_ih = a.in[l.slots.b_ih].ptr<float>();
+    const float* b_hh = a.in[l.slots.b_hh].ptr<float>();
+    for (int64_t k = 0; k < 4 * l.H; ++k) bias[k] = b_ih[k] + b_hh[k];
+  } else {
+    std::fill_n(bias, 4 * l.H, 0.0f);
+  }
+  const int64_t pieces = l.pieces();
+  if (pieces <= 1 || a.exec.num_workers() <= 1) {
+    for (int64_t p = 0; p < pieces; ++p) run_piece(a, s, p);
+    return;
+  }
+  // One captured pointer keeps the std::function inside its small buffer: no allocation per call.
+  struct Job {
+    const KernelArgs& a;
+    const LstmState& s;
+  } job{a, s};
+  const Job* j = &job;
+  a.exec.parallel_for(pieces, [j](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) run_piece(j->a, j->s, p);
+  });
+}
+
+}  // namespace
+
+std::vector<OpEntry> rnn_entries() {
+  OpEntry lstm;
+  lstm.op = "lstm_layer";
+  lstm.accepts = &accepts;
+  lstm.prepare = &prepare;
+  lstm.kernel = &lstm_inference;
+  return {lstm};
+}
 
 }  // namespace treadle::onednn
