@@ -161,6 +161,10 @@ std::optional<ChunkPlan> plan_backward(const Graph& g, const Node& node) {
   const std::optional<Rows> r = rows_if_supported(g, node, 1);
   if (!r) return std::nullopt;
   const bool weight = node.inputs.size() > 4;
+  // The partial weight and bias gradients take 2 x width floats per piece: with very wide rows (a
+  // piece of one or a few rows) that would be up to twice the input, so such nodes stay on Eigen.
+  const int64_t tiles = (r->rows + r->grain() - 1) / r->grain();
+  if (weight && 2 * r->width * tiles > std::max(r->rows * r->width / 4, 16 * r->width)) return std::nullopt;
   std::vector<ArgSpec> args = {{DNNL_ARG_DIFF_DST, false, 0, r->step()},
                                {DNNL_ARG_SRC, false, 1, r->step()},
                                {DNNL_ARG_MEAN, false, 2, sizeof(float)},
