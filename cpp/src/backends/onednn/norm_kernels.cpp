@@ -1,4 +1,4 @@
-// layer_norm, layer_norm_backward and group_norm on oneDNN's layer_normalization primitives
+// layer_norm, group_norm and their backward ops on oneDNN's layer_normalization primitives
 // (jit:uni here), float32. The tensor is viewed as (rows, width) with width = the normalized
 // trailing dims (group_norm: rows = (sample, group), width = C / G channels x spatial); fixed blocks
 // of rows are the pieces. The ops' statistics are (mean, rstd = 1/sqrt(var + eps)) while
@@ -14,13 +14,12 @@
 //     by 3e-4 to 4e-2, so y misses by as much: far outside the 1e-5 contract. Eigen sums in double.
 //   - batch_norm_eval: Eigen's loop runs at 0.12 ns per element; oneDNN's plain-layout kernel at 0.9
 //     (its fast kernels want nhwc or blocked layouts, and the reorders alone cost more than Eigen).
-//   - group_norm_backward: its weight and bias gradients are per-channel sums oneDNN has no
-//     primitive for (dx alone could go through layer_normalization backward on dy * weight);
 //   - rms_norm: oneDNN 3.2 has no primitive for it.
 //   - small tensors (kMinElements) and float64.
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <numeric>
 
 #include "backends/onednn/onednn_common.hpp"
 
@@ -34,6 +33,7 @@ constexpr int64_t kElementGrain = int64_t{1} << 16;  // elements per piece
 constexpr int64_t kMinElements = 1024;
 constexpr std::size_t kAlign = 64;
 constexpr std::size_t kMaxLayerNormArgs = 9;  // layer_norm_backward with a weight
+constexpr int kLanes = 8;                     // partial sums of group_norm_backward's weight terms
 
 using dnnl::normalization_flags;
 
@@ -238,12 +238,128 @@ void backward_kernel(const KernelArgs& a) {
   if (weight) sum_partials(a, s, l, width);
 }
 
+// ---- group_norm_backward: (dy, x, mean, rstd, [weight]) -> (dx, [dweight, dbias])
+// dx is the layer-norm backward (no scale) of g = dy * weight[c] over the (sample, group) rows: the
+// same formula as the reference's. With a weight, each piece first writes its g into the workspace
+// and its per-(sample, channel) sums of dy * xhat and dy (double); dweight and dbias add them over
+// the samples in order afterwards. Workspace: var (rows floats), g (the input's size), the sums
+// (N x C x 2 doubles), then the tiles' scratchpads.
+struct GroupLayout {
+  std::size_t var_bytes = 0, g_bytes = 0, sums_bytes = 0;
+  std::size_t g_offset() const { return var_bytes; }
+  std::size_t sums_offset() const { return var_bytes + g_bytes; }
+};
+
+GroupLayout group_layout(const Rows& r, int64_t n, int64_t c, bool weight) {
+  GroupLayout l;
+  l.var_bytes = static_cast<std::size_t>(round_up(r.rows * static_cast<int64_t>(sizeof(float)), kAlign));
+  if (!weight) return l;
+  l.g_bytes = static_cast<std::size_t>(round_up(r.rows * r.step(), kAlign));
+  l.sums_bytes = static_cast<std::size_t>(n * c * 2) * sizeof(double);
+  return l;
+}
+
+std::optional<ChunkPlan> plan_group_backward(const Graph& g, const Node& node) {
+  const std::optional<Rows> r = group_rows_if_supported(g, node);
+  if (!r) return std::nullopt;
+  const bool weight = node.inputs.size() > 4;
+  const Shape& x = in_shape(g, node, 1);
+  const GroupLayout l = group_layout(*r, x[0], x[1], weight);
+  const int64_t staged_g = weight ? static_cast<int64_t>(l.g_offset()) : -1;
+  std::vector<ArgSpec> args = {{DNNL_ARG_DIFF_DST, false, 0, r->step(), 0, staged_g},
+                               {DNNL_ARG_SRC, false, 1, r->step()},
+                               {DNNL_ARG_MEAN, false, 2, sizeof(float)},
+                               {DNNL_ARG_VARIANCE, false, 0, sizeof(float), 0, 0},  // staged at byte 0
+                               {DNNL_ARG_DIFF_SRC, true, 0, r->step()}};
+  std::optional<ChunkPlan> plan = plan_chunks(args, r->rows, r->grain(), [&](int64_t rows) {
+    return try_pd([&]() -> dnnl::primitive_desc {
+      const MemDesc md = f32_dense({rows, r->width});
+      return dnnl::layer_normalization_backward::primitive_desc(
+          cpu_engine(), dnnl::prop_kind::backward_data, md, md, md, 0.f, normalization_flags::none,
+          forward_pd(rows, r->width, 0.f, normalization_flags::none), default_attr());
+    });
+  });
+  if (plan) plan->staging_bytes = l.var_bytes + l.g_bytes + l.sums_bytes;
+  return plan;
+}
+
+bool accepts_group_backward(const Graph& g, const Node& node) { return plan_group_backward(g, node).has_value(); }
+
+PreparedNode prepare_group_backward(const Graph& g, const Node& node) {
+  return make_prepared(*plan_group_backward(g, node));
+}
+
+// Rows [r0, r1): g = dy * weight[c] into the workspace, and the per-(sample, channel) sums.
+void group_weight_terms(const KernelArgs& a, const GroupLayout& l, int64_t r0, int64_t r1, int64_t cg,
+                        int64_t spatial) {
+  const int64_t groups = a.attrs().i("num_groups"), channels = a.in[1].dim(1);
+  const float *dy = a.in[0].ptr<float>(), *x = a.in[1].ptr<float>(), *mean = a.in[2].ptr<float>();
+  const float *rstd = a.in[3].ptr<float>(), *w = a.in[4].ptr<float>();
+  auto* gbuf = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + l.g_offset());
+  auto* sums = reinterpret_cast<double*>(static_cast<char*>(a.workspace) + l.sums_offset());
+  for (int64_t r = r0; r < r1; ++r) {
+    const double m = mean[r], rs = rstd[r];
+    for (int64_t cc = 0; cc < cg; ++cc) {
+      const int64_t c = (r % groups) * cg + cc, o = (r * cg + cc) * spatial;
+      const float wc = w[c];
+      for (int64_t i = 0; i < spatial; ++i) gbuf[o + i] = dy[o + i] * wc;
+      // kLanes independent double sums (vectorisable, a fixed order), added up at the end
+      std::array<double, kLanes> sw{}, sb{};
+      int64_t i = 0;
+      for (; i + kLanes <= spatial; i += kLanes)
+        for (int k = 0; k < kLanes; ++k) {
+          const double d = dy[o + i + k];
+          sw[k] += d * ((x[o + i + k] - m) * rs);
+          sb[k] += d;
+        }
+      for (int k = 0; i < spatial; ++i, ++k) {
+        sw[k] += dy[o + i] * ((x[o + i] - m) * rs);
+        sb[k] += dy[o + i];
+      }
+      const int64_t n = r / groups;
+      sums[2 * (n * channels + c)] = std::accumulate(sw.begin(), sw.end(), 0.0);
+      sums[2 * (n * channels + c) + 1] = std::accumulate(sb.begin(), sb.end(), 0.0);
+    }
+  }
+}
+
+void group_backward_kernel(const KernelArgs& a) {
+  const ChunkedPrimitive& s = prepared(a);
+  const bool weight = a.num_in > 4;
+  const int64_t n = a.in[1].dim(0), channels = a.in[1].dim(1), groups = a.attrs().i("num_groups");
+  const int64_t cg = channels / groups, spatial = a.in[1].numel / std::max<int64_t>(1, n * channels);
+  const GroupLayout l = group_layout(Rows{s.split.rows, cg * spatial}, n, channels, weight);
+  const float* rstd = a.in[3].ptr<float>();
+  auto* var = static_cast<float*>(a.workspace);
+  for_each_tile(a, s, [&](int64_t t, int64_t region) {
+    const int64_t r0 = t * s.split.row_grain, r1 = std::min(s.split.rows, r0 + s.split.row_grain);
+    for (int64_t r = r0; r < r1; ++r) var[r] = static_cast<float>(1.0 / (double{rstd[r]} * rstd[r]));
+    if (weight) group_weight_terms(a, l, r0, r1, cg, spatial);
+    std::array<void*, kMaxLayerNormArgs + 1> overrides{};
+    overrides[s.args.size()] = tile_scratch(a, s, region);
+    run_tile(a, s, t, overrides.data());
+  });
+  if (!weight) return;
+  const auto* sums = reinterpret_cast<const double*>(static_cast<const char*>(a.workspace) + l.sums_offset());
+  float *dw = a.out[1].ptr<float>(), *db = a.out[2].ptr<float>();
+  for (int64_t c = 0; c < channels; ++c) {
+    double sw = 0, sb = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      sw += sums[2 * (i * channels + c)];
+      sb += sums[2 * (i * channels + c) + 1];
+    }
+    dw[c] = static_cast<float>(sw);
+    db[c] = static_cast<float>(sb);
+  }
+}
+
 }  // namespace
 
 std::vector<OpEntry> norm_entries() {
   return {{"layer_norm", nullptr, &accepts_forward, &prepare_forward, &forward_kernel},
           {"group_norm", nullptr, &accepts_forward, &prepare_forward, &forward_kernel},
-          {"layer_norm_backward", nullptr, &accepts_backward, &prepare_backward, &backward_kernel}};
+          {"layer_norm_backward", nullptr, &accepts_backward, &prepare_backward, &backward_kernel},
+          {"group_norm_backward", nullptr, &accepts_group_backward, &prepare_group_backward, &group_backward_kernel}};
 }
 
 }  // namespace treadle::onednn

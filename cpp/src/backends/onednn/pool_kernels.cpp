@@ -245,7 +245,8 @@ void max_pool_plane(const PoolGeometry& g, const float* x, float* y, int64_t* id
   for (int64_t od = 0; od < g.out[0]; ++od)
     for (int64_t oh = 0; oh < g.out[1]; ++oh)
       for (int64_t ow = 0; ow < g.out[2]; ++ow, ++o) {
-        const int64_t start[3] = {od * g.stride[0] - g.pad[0], oh * g.stride[1] - g.pad[1], ow * g.stride[2] - g.pad[2]};
+        const int64_t start[3] = {od * g.stride[0] - g.pad[0], oh * g.stride[1] - g.pad[1],
+                                  ow * g.stride[2] - g.pad[2]};
         float best = -std::numeric_limits<float>::infinity();
         int64_t arg = -1;
         for (int64_t kd = 0; kd < g.kernel[0]; ++kd)
