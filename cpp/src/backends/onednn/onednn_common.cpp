@@ -110,11 +110,11 @@ class Memories {
   const dnnl_exec_arg_t* data() const { return args_.data(); }
 
  private:
-  std::array<dnnl_exec_arg_t, 8> args_{};
+  std::array<dnnl_exec_arg_t, 12> args_{};
   int n_ = 0;
 };
 
-constexpr int kMaxArgs = 8;
+constexpr int kMaxArgs = 12;  // layer_norm_backward has 9 arguments and the scratchpad
 
 void execute(const Variant& v, int nargs, const dnnl_exec_arg_t* args) {
   OmpSingleThread guard;
@@ -149,11 +149,16 @@ int tile_pointers(const KernelArgs& a, const ChunkedPrimitive& s, const Tile& t,
   return n + 1;
 }
 
-void run_tile(const KernelArgs& a, const ChunkedPrimitive& s, int64_t index) {
+}  // namespace
+
+void run_tile(const KernelArgs& a, const ChunkedPrimitive& s, int64_t index, void* const* overrides) {
   const Tile t = tile_at(s, index);
   const Variant& v = *t.variant;
   std::array<void*, kMaxArgs> ptrs;
   const int n = tile_pointers(a, s, t, ptrs);
+  if (overrides)
+    for (int k = 0; k < n; ++k)
+      if (overrides[k]) ptrs[k] = overrides[k];
   auto arg_of = [&](int k) { return k < static_cast<int>(s.args.size()) ? s.args[k].arg : DNNL_ARG_SCRATCHPAD; };
   auto md_of = [&](int k) -> const MemDesc& { return k < static_cast<int>(s.args.size()) ? v.mds[k] : v.scratch_md; };
   MemoryPool::Slot* slot = v.pool->acquire();
@@ -176,8 +181,6 @@ void run_tile(const KernelArgs& a, const ChunkedPrimitive& s, int64_t index) {
   }
   execute(v, n, args.data());
 }
-
-}  // namespace
 
 PreparedNode make_prepared(const ChunkPlan& plan) {
   OmpSingleThread guard;
