@@ -4,7 +4,7 @@
 //   conv_backward_data      convolution backward data (also a transposed convolution's forward;
 //                           its bias is added to the plain result)
 //   conv_backward_weight    convolution backward weights
-// In treadle's plain layouts oneDNN picks im2col + GEMM, no faster than Eigen (docs/onednn.md), so
+// In treadle's plain layouts oneDNN picks im2col + GEMM, no faster than Eigen (docs/onednn_ops.md), so
 // the primitives are created with format_tag::any and every piece chains reorders around them:
 //   before the pieces   weights plain -> blocked into the workspace (once per node execution)
 //   each piece          its images plain -> blocked, the convolution, the result blocked -> plain
@@ -156,7 +156,7 @@ bool direct_impl(const dnnl::primitive_desc& pd) {
 }
 
 // Where oneDNN's blocked kernels beat Eigen, reorders included: measured with bench/onednn_conv.py
-// (one core, CPU time; docs/onednn.md, "Convolutions"), Eigen time / oneDNN time in brackets.
+// (one core, CPU time; docs/onednn_ops.md, "Convolutions"), Eigen time / oneDNN time in brackets.
 // Below ~2^16 multiply-adds a call's fixed costs decide (37-41K: 0.91-1.15; 98K: 1.16-1.18;
 // 295K: 1.8-2.3).
 constexpr int64_t kMinMacs = int64_t{1} << 16;

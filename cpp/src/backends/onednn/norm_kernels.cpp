@@ -8,7 +8,7 @@
 // backward's weight and bias gradients are per-piece partial sums (in the workspace), added in piece
 // order in double afterwards: results never depend on the executor.
 //
-// What stays on Eigen (docs/onednn.md, "Pooling and normalisation", has the numbers):
+// What stays on Eigen (docs/onednn_ops.md, "Pooling and normalisation", has the numbers):
 //   - batch_norm (training statistics): oneDNN sums the mean in float32 (plain layout: ncsp_bnorm;
 //     blocked/nhwc: bnorm_jit), which on inputs with a large mean (N(100, 1)) misses the float64 mean
 //     by 3e-4 to 4e-2, so y misses by as much: far outside the 1e-5 contract. Eigen sums in double.
@@ -29,7 +29,7 @@ namespace {
 constexpr int64_t kElementGrain = int64_t{1} << 16;  // elements per piece
 // From here oneDNN wins (one core, CPU time): forward 0.87x of Eigen's speed at 512 elements (8 x 64),
 // 1.4x at 1024 (16 x 64), 3.2x at 4096; a LayerNorm training step (forward and backward) 3.87 us on
-// Eigen, 3.40 on oneDNN at 16 x 64, 12.5 / 6.4 at 64 x 64 (docs/onednn.md has the table).
+// Eigen, 3.40 on oneDNN at 16 x 64, 12.5 / 6.4 at 64 x 64 (docs/onednn_ops.md has the table).
 constexpr int64_t kMinElements = 1024;
 constexpr std::size_t kAlign = 64;
 constexpr std::size_t kMaxLayerNormArgs = 9;  // layer_norm_backward with a weight

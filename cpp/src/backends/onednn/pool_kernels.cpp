@@ -18,7 +18,7 @@
 //                     oneDNN's is not); no divisor_override.
 //   adaptive_avg_pool where every input size is a multiple of the output size (then it is an
 //   and its backward  avg_pool with kernel = stride = input / output), windows of up to 256 taps.
-// What stays on Eigen (docs/onednn.md, "Pooling and normalisation"): max_pool_backward (it takes
+// What stays on Eigen (docs/onednn_ops.md, "Pooling and normalisation"): max_pool_backward (it takes
 // the int64 indices, not oneDNN's workspace, and Eigen's scatter is already at memory speed), other
 // adaptive pools, float64, and small inputs (thresholds below, measured).
 #include <algorithm>

@@ -5,7 +5,7 @@
 // counterpart: forward_training keeps them in an opaque workspace. So a node is taken only when
 // nothing reads `saved` (ValueInfo::read: no node consumes it and the host does not read it), which
 // is the case in every inference plan; training plans keep the Eigen kernel (recomputing `saved`
-// on top of oneDNN's output costs more than Eigen's whole forward: measured, docs/onednn.md).
+// on top of oneDNN's output costs more than Eigen's whole forward: measured, docs/onednn_ops.md).
 //
 // Per call: the weights (they change between training steps) are reordered from treadle's layout
 // (W_ih is (4H, I) row-major: oneDNN's ldgoi, gate order i, f, g, o as oneDNN's) into the
@@ -14,7 +14,7 @@
 // executor. Pieces depend on the problem only, so results do not depend on the workers.
 //
 // Not taken: variable lengths (a run-time input; oneDNN has no per-sample lengths), float64, and
-// GRU: oneDNN 3.2 runs lbr_gru (PyTorch's GRU) only on its "ref" implementation (see docs/onednn.md).
+// GRU: oneDNN 3.2 runs lbr_gru (PyTorch's GRU) only on its "ref" implementation (see docs/onednn_ops.md).
 #include <algorithm>
 #include <array>
 
@@ -32,7 +32,7 @@ using dnnl::memory;
 // 19.3 ms against 19.5 ms; T 32, H 64: 4 x 16 samples 0.72 ms against 0.74 ms for 64), so fixed
 // pieces cost nothing on one worker and let several workers share a large batch.
 constexpr int64_t kPieceSamples = 32;
-// Where Eigen is faster (bench/onednn_rnn.py, one core, CPU time of predict, T = 16, I = H; docs/onednn.md):
+// Where Eigen is faster (bench/onednn_rnn.py, one core, CPU time of predict, T = 16, I = H; docs/onednn_ops.md):
 // one sample (Eigen's matrix-vector steps beat oneDNN's at every H: 0.4-0.7x), and small layers,
 // where oneDNN's fixed cost per call is not yet paid back (2 samples: even at 2^18 multiply-adds,
 // H = 32; from 4 samples oneDNN is 1.2-1.7x faster above it; 8 or more are faster at any size, but
