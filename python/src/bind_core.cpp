@@ -142,6 +142,11 @@ void bind_profiler(py::module_& m) {
 
 void bind_core(py::module_& m) {
   m.def("backends", &backend_names);
+  m.def("backend_ops", [](const std::string& backend) {
+    py::dict ops;
+    for (const OpSupport& s : backend_ops(backend)) ops[py::str(s.op)] = py::cast(s.dtypes);
+    return ops;
+  }, py::arg("backend"));
   m.def("manual_seed", &manual_seed, py::arg("seed"), "Seeds the generator used to initialise parameters.");
   m.def("run_op", &run_op_py, py::arg("op"), py::arg("inputs"), py::arg("attrs"), py::arg("grad_outputs") = py::none(),
         py::arg("backend") = "", py::arg("training") = true, py::arg("seed") = 0, py::arg("workers") = 1);

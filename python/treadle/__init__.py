@@ -28,3 +28,13 @@ float32, float64 = "float32", "float64"
 def backends():
     """Names of the compiled backends, fastest first (the Eigen reference is always last)."""
     return list(_core.backends())
+
+
+def backend_ops(backend):
+    """{op: [dtype names]}: the ops a backend has kernels for, sorted by op.
+
+    A backend other than "eigen" is partial: it takes a node only where its kernel measured faster
+    and as accurate (sizes, shapes and attributes decide when a plan is compiled; a model's
+    ``_compiled().describe_plans()`` shows the choice), and every other node falls back to Eigen.
+    Raises ValueError for a backend this build does not have."""
+    return dict(_core.backend_ops(backend))

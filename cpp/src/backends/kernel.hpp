@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "treadle/backend.hpp"
 #include "treadle/executor.hpp"
 #include "treadle/graph.hpp"
 
@@ -45,6 +46,8 @@ class KernelTable {
  public:
   void add(const std::string& op, DType dtype, KernelFn fn);
   KernelFn find(int op_id, DType dtype) const;
+  // Every op with a kernel and the dtypes it has kernels for (Backend::supported_ops).
+  std::vector<OpSupport> list() const;
 
  private:
   std::unordered_map<int, std::array<KernelFn, 6>> table_;
@@ -71,6 +74,8 @@ class Backend {
   // same inputs (no atomics-order or autotuned-algorithm dependence). Plans compiled with
   // deterministic=true skip kernels that are not. Every CPU kernel of this build is.
   virtual bool deterministic(const Graph& g, const Node& node) const { return true; }
+  // The ops this backend may take and the dtypes of its kernels (treadle/backend.hpp).
+  virtual std::vector<OpSupport> supported_ops() const = 0;
 };
 
 // Backends in priority order (fastest first; the Eigen reference last).

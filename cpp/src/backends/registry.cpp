@@ -1,4 +1,7 @@
 #include "backends/kernel.hpp"
+
+#include <algorithm>
+
 #include "core/op_registry.hpp"
 #include "backends/eigen/eigen_backend.hpp"
 #ifdef TREADLE_WITH_ONEDNN
@@ -15,6 +18,18 @@ void KernelTable::add(const std::string& op, DType dtype, KernelFn fn) {
 KernelFn KernelTable::find(int op_id, DType dtype) const {
   auto it = table_.find(op_id);
   return it == table_.end() ? nullptr : it->second[static_cast<int>(dtype)];
+}
+
+std::vector<OpSupport> KernelTable::list() const {
+  const OpRegistry& reg = OpRegistry::instance();
+  std::vector<OpSupport> ops;
+  for (const auto& [op, kernels] : table_) {
+    OpSupport s{reg.at(op).name, {}};
+    for (std::size_t d = 0; d < kernels.size(); ++d)
+      if (kernels[d]) s.dtypes.emplace_back(dtype_name(static_cast<DType>(d)));
+    ops.push_back(std::move(s));
+  }
+  return ops;
 }
 
 const std::vector<const Backend*>& available_backends() {
@@ -43,4 +58,10 @@ std::vector<std::string> treadle::backend_names() {
   std::vector<std::string> names;
   for (const Backend* b : available_backends()) names.emplace_back(b->name());
   return names;
+}
+
+std::vector<treadle::OpSupport> treadle::backend_ops(const std::string& backend) {
+  std::vector<OpSupport> ops = backend_by_name(backend)->supported_ops();
+  std::sort(ops.begin(), ops.end(), [](const OpSupport& a, const OpSupport& b) { return a.op < b.op; });
+  return ops;
 }

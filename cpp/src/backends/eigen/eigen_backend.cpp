@@ -26,6 +26,7 @@ class EigenBackend final : public Backend {
     DType key = node.inputs.empty() ? g.info(node.outputs.at(0)).dtype : g.info(node.inputs[0]).dtype;
     return table_.find(node.op, key);
   }
+  std::vector<OpSupport> supported_ops() const override { return table_.list(); }
 
  private:
   KernelTable table_;

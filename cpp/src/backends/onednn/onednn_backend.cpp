@@ -31,6 +31,14 @@ class OnednnBackend final : public Backend {
     return e.accepts(g, node) ? e.kernel : nullptr;
   }
 
+  // Every family takes float32 nodes only (bf16 compute is an attribute of float32 nodes).
+  std::vector<OpSupport> supported_ops() const override {
+    const OpRegistry& reg = OpRegistry::instance();
+    std::vector<OpSupport> ops;
+    for (const auto& [op, entry] : entries_) ops.push_back({reg.at(op).name, {"float32"}});
+    return ops;
+  }
+
   PreparedNode prepare(const Graph& g, const Node& node) const override {
     OmpSingleThread guard;
     const OpEntry& e = entries_.at(node.op);
