@@ -53,8 +53,14 @@ def build(w, torch, seed, executor=None):
     return tmodel, topt, trainers, x, y
 
 
-def time_alternating(runners, min_time, warmup=0.3):
-    """Median wall and CPU seconds per step of each runner; rounds of ~10 ms alternate between them."""
+def time_alternating(runners, min_time, warmup=0.3, settle=0.02):
+    """Median wall and CPU seconds per step of each runner; rounds of ~10 ms alternate between them.
+
+    Each round starts with `settle` seconds of untimed steps: a framework that ran just before may
+    leave its OpenMP workers spinning on the other core (measured: after torch.mm with 2 threads, a
+    2-worker bf16 product of treadle took 5.9, 5.0, 4.2 ms in its first three calls, then 2.7 ms,
+    as with OMP_WAIT_POLICY=PASSIVE from the first call), which would be charged to whoever runs
+    next. That is the two-runtimes contention of one node, not either framework's speed."""
     per_round = {}
     for name, run in runners.items():
         per_round[name] = tb._steps_per_round(run)
@@ -67,6 +73,9 @@ def time_alternating(runners, min_time, warmup=0.3):
     while min(spent.values()) < min_time:
         for name, run in runners.items():
             k = per_round[name]
+            t_settled = time.perf_counter() + settle
+            while time.perf_counter() < t_settled:
+                run(1)
             w0, c0 = time.perf_counter(), time.thread_time()
             run(k)
             c1, w1 = time.thread_time(), time.perf_counter()
