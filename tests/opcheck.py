@@ -106,3 +106,12 @@ def assert_concurrent_predictions_bitwise(net, xs, repeats=4):
         t.join()
     for a, b in zip(serial, results):
         np.testing.assert_array_equal(a, b)
+
+
+def backends_by_op(plan_text):
+    """{op: set of backends} from a plan description ("<node> <op> [<backend>] -> shape")."""
+    found = {}
+    for line in plan_text.splitlines():
+        parts = line.split()
+        found.setdefault(parts[1], set()).add(parts[2].strip("[]"))
+    return found

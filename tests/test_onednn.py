@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import treadle as tl
-from opcheck import assert_concurrent_predictions_bitwise, run
+from opcheck import assert_concurrent_predictions_bitwise, backends_by_op, run
 
 pytestmark = pytest.mark.skipif("onednn" not in tl.backends(),
                                 reason="treadle was built without oneDNN (TREADLE_WITH_ONEDNN=OFF)")
@@ -99,15 +99,6 @@ def test_softmax_masked_and_large_logits_match_eigen():
     assert np.all(y[masked] == 0) and np.all(np.isfinite(y)) and np.all(np.isfinite(dx))
     assert_close_f32(y, ye, "softmax output")
     assert_close_f32(dx, dxe, "softmax gradient")
-
-
-def backends_by_op(plan_text):
-    """{op: set of backends} from a plan description ("<node> <op> [<backend>] -> shape")."""
-    found = {}
-    for line in plan_text.splitlines():
-        parts = line.split()
-        found.setdefault(parts[1], set()).add(parts[2].strip("[]"))
-    return found
 
 
 @pytest.mark.parametrize("case", SUPPORTED, ids=IDS)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import treadle as tl
-from opcheck import assert_concurrent_predictions_bitwise, run
+from opcheck import assert_concurrent_predictions_bitwise, backends_by_op, run
 
 pytestmark = pytest.mark.skipif("onednn" not in tl.backends(),
                                 reason="treadle was built without oneDNN (TREADLE_WITH_ONEDNN=OFF)")
@@ -90,15 +90,6 @@ def assert_close_f32(got, ref, what):
     """float32 at ~1e-5 relative, measured against the tensor's scale (sums of products cancel)."""
     scale = max(1.0, float(np.max(np.abs(ref))))
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * scale, err_msg=what)
-
-
-def backends_by_op(plan_text):
-    """{op: set of backends} from a plan description ("<node> <op> [<backend>] -> shape")."""
-    found = {}
-    for line in plan_text.splitlines():
-        parts = line.split()
-        found.setdefault(parts[1], set()).add(parts[2].strip("[]"))
-    return found
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)

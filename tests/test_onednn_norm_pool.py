@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import treadle as tl
-from opcheck import assert_concurrent_predictions_bitwise, run
+from opcheck import assert_concurrent_predictions_bitwise, backends_by_op, run
 
 pytestmark = pytest.mark.skipif("onednn" not in tl.backends(),
                                 reason="treadle was built without oneDNN (TREADLE_WITH_ONEDNN=OFF)")
@@ -97,15 +97,6 @@ def assert_close_f32(got, ref, what):
 
 def as_f64(arrays):
     return [a if a is None else a.astype(np.float64) for a in arrays]
-
-
-def backends_by_op(plan_text):
-    """{op: set of backends} from a plan description ("<node> <op> [<backend>] -> shape")."""
-    found = {}
-    for line in plan_text.splitlines():
-        parts = line.split()
-        found.setdefault(parts[1], set()).add(parts[2].strip("[]"))
-    return found
 
 
 @pytest.mark.parametrize("case", SUPPORTED, ids=IDS)

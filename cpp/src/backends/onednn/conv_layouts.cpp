@@ -10,35 +10,6 @@ namespace {
 constexpr std::size_t kAlign = 64;
 constexpr int kMaxStepArgs = 8;
 
-void check(dnnl_status_t status, const char* what) {
-  if (status != dnnl_success) throw_runtime_error("onednn: ", what, " failed (status ", static_cast<int>(status), ")");
-}
-
-// The calling thread's stream, created once per host thread (a CPU stream carries no data).
-dnnl_stream_t step_stream() {
-  thread_local const dnnl::stream stream(cpu_engine());
-  return stream.get();
-}
-
-// Memory objects for one execution when every pooled slot is busy (they allocate; rare).
-class TempMemories {
- public:
-  ~TempMemories() {
-    for (int k = 0; k < n_; ++k) dnnl_memory_destroy(args_[k].memory);
-  }
-  void add(int arg, const MemDesc& md, void* ptr) {
-    dnnl_memory_t m = nullptr;
-    check(dnnl_memory_create(&m, md.get(), cpu_engine().get(), ptr), "memory creation");
-    args_[n_++] = {arg, m};
-  }
-  int size() const { return n_; }
-  const dnnl_exec_arg_t* data() const { return args_.data(); }
-
- private:
-  std::array<dnnl_exec_arg_t, kMaxStepArgs> args_{};
-  int n_ = 0;
-};
-
 }  // namespace
 
 std::size_t aligned_bytes(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
@@ -66,30 +37,15 @@ void run_step(const Step& s, std::initializer_list<void*> ptrs, void* scratch) {
   const int n = static_cast<int>(s.args.size());
   if (static_cast<int>(ptrs.size()) != n) throw_runtime_error("onednn: step given ", ptrs.size(), " pointers, needs ", n);
   const int total = s.scratch_bytes ? n + 1 : n;
-  auto arg_of = [&](int k) { return k < n ? s.args[k] : DNNL_ARG_SCRATCHPAD; };
-  auto md_of = [&](int k) -> const MemDesc& { return k < n ? s.mds[k] : s.scratch_md; };
-  auto ptr_of = [&](int k) { return k < n ? *(ptrs.begin() + k) : scratch; };
-  OmpSingleThread guard;
-  MemoryPool::Slot* slot = s.pool->acquire();
-  if (!slot) {
-    TempMemories mem;
-    for (int k = 0; k < total; ++k) mem.add(arg_of(k), md_of(k), ptr_of(k));
-    check(dnnl_primitive_execute(s.prim.get(), step_stream(), mem.size(), mem.data()), "primitive execution");
-    return;
-  }
-  struct Release {
-    MemoryPool::Slot* slot;
-    ~Release() { MemoryPool::release(slot); }
-  } release{slot};
-  if (slot->mems.empty())
-    for (int k = 0; k < total; ++k)
-      slot->mems.emplace_back(md_of(k), cpu_engine(), static_cast<void*>(DNNL_MEMORY_NONE));
-  std::array<dnnl_exec_arg_t, kMaxStepArgs> args;
+  std::array<int, kMaxStepArgs> ids;
+  std::array<const MemDesc*, kMaxStepArgs> mds;
+  std::array<void*, kMaxStepArgs> data;
   for (int k = 0; k < total; ++k) {
-    check(dnnl_memory_set_data_handle(slot->mems[k].get(), ptr_of(k)), "setting a data pointer");
-    args[k] = {arg_of(k), slot->mems[k].get()};
+    ids[k] = k < n ? s.args[k] : DNNL_ARG_SCRATCHPAD;
+    mds[k] = k < n ? &s.mds[k] : &s.scratch_md;
+    data[k] = k < n ? *(ptrs.begin() + k) : scratch;
   }
-  check(dnnl_primitive_execute(s.prim.get(), step_stream(), total, args.data()), "primitive execution");
+  execute_pooled(s.prim, *s.pool, total, ids.data(), mds.data(), data.data());
 }
 
 Staged make_staged(const MemDesc& plain, const MemDesc& blocked, bool to_blocked) {

@@ -65,6 +65,45 @@ bool all_f32(const Graph& g, const Node& n) {
 
 const std::string& op_name(const Node& n) { return OpRegistry::instance().at(n.op).name; }
 
+void check(dnnl_status_t status, const char* what) {
+  if (status != dnnl_success) throw_runtime_error("onednn: ", what, " failed (status ", static_cast<int>(status), ")");
+}
+
+dnnl_stream_t thread_stream() {
+  thread_local const dnnl::stream stream(cpu_engine());
+  return stream.get();
+}
+
+void execute_pooled(const dnnl::primitive& prim, MemoryPool& pool, int n, const int* args,
+                    const MemDesc* const* mds, void* const* ptrs) {
+  if (n > kMaxArgs) throw_runtime_error("onednn: ", n, " primitive arguments, at most ", kMaxArgs);
+  std::array<dnnl_exec_arg_t, kMaxArgs> exec{};
+  std::array<dnnl_memory_t, kMaxArgs> temp{};
+  MemoryPool::Slot* slot = pool.acquire();
+  struct Cleanup {  // releases the slot, or destroys the temporary memories
+    MemoryPool::Slot* slot;
+    std::array<dnnl_memory_t, kMaxArgs>& temp;
+    ~Cleanup() {
+      if (slot) MemoryPool::release(slot);
+      for (dnnl_memory_t m : temp)
+        if (m) dnnl_memory_destroy(m);
+    }
+  } cleanup{slot, temp};
+  for (int k = 0; k < n; ++k) {
+    if (slot) {
+      if (static_cast<int>(slot->mems.size()) == k)
+        slot->mems.emplace_back(*mds[k], cpu_engine(), static_cast<void*>(DNNL_MEMORY_NONE));
+      check(dnnl_memory_set_data_handle(slot->mems[k].get(), ptrs[k]), "setting a data pointer");
+      exec[k] = {args[k], slot->mems[k].get()};
+    } else {
+      check(dnnl_memory_create(&temp[k], mds[k]->get(), cpu_engine().get(), ptrs[k]), "memory creation");
+      exec[k] = {args[k], temp[k]};
+    }
+  }
+  OmpSingleThread guard;
+  check(dnnl_primitive_execute(prim.get(), thread_stream(), n, exec.data()), "primitive execution");
+}
+
 MemoryPool::Slot* MemoryPool::acquire() {
   for (Slot& s : slots_)
     if (!s.busy.load(std::memory_order_relaxed) && !s.busy.exchange(true, std::memory_order_acquire)) return &s;
@@ -82,43 +121,6 @@ Variant make_variant(const ChunkPlan& plan, const dnnl::primitive_desc& pd) {
   v.scratch_md = pd.scratchpad_desc();
   v.scratch_bytes = v.scratch_md.get_size();
   return v;
-}
-
-// The stream of the calling thread: created once per host thread (CPU streams carry no data).
-dnnl_stream_t thread_stream() {
-  thread_local const dnnl::stream stream(cpu_engine());
-  return stream.get();
-}
-
-void check(dnnl_status_t status, const char* what) {
-  if (status != dnnl_success) throw_runtime_error("onednn: ", what, " failed (status ", static_cast<int>(status), ")");
-}
-
-// Temporary memory objects for one execution when every pooled slot is busy.
-class Memories {
- public:
-  ~Memories() {
-    for (int k = 0; k < n_; ++k) dnnl_memory_destroy(args_[k].memory);
-  }
-  void add(int arg, const MemDesc& md, void* ptr) {
-    if (n_ == static_cast<int>(args_.size())) throw_runtime_error("onednn: too many primitive arguments");
-    dnnl_memory_t m = nullptr;
-    check(dnnl_memory_create(&m, md.get(), cpu_engine().get(), ptr), "memory creation");
-    args_[n_++] = {arg, m};
-  }
-  int size() const { return n_; }
-  const dnnl_exec_arg_t* data() const { return args_.data(); }
-
- private:
-  std::array<dnnl_exec_arg_t, 12> args_{};
-  int n_ = 0;
-};
-
-constexpr int kMaxArgs = 12;  // layer_norm_backward has 9 arguments and the scratchpad
-
-void execute(const Variant& v, int nargs, const dnnl_exec_arg_t* args) {
-  OmpSingleThread guard;
-  check(dnnl_primitive_execute(v.prim.get(), thread_stream(), nargs, args), "primitive execution");
 }
 
 // The tile at (row tile, column tile): its first row and column and the variant for its shape.
@@ -159,27 +161,14 @@ void run_tile(const KernelArgs& a, const ChunkedPrimitive& s, int64_t index, voi
   if (overrides)
     for (int k = 0; k < n; ++k)
       if (overrides[k]) ptrs[k] = overrides[k];
-  auto arg_of = [&](int k) { return k < static_cast<int>(s.args.size()) ? s.args[k].arg : DNNL_ARG_SCRATCHPAD; };
-  auto md_of = [&](int k) -> const MemDesc& { return k < static_cast<int>(s.args.size()) ? v.mds[k] : v.scratch_md; };
-  MemoryPool::Slot* slot = v.pool->acquire();
-  if (!slot) {
-    Memories mem;
-    for (int k = 0; k < n; ++k) mem.add(arg_of(k), md_of(k), ptrs[k]);
-    execute(v, mem.size(), mem.data());
-    return;
-  }
-  struct Release {
-    MemoryPool::Slot* s;
-    ~Release() { MemoryPool::release(s); }
-  } release{slot};
-  if (slot->mems.empty())
-    for (int k = 0; k < n; ++k) slot->mems.emplace_back(md_of(k), cpu_engine(), static_cast<void*>(DNNL_MEMORY_NONE));
-  std::array<dnnl_exec_arg_t, kMaxArgs> args;
+  const int na = static_cast<int>(s.args.size());
+  std::array<int, kMaxArgs> ids;
+  std::array<const MemDesc*, kMaxArgs> mds;
   for (int k = 0; k < n; ++k) {
-    check(dnnl_memory_set_data_handle(slot->mems[k].get(), ptrs[k]), "setting a data pointer");
-    args[k] = {arg_of(k), slot->mems[k].get()};
+    ids[k] = k < na ? s.args[k].arg : DNNL_ARG_SCRATCHPAD;
+    mds[k] = k < na ? &v.mds[k] : &v.scratch_md;
   }
-  execute(v, n, args.data());
+  execute_pooled(v.prim, *v.pool, n, ids.data(), mds.data(), ptrs.data());
 }
 
 PreparedNode make_prepared(const ChunkPlan& plan) {

@@ -105,6 +105,22 @@ class MemoryPool {
   std::array<Slot, kSlots> slots_;
 };
 
+// Most arguments one execution passes (layer_norm_backward: 9 and the scratchpad).
+inline constexpr int kMaxArgs = 12;
+
+// Throws a runtime error naming `what` when a oneDNN C call failed.
+void check(dnnl_status_t status, const char* what);
+
+// The calling thread's stream, created once per host thread (a CPU stream carries no data).
+dnnl_stream_t thread_stream();
+
+// Executes `prim` on the calling thread's stream, under OmpSingleThread, with n <= kMaxArgs
+// arguments: ids `args`, descriptors `*mds[k]`, data `ptrs`. The memory objects come from a free slot
+// of `pool` (created on first use, in argument order); with every slot busy it makes temporary ones
+// (descriptors are passed by pointer: a default-constructed dnnl::memory::desc allocates).
+void execute_pooled(const dnnl::primitive& prim, MemoryPool& pool, int n, const int* args,
+                    const MemDesc* const* mds, void* const* ptrs);
+
 // One primitive for one tile shape, with the memory descriptor of each ArgSpec.
 struct Variant {
   dnnl::primitive prim;

@@ -40,20 +40,8 @@ constexpr int64_t kPieceSamples = 32;
 constexpr int64_t kMinSamples = 2;
 constexpr int64_t kMinMacs = int64_t{1} << 18;
 constexpr std::size_t kAlign = 64;
-constexpr int kMaxArgs = 12;
 
 std::size_t align_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
-
-void check(dnnl_status_t status, const char* what) {
-  if (status != dnnl_success)
-    throw_runtime_error("onednn lstm_layer: ", what, " failed (status ", static_cast<int>(status), ")");
-}
-
-// The stream of the calling thread, created once per host thread (CPU streams hold no data).
-dnnl_stream_t thread_stream() {
-  thread_local const dnnl::stream stream(cpu_engine());
-  return stream.get();
-}
 
 // One primitive with the descriptor of each argument (the scratchpad last, when it has one) and a
 // pool of memory objects, so that an execution creates none once the pool is warm.
@@ -82,31 +70,9 @@ PooledPrimitive make_pooled(const dnnl::primitive_desc_base& pd, std::vector<int
 // (more concurrent executions than slots) it makes temporary memory objects.
 void run_pooled(const PooledPrimitive& p, void* const* ptrs) {
   const int n = static_cast<int>(p.args.size());
-  std::array<dnnl_exec_arg_t, kMaxArgs> args{};
-  std::array<dnnl_memory_t, kMaxArgs> temp{};
-  MemoryPool::Slot* slot = p.pool->acquire();
-  struct Cleanup {
-    MemoryPool::Slot* slot;
-    std::array<dnnl_memory_t, kMaxArgs>& temp;
-    ~Cleanup() {
-      if (slot) MemoryPool::release(slot);
-      for (dnnl_memory_t m : temp)
-        if (m) dnnl_memory_destroy(m);
-    }
-  } cleanup{slot, temp};
-  OmpSingleThread guard;
-  for (int k = 0; k < n; ++k) {
-    if (slot) {
-      if (static_cast<int>(slot->mems.size()) == k)
-        slot->mems.emplace_back(p.mds[k], cpu_engine(), static_cast<void*>(DNNL_MEMORY_NONE));
-      check(dnnl_memory_set_data_handle(slot->mems[k].get(), ptrs[k]), "setting a data pointer");
-      args[k] = {p.args[k], slot->mems[k].get()};
-    } else {
-      check(dnnl_memory_create(&temp[k], p.mds[k].get(), cpu_engine().get(), ptrs[k]), "memory creation");
-      args[k] = {p.args[k], temp[k]};
-    }
-  }
-  check(dnnl_primitive_execute(p.prim.get(), thread_stream(), n, args.data()), "primitive execution");
+  std::array<const MemDesc*, kMaxArgs> mds{};
+  for (int k = 0; k < n; ++k) mds[k] = &p.mds[k];
+  execute_pooled(p.prim, *p.pool, n, p.args.data(), mds.data(), ptrs);
 }
 
 // The layer's dimensions and options.
