@@ -26,7 +26,7 @@ python="${SANITIZE_PYTHON:-python3}"
 # files that build or launch other programs (C++/Fortran/MPI builds, examples, the demo CLI, the
 # other CI variants), time things, or drive a third-party runtime (onnxruntime) or an optional
 # backend. A new test file is sanitized by default; list it here if it must not be.
-default_pytests="tests --ignore=tests/test_sanitize.py --ignore=tests/test_onednn_build.py
+default_pytests="tests --ignore=tests/test_sanitize.py --ignore=tests/test_onednn_build.py --ignore=tests/test_cuda_build.py
   --ignore=tests/test_onednn.py --ignore=tests/test_cpp.py --ignore=tests/test_distributed.py
   --ignore=tests/test_examples.py --ignore=tests/test_embedding_examples.py --ignore=tests/test_fortran_example.py
   --ignore=tests/test_demo.py --ignore=tests/test_readme.py --ignore=tests/test_bench.py
