@@ -55,7 +55,9 @@ def product_reference(op, inputs, attrs, gy):
 LINEAR = [("linear-bias", "linear", [(300, 70), (50, 70), (50,)], {}),
           ("linear-nobias", "linear", [(64, 48), (56, 48)], {}),
           ("linear-3d", "linear", [(4, 75, 33), (17, 33), (17,)], {}),
-          ("linear-tiles", "linear", [(300, 20), (600, 20), (600,)], {})]
+          ("linear-tiles", "linear", [(300, 20), (600, 20), (600,)], {}),
+          # >= 2 big bf16 tiles (512 x 1024) on oneDNN, with a row remainder
+          ("linear-big-tiles", "linear", [(1100, 24), (1000, 24), (1000,)], {})]
 MATMUL = [(f"matmul-{ta}{tb}", "matmul", [((k, m) if ta else (m, k)), ((n, k) if tb else (k, n))],
            {"trans_a": ta, "trans_b": tb})
           for ta in (0, 1) for tb in (0, 1) for (m, k, n) in [(270, 40, 530)]]
@@ -117,7 +119,7 @@ def test_onednn_bf16_matches_eigen_and_takes_the_nodes(case):
 
 
 @pytest.mark.skipif(not HAS_ONEDNN, reason="treadle was built without oneDNN")
-@pytest.mark.parametrize("case", [CASES[0], CASES[3], MATMUL[3], BMM[1]], ids=lambda c: c[0])
+@pytest.mark.parametrize("case", [CASES[0], CASES[3], CASES[4], MATMUL[3], BMM[1]], ids=lambda c: c[0])
 def test_onednn_bf16_does_not_depend_on_executor_chunking(case):
     op, x, attrs, gy = case_data(case, 9)
     serial = run(op, x, attrs, gy, "onednn")
