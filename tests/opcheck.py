@@ -115,3 +115,16 @@ def backends_by_op(plan_text):
         parts = line.split()
         found.setdefault(parts[1], set()).add(parts[2].strip("[]"))
     return found
+
+
+def grads_for(op, inputs, attrs, rng):
+    """float32 random upstream gradient for an op's first output; None for the others (statistics,
+    indices). Output shapes come from running the op on Eigen."""
+    outs, _ = run(op, inputs, attrs, None, "eigen")
+    return [rng.standard_normal(outs[0].shape).astype(np.float32)] + [None] * (len(outs) - 1)
+
+
+def assert_close_f32(got, ref, what):
+    """float32 at ~1e-5 relative, measured against the tensor's scale (sums of products cancel)."""
+    scale = max(1.0, float(np.max(np.abs(ref))))
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * scale, err_msg=what)

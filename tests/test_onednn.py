@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import treadle as tl
-from opcheck import assert_concurrent_predictions_bitwise, backends_by_op, run
+from opcheck import assert_close_f32, assert_concurrent_predictions_bitwise, backends_by_op, grads_for, run
 
 pytestmark = pytest.mark.skipif("onednn" not in tl.backends(),
                                 reason="treadle was built without oneDNN (TREADLE_WITH_ONEDNN=OFF)")
@@ -53,17 +53,6 @@ IDS = [c[0] for c in SUPPORTED]
 
 def inputs_for(shapes, rng):
     return [randn(rng, *s) for s in shapes]
-
-
-def grads_for(op, inputs, attrs, rng):
-    (y,), _ = run(op, inputs, attrs, None, "eigen")
-    return [randn(rng, *y.shape)]
-
-
-def assert_close_f32(got, ref, what):
-    """float32 at ~1e-5 relative, measured against the tensor's scale (sums of products cancel)."""
-    scale = max(1.0, float(np.max(np.abs(ref))))
-    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * scale, err_msg=what)
 
 
 @pytest.mark.parametrize("case", SUPPORTED, ids=IDS)

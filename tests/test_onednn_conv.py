@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import treadle as tl
-from opcheck import assert_concurrent_predictions_bitwise, backends_by_op, run
+from opcheck import assert_close_f32, assert_concurrent_predictions_bitwise, backends_by_op, grads_for, run
 
 pytestmark = pytest.mark.skipif("onednn" not in tl.backends(),
                                 reason="treadle was built without oneDNN (TREADLE_WITH_ONEDNN=OFF)")
@@ -79,17 +79,6 @@ def inputs_for(shapes, rng, attrs=None):
     if attrs and "activation" in attrs:
         xs[1] /= F32(np.sqrt(np.prod(shapes[1][1:])))
     return xs
-
-
-def grads_for(op, inputs, attrs, rng):
-    (y,), _ = run(op, inputs, attrs, None, "eigen")
-    return [randn(rng, *y.shape)]
-
-
-def assert_close_f32(got, ref, what):
-    """float32 at ~1e-5 relative, measured against the tensor's scale (sums of products cancel)."""
-    scale = max(1.0, float(np.max(np.abs(ref))))
-    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * scale, err_msg=what)
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import treadle as tl
-from opcheck import assert_concurrent_predictions_bitwise, backends_by_op, run
+from opcheck import assert_close_f32, assert_concurrent_predictions_bitwise, backends_by_op, grads_for, run
 
 pytestmark = pytest.mark.skipif("onednn" not in tl.backends(),
                                 reason="treadle was built without oneDNN (TREADLE_WITH_ONEDNN=OFF)")
@@ -81,18 +81,6 @@ IDS = [c[0] for c in SUPPORTED]
 def inputs_for(shapes, mean, rng):
     x = (mean + rng.standard_normal(shapes[0])).astype(F32)
     return [x] + [(1 + 0.2 * rng.standard_normal(s)).astype(F32) for s in shapes[1:]]
-
-
-def grads_for(op, inputs, attrs, rng):
-    """A random gradient for the first output; None for the others (statistics, indices)."""
-    outs, _ = run(op, inputs, attrs, None, "eigen")
-    return [rng.standard_normal(outs[0].shape).astype(F32)] + [None] * (len(outs) - 1)
-
-
-def assert_close_f32(got, ref, what):
-    """float32 at ~1e-5 relative, measured against the tensor's scale."""
-    scale = max(1.0, float(np.max(np.abs(ref))))
-    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * scale, err_msg=what)
 
 
 def as_f64(arrays):

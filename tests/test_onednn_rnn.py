@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import treadle as tl
-from opcheck import assert_concurrent_predictions_bitwise
+from opcheck import assert_close_f32, assert_concurrent_predictions_bitwise
 
 pytestmark = pytest.mark.skipif("onednn" not in tl.backends(),
                                 reason="treadle was built without oneDNN (TREADLE_WITH_ONEDNN=OFF)")
@@ -66,12 +66,6 @@ def lstm_backends(net):
         if len(parts) > 2 and parts[1] == "lstm_layer":
             found.add(parts[2].strip("[]"))
     return found
-
-
-def assert_close_f32(got, ref, what):
-    """float32 within 1e-5 relative, measured against the tensor's scale."""
-    scale = max(1.0, float(np.max(np.abs(ref))))
-    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * scale, err_msg=what)
 
 
 def inputs(rng, n, batch_first, layers_dirs, has_state, dtype=F32):
