@@ -41,9 +41,10 @@ def test_every_backend_op_has_an_eigen_fallback(backend):
 def test_onednn_lists_its_families_in_float32():
     ops = tl.backend_ops("onednn")
     for op in ("linear", "matmul", "bmm", "conv", "conv_backward_data", "conv_backward_weight", "softmax",
-               "layer_norm", "max_pool", "avg_pool", "lstm_layer"):
+               "layer_norm", "max_pool", "avg_pool", "lstm_layer", "lstm_layer_backward", "gru_layer",
+               "gru_layer_backward"):
         assert ops.get(op) == ["float32"], op
-    assert "batch_norm" not in ops and "gru_layer" not in ops
+    assert "batch_norm" not in ops and "rnn_layer" not in ops
 
 
 def test_unknown_backend_is_a_value_error_naming_the_known_ones():

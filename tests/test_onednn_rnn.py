@@ -115,7 +115,7 @@ def test_gru_predictions_match_float64_reference(kw):
     nets = {}
     for backend, dtype in (("onednn", "float32"), ("eigen", "float64")):
         tl.manual_seed(seed)
-        nets[backend] = tl.nn.GRU(I, H, **kw)
+        nets[backend] = tl.nn.GRU(I, 64, **kw)  # oneDNN takes GRU inference from H 64
         if dtype == "float64":
             nets[backend].to(dtype)
         nets[backend].set_backend(backend)
@@ -140,7 +140,8 @@ def test_large_values_saturate_like_eigen():
 
 def test_training_plans_take_the_training_pair_and_inference_plans_the_inference_kernel():
     rng = np.random.default_rng(0)
-    x, y = rng.standard_normal((16, T, I)).astype(F32), rng.standard_normal((16, H)).astype(F32)
+    # 32 samples: the LSTM training pair is taken from N 32 at this H
+    x, y = rng.standard_normal((32, T, I)).astype(F32), rng.standard_normal((32, H)).astype(F32)
 
     class Head(tl.nn.Module):
         def __init__(self):
@@ -192,6 +193,10 @@ def test_variable_lengths_float64_and_small_layers_stay_on_eigen():
     one = build("onednn", 0)  # one sample: Eigen's matrix-vector steps are faster
     one.predict([np.ascontiguousarray(x[:, :1])])
     assert lstm_backends(one) == {"eigen"}
+    gru = tl.nn.GRU(I, 32)  # GRU inference is taken from H 64
+    gru.set_backend("onednn")
+    gru.predict(x)
+    assert "gru_layer [eigen]" in gru._compiled().describe_plans()
     small = build("onednn", 0, input_size=4, hidden=4)  # below the size threshold
     small.predict([rng.standard_normal((3, 2, 4)).astype(F32)])
     assert lstm_backends(small) == {"eigen"}

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif("onednn" not in tl.backends(),
                                 reason="treadle was built without oneDNN (TREADLE_WITH_ONEDNN=OFF)")
 
 F32 = np.float32
-T, I, H = 9, 20, 32
+T, I, H = 9, 20, 128  # oneDNN takes the training pair from H 128 (LSTM and GRU alike)
 
 
 def fresh_seed():
@@ -35,9 +35,9 @@ def fresh_seed():
 class Net(tl.nn.Module):
     """x [, h0 [, c0]] -> the output sequence of one recurrent module."""
 
-    def __init__(self, cell, has_state, **kw):
+    def __init__(self, cell, has_state, hidden=H, **kw):
         super().__init__()
-        self.rnn = getattr(tl.nn, cell)(I, H, **kw)
+        self.rnn = getattr(tl.nn, cell)(I, hidden, **kw)
         self.has_state = has_state
         self.lstm = cell == "LSTM"
 
@@ -66,9 +66,9 @@ def layer_backends(net):
     return found
 
 
-def batch(rng, cell, n, batch_first=False, directions=1, layers_dirs=1, has_state=False, dtype=F32):
+def batch(rng, cell, n, batch_first=False, directions=1, layers_dirs=1, has_state=False, dtype=F32, hidden=H):
     x = rng.standard_normal((n, T, I) if batch_first else (T, n, I)).astype(dtype)
-    width = H * directions
+    width = hidden * directions
     dy = rng.standard_normal((n, T, width) if batch_first else (T, n, width)).astype(dtype)
     states = []
     if has_state:
@@ -142,17 +142,17 @@ def test_what_oneDNN_does_not_take_stays_on_eigen_as_a_pair(cell):
                         np.ascontiguousarray(dy[:, :1]))]:
         gradients(net, xs, g)
         assert layer_backends(net) == eigen_pair
-    small = Net(cell, False)  # below the size threshold
-    small.rnn = getattr(tl.nn, cell)(I, 4)
-    small.set_backend("onednn")
-    gradients(small, [x[0][:3, :2].copy()], rng.standard_normal((3, 2, 4)).astype(F32))
+    # Below the measured thresholds: LSTM from N 32 at H 64 (here 16), GRU from H 128 (here 64).
+    small = build(cell, "onednn", 0, hidden=64)
+    xs, g = batch(rng, cell, 16, hidden=64)
+    gradients(small, xs, g)
     assert layer_backends(small) == eigen_pair
 
 
 @pytest.mark.parametrize("cell", ["LSTM", "GRU"])
 def test_run_op_reads_saved_so_the_pair_stays_on_eigen(cell):
     rng = np.random.default_rng(0)
-    n, gates = 8, 4 if cell == "LSTM" else 3
+    n, gates = 16, 4 if cell == "LSTM" else 3
     shapes = [(T, n, I), (n, H)] + ([(n, H)] if cell == "LSTM" else []) + [
         (gates * H, I), (gates * H, H), (gates * H,), (gates * H,)]
     args = [rng.standard_normal(s).astype(F32) for s in shapes]

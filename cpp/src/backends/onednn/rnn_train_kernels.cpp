@@ -17,7 +17,7 @@
 // buffers, summed in piece order afterwards: results do not depend on the workers.
 //
 // Not taken: variable lengths (a run-time input; oneDNN has no per-sample lengths), float64, the
-// plain RNN, one sample, small layers (below), and layers whose `saved` the host reads.
+// plain RNN, layers where Eigen is as fast (pays_off), and layers whose `saved` the host reads.
 #include <cstring>
 
 #include "backends/onednn/rnn_common.hpp"
@@ -30,10 +30,18 @@ namespace {
 using dnnl::memory;
 using rnn::Cell;
 
-// Where oneDNN's training pair beats Eigen's forward + backward (bench/onednn_rnn.py, one core):
-// the same bounds as inference; measured 1.15-1.3x faster from T 16, N 8, I = H = 64 up.
-constexpr int64_t kMinSamples = 2;
-constexpr int64_t kMinMacs = int64_t{1} << 18;
+// Where oneDNN beats Eigen (bench/onednn_rnn.py, T 16, I = H, one core, CPU time; docs/onednn_ops.md):
+// - the training pair (forward + backward): LSTM from H 128 (1.13-1.18x) or from N 32 and H 32
+//   (1.04-1.10x), where Eigen wins below (0.7-0.9x at H 16, 0.8-1.0x at N 2-8 and H 32-64); GRU
+//   from H 128 and N 8 (1.06-1.16x), Eigen winning or tying below;
+// - GRU inference from H 64 (1.07-1.35x; 0.8-1.1x below).
+// One sample is never taken: Eigen's matrix-vector steps win there.
+bool pays_off(const Layer& l, bool inference) {
+  if (l.N < 2) return false;
+  if (inference) return l.cell == Cell::gru && l.H >= 64;
+  if (l.cell == Cell::lstm) return l.H >= 128 || (l.N >= 32 && l.H >= 32);
+  return l.H >= 128 && l.N >= 8;
+}
 // oneDNN's GRU gate g is PyTorch's gate kGruGate[g] (u = z, r, n); the permutation is its own inverse.
 constexpr int kGruGate[3] = {1, 0, 2};
 
@@ -70,7 +78,6 @@ std::optional<Layer> train_layer(const Graph& g, const Node& node, bool backward
   l.N = l.batch_first ? xs[0] : xs[1];
   l.I = xs[2];
   l.H = in_shape(g, node, w_hh)[1];
-  if (l.N < kMinSamples || l.T * l.N * l.G * l.H * (l.I + l.H) < kMinMacs) return std::nullopt;
   return l;
 }
 
@@ -424,8 +431,8 @@ bool takes_forward(const Graph& g, const Node& node) {
   if (!l) return false;
   const int saved = node.outputs.back();
   const ValueInfo& info = g.info(saved);
+  if (!pays_off(*l, !info.read)) return false;
   if (!info.read) {
-    if (l->cell != Cell::gru) return false;
     for (int64_t n : l->piece_sizes())
       if (n > 0 && !piece_pds(*l, n, true)) return false;
     return true;
