@@ -1,0 +1,17 @@
+#pragma once
+// Registration of the cuDNN (convolution, pooling, batch norm) and mixed-precision (loss scaling,
+// fp16 conversion) tests of the GPU check program.
+#include <string>
+#include <vector>
+
+#include "test_cuda_common.hpp"
+
+namespace treadle::cuda::test {
+
+// Host-side checks: no device needed (argument validation, the loss scaler's logic).
+std::string conv_validation();
+
+// Device tests.
+void add_conv_tests(std::vector<TestCase>& out);
+
+}  // namespace treadle::cuda::test
