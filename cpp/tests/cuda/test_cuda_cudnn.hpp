@@ -10,8 +10,12 @@ namespace treadle::cuda::test {
 
 // Host-side checks: no device needed (argument validation, the loss scaler's logic).
 std::string conv_validation();
+std::string pool_norm_validation();
+std::string loss_scaler_logic();
 
 // Device tests.
 void add_conv_tests(std::vector<TestCase>& out);
+void add_pool_norm_tests(std::vector<TestCase>& out);
+void add_loss_scale_tests(std::vector<TestCase>& out);
 
 }  // namespace treadle::cuda::test

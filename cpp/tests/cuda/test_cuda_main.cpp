@@ -107,7 +107,9 @@ int main(int argc, char** argv) {
   std::vector<TestCase> host_tests = {{"status_messages", [](Env&) { return status_messages(); }},
                                       {"argument_validation", [](Env&) { return argument_validation(); }},
                                       {"allocator_size_classes", [](Env&) { return size_classes(); }},
-                                      {"conv2d_validation", [](Env&) { return conv_validation(); }}};
+                                      {"conv2d_validation", [](Env&) { return conv_validation(); }},
+                                      {"pool_norm_validation", [](Env&) { return pool_norm_validation(); }},
+                                      {"loss_scaler_logic", [](Env&) { return loss_scaler_logic(); }}};
   int failed = bench ? 0 : run(host_tests, nullptr);
   int passed = bench ? 0 : static_cast<int>(host_tests.size()) - failed;
 
@@ -132,6 +134,8 @@ int main(int argc, char** argv) {
     add_kernel_tests(tests);
     add_linear_tests(tests);
     add_conv_tests(tests);
+    add_pool_norm_tests(tests);
+    add_loss_scale_tests(tests);
     const int f = run(tests, &env);
     failed += f;
     passed += static_cast<int>(tests.size()) - f;
