@@ -1,5 +1,5 @@
 #pragma once
-// Registration of the cuDNN (convolution, pooling, batch norm) and mixed-precision (loss scaling,
+// Registration of the cuDNN (convolution, pooling, batch norm, LSTM/GRU) and mixed-precision (loss scaling,
 // fp16 conversion) tests of the GPU check program.
 #include <string>
 #include <vector>
@@ -12,10 +12,12 @@ namespace treadle::cuda::test {
 std::string conv_validation();
 std::string pool_norm_validation();
 std::string loss_scaler_logic();
+std::string rnn_validation();
 
 // Device tests.
 void add_conv_tests(std::vector<TestCase>& out);
 void add_pool_norm_tests(std::vector<TestCase>& out);
 void add_loss_scale_tests(std::vector<TestCase>& out);
+void add_rnn_tests(std::vector<TestCase>& out);
 
 }  // namespace treadle::cuda::test

@@ -109,7 +109,8 @@ int main(int argc, char** argv) {
                                       {"allocator_size_classes", [](Env&) { return size_classes(); }},
                                       {"conv2d_validation", [](Env&) { return conv_validation(); }},
                                       {"pool_norm_validation", [](Env&) { return pool_norm_validation(); }},
-                                      {"loss_scaler_logic", [](Env&) { return loss_scaler_logic(); }}};
+                                      {"loss_scaler_logic", [](Env&) { return loss_scaler_logic(); }},
+                                      {"rnn_validation", [](Env&) { return rnn_validation(); }}};
   int failed = bench ? 0 : run(host_tests, nullptr);
   int passed = bench ? 0 : static_cast<int>(host_tests.size()) - failed;
 
@@ -136,6 +137,7 @@ int main(int argc, char** argv) {
     add_conv_tests(tests);
     add_pool_norm_tests(tests);
     add_loss_scale_tests(tests);
+    add_rnn_tests(tests);
     const int f = run(tests, &env);
     failed += f;
     passed += static_cast<int>(tests.size()) - f;

@@ -43,6 +43,13 @@ void TensorDescriptor::set_nchw(const char* who, const char* what, int64_t n, in
                                                  static_cast<int>(c), static_cast<int>(h), static_cast<int>(w)));
 }
 
+void TensorDescriptor::set_3d(const char* who, const char* what, int64_t a, int64_t b, int64_t c) {
+  check_cudnn_sizes(who, what, a, b, c, 1);
+  const int dims[3] = {static_cast<int>(a), static_cast<int>(b), static_cast<int>(c)};
+  const int strides[3] = {static_cast<int>(b * c), static_cast<int>(c), 1};
+  TREADLE_CUDNN_CHECK(cudnnSetTensorNdDescriptor(desc_, CUDNN_DATA_FLOAT, 3, dims, strides));
+}
+
 FilterDescriptor::FilterDescriptor() { TREADLE_CUDNN_CHECK(cudnnCreateFilterDescriptor(&desc_)); }
 
 FilterDescriptor::~FilterDescriptor() {
@@ -65,6 +72,24 @@ PoolingDescriptor::PoolingDescriptor() { TREADLE_CUDNN_CHECK(cudnnCreatePoolingD
 
 PoolingDescriptor::~PoolingDescriptor() {
   if (desc_ != nullptr) cudnnDestroyPoolingDescriptor(desc_);
+}
+
+DropoutDescriptor::DropoutDescriptor() { TREADLE_CUDNN_CHECK(cudnnCreateDropoutDescriptor(&desc_)); }
+
+DropoutDescriptor::~DropoutDescriptor() {
+  if (desc_ != nullptr) cudnnDestroyDropoutDescriptor(desc_);
+}
+
+RnnDescriptor::RnnDescriptor() { TREADLE_CUDNN_CHECK(cudnnCreateRNNDescriptor(&desc_)); }
+
+RnnDescriptor::~RnnDescriptor() {
+  if (desc_ != nullptr) cudnnDestroyRNNDescriptor(desc_);
+}
+
+RnnDataDescriptor::RnnDataDescriptor() { TREADLE_CUDNN_CHECK(cudnnCreateRNNDataDescriptor(&desc_)); }
+
+RnnDataDescriptor::~RnnDataDescriptor() {
+  if (desc_ != nullptr) cudnnDestroyRNNDataDescriptor(desc_);
 }
 
 }  // namespace treadle::cuda

@@ -1,9 +1,10 @@
 #pragma once
-// Owners of cuDNN's legacy descriptors (tensor, filter, convolution, pooling) for the prepared
-// objects of cudnn_conv/cudnn_pool/cudnn_norm: created and set once per shape, destroyed in
+// Owners of cuDNN's descriptors (tensor, filter, convolution, pooling, dropout, RNN, RNN data) for
+// the prepared objects of cudnn_conv/cudnn_pool/cudnn_norm/cudnn_rnn: created and set once per shape, destroyed in
 // destructors that never throw. The legacy API takes 32-bit sizes, so every setter checks that
 // each dimension and the element count fit in an int (ValueError naming `who` otherwise) before
 // cuDNN sees them.
+#include <cudnn_adv.h>
 #include <cudnn_cnn.h>
 #include <cudnn_ops.h>
 
@@ -26,6 +27,8 @@ class TensorDescriptor {
   TensorDescriptor& operator=(const TensorDescriptor&) = delete;
   // Packed NCHW float32.
   void set_nchw(const char* who, const char* what, int64_t n, int64_t c, int64_t h, int64_t w);
+  // Packed (a, b, c) float32: the RNN state tensors (layers, N, H).
+  void set_3d(const char* who, const char* what, int64_t a, int64_t b, int64_t c);
   cudnnTensorDescriptor_t get() const { return desc_; }
 
  private:
@@ -68,6 +71,42 @@ class PoolingDescriptor {
 
  private:
   cudnnPoolingDescriptor_t desc_ = nullptr;
+};
+
+class DropoutDescriptor {
+ public:
+  DropoutDescriptor();
+  ~DropoutDescriptor();
+  DropoutDescriptor(const DropoutDescriptor&) = delete;
+  DropoutDescriptor& operator=(const DropoutDescriptor&) = delete;
+  cudnnDropoutDescriptor_t get() const { return desc_; }
+
+ private:
+  cudnnDropoutDescriptor_t desc_ = nullptr;
+};
+
+class RnnDescriptor {
+ public:
+  RnnDescriptor();
+  ~RnnDescriptor();
+  RnnDescriptor(const RnnDescriptor&) = delete;
+  RnnDescriptor& operator=(const RnnDescriptor&) = delete;
+  cudnnRNNDescriptor_t get() const { return desc_; }
+
+ private:
+  cudnnRNNDescriptor_t desc_ = nullptr;
+};
+
+class RnnDataDescriptor {
+ public:
+  RnnDataDescriptor();
+  ~RnnDataDescriptor();
+  RnnDataDescriptor(const RnnDataDescriptor&) = delete;
+  RnnDataDescriptor& operator=(const RnnDataDescriptor&) = delete;
+  cudnnRNNDataDescriptor_t get() const { return desc_; }
+
+ private:
+  cudnnRNNDataDescriptor_t desc_ = nullptr;
 };
 
 }  // namespace treadle::cuda
