@@ -4,11 +4,12 @@
   reference, on fresh random inputs (the seed is in the failure message): batch_first, reverse
   (bidirectional), stacks, no bias, given initial states, batches that split into pieces with a
   remainder; the plan must run every lstm_layer on oneDNN.
-- What stays on Eigen: training plans (they read `saved`), run_op (returns `saved`), variable
-  lengths, float64, GRU, one sample and small layers.
+- Training plans take the forward_training/backward pair instead (tests/test_onednn_rnn_train.py);
+  what stays on Eigen: run_op (returns `saved`), variable lengths, float64, GRU inference, one
+  sample and small layers.
 - Bitwise the same on 1, 2, 3 and 7 workers, and from concurrent threads on one shared plan.
-- Training on "onednn" (its inference plans on oneDNN) follows the Eigen curve; no OpenMP worker
-  threads; primitives created when plans are compiled only.
+- Training on "onednn" follows the Eigen curve; no OpenMP worker threads; primitives created when
+  plans are compiled only.
 
 Skipped when treadle was built without oneDNN.
 """
@@ -114,7 +115,7 @@ def test_large_values_saturate_like_eigen():
         assert_close_f32(g, w, f"{name} (seed {seed})")
 
 
-def test_training_plans_keep_eigen_and_inference_plans_take_onednn():
+def test_training_plans_take_the_training_pair_and_inference_plans_the_inference_kernel():
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((16, T, I)).astype(F32), rng.standard_normal((16, H)).astype(F32)
 
@@ -130,10 +131,11 @@ def test_training_plans_keep_eigen_and_inference_plans_take_onednn():
     net.set_backend("onednn")
     tl.Trainer(net, tl.loss.MSE(), tl.optim.SGD(lr=1e-2)).step(x, y)
     plans = net._compiled().describe_plans()
-    assert "lstm_layer [eigen]" in plans and "lstm_layer_backward [eigen]" in plans
-    assert "lstm_layer [onednn]" not in plans
+    assert "lstm_layer [onednn]" in plans and "lstm_layer_backward [onednn]" in plans
+    assert "[eigen]" not in plans.split("lstm_layer [onednn]")[1].split("\n")[0]
     net.predict(x)
-    assert "lstm_layer [onednn]" in net._compiled().describe_plans()
+    predict_plan = net._compiled().describe_plans()
+    assert predict_plan.count("lstm_layer [onednn]") == 2 and "lstm_layer [eigen]" not in predict_plan
 
 
 def test_run_op_returns_saved_so_eigen_runs_it():
@@ -266,6 +268,16 @@ PREAMBLE = """
     net = tl.nn.LSTM(20, 32, num_layers=2, bidirectional=True)
     net.set_backend("onednn")
     x = np.random.default_rng(0).standard_normal((9, 70, 20)).astype(np.float32)
+    y = np.random.default_rng(1).standard_normal((9, 70, 64)).astype(np.float32)
+    class Seq(tl.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = tl.nn.LSTM(20, 32, num_layers=2, bidirectional=True)
+        def forward(self, x):
+            return self.rnn(x)[0]
+    trained = Seq()
+    trained.set_backend("onednn")
+    trainer = tl.Trainer(trained, tl.loss.MSE(), tl.optim.Adam(lr=1e-3))
 """
 
 
@@ -276,10 +288,12 @@ def test_no_openmp_threads_started():
     start = count()
     for _ in range(3):
         net.predict(x)
-    print(json.dumps({"start": start, "end": count(), "plans": net._compiled().describe_plans()}))
+        trainer.step(x, y)
+    print(json.dumps({"start": start, "end": count(), "plans": net._compiled().describe_plans(),
+                      "train": trained._compiled().describe_plans()}))
     """, {"OMP_NUM_THREADS": "4"})
     r = json.loads(out.strip().splitlines()[-1])
-    assert "lstm_layer [onednn]" in r["plans"]
+    assert "lstm_layer [onednn]" in r["plans"] and "lstm_layer_backward [onednn]" in r["train"]
     assert r["end"] == r["start"]
 
 
@@ -288,6 +302,7 @@ def test_primitives_are_created_at_plan_time_only():
     for k in range(3):
         print("=== call", k, flush=True)
         net.predict(x)
+        trainer.step(x, y)
     """, {"ONEDNN_VERBOSE": "2"})
     sections = out.split("=== call")[1:]
     creates = [s.count("onednn_verbose,create") for s in sections]

@@ -58,6 +58,12 @@ struct ValueInfo {
   // backend may leave an output that nobody reads unwritten (a recurrent layer's saved buffer in
   // an inference plan).
   bool read = false;
+  bool host_read = false;  // the host reads it after a run (an output, the loss, a gradient)
+  // Set when a plan is finalized, for an output that a backend writes in a layout of its own (the
+  // oneDNN recurrent workspace in a layer's `saved`): that backend's name and the bytes it needs.
+  // Only that backend's kernels read such a value, and anomaly mode does not check its numbers.
+  const char* layout_owner = nullptr;
+  int64_t layout_bytes = 0;
 };
 
 struct Node {

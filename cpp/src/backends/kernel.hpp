@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "treadle/backend.hpp"
@@ -56,9 +57,16 @@ class KernelTable {
 // What a backend builds once for a node when a plan is finalized (e.g. oneDNN primitives), so that
 // steps create nothing. The state is immutable afterwards: plans are shared by threads running
 // different contexts. `workspace` is scratch the kernel needs on top of the op's own workspace.
+//
+// `opaque_outputs` lists outputs (index, bytes) the kernel writes in a layout of its own, as
+// oneDNN's recurrent training primitive does with a layer's `saved` buffer (its workspace, larger
+// than the reference's saved gates). The plan gives them at least those bytes and makes every
+// reader of such a value run on the same backend (ValueInfo::layout_owner), so a backend must take
+// a node with an opaque output only when it also takes every node that reads it.
 struct PreparedNode {
   std::shared_ptr<const void> state;
   std::size_t workspace = 0;
+  std::vector<std::pair<int, std::size_t>> opaque_outputs;
 };
 
 class Backend {

@@ -69,14 +69,31 @@ void Plan::finalize(const std::vector<int64_t>& param_offsets, const std::string
 }
 
 void Plan::mark_read_values() {
-  for (ValueInfo& v : graph.values()) v.read = false;
+  for (ValueInfo& v : graph.values()) {
+    v.read = v.host_read = false;
+    v.layout_owner = nullptr;
+    v.layout_bytes = 0;
+  }
   for (const Node& node : graph.nodes())
     for (int in : node.inputs) graph.values()[in].read = true;
-  for (int v : outputs) graph.values()[v].read = true;
-  if (loss >= 0) graph.values()[loss].read = true;
-  for (const auto& pg : param_grads) graph.values()[pg.second].read = true;
+  auto host = [&](int v) { graph.values()[v].read = graph.values()[v].host_read = true; };
+  for (int v : outputs) host(v);
+  if (loss >= 0) host(loss);
+  for (const auto& pg : param_grads) host(pg.second);
   for (int g : input_grads)
-    if (g >= 0) graph.values()[g].read = true;
+    if (g >= 0) host(g);
+}
+
+int64_t planned_bytes(const ValueInfo& info) {
+  const int64_t bytes = shape_numel(info.shape) * static_cast<int64_t>(dtype_size(info.dtype));
+  return std::max<int64_t>({bytes, info.layout_bytes, 1});
+}
+
+// The backend whose own layout one of the node's inputs is in (PreparedNode::opaque_outputs), or null.
+const char* Plan::layout_owner_of_inputs(const Node& node) const {
+  for (int in : node.inputs)
+    if (const char* owner = graph.info(in).layout_owner) return owner;
+  return nullptr;
 }
 
 void Plan::select_kernels(const std::string& backend, bool deterministic) {
@@ -110,7 +127,10 @@ void Plan::select_kernels(const std::string& backend, bool deterministic) {
         throw_runtime_error("plan: op '", def.name, "' writes input ", k, ", which must be a parameter or an input");
     }
     if (def.view_of >= 0) continue;
-    for (const Backend* b : measured ? auto_backend_order(graph, node) : order) {
+    const char* owner = layout_owner_of_inputs(node);
+    std::vector<const Backend*> candidates = measured ? auto_backend_order(graph, node) : order;
+    if (owner) candidates = {backend_by_name(owner)};  // it alone reads its own layout
+    for (const Backend* b : candidates) {
       if (deterministic && !b->deterministic(graph, node)) continue;
       if (KernelFn fn = b->find(graph, node)) {
         s.kernel = fn;
@@ -118,9 +138,17 @@ void Plan::select_kernels(const std::string& backend, bool deterministic) {
         PreparedNode prepared = b->prepare(graph, node);
         s.state = std::move(prepared.state);
         s.workspace = std::max(s.workspace, prepared.workspace);
+        for (const auto& [k, bytes] : prepared.opaque_outputs) {
+          ValueInfo& v = graph.values()[node.outputs.at(k)];
+          v.layout_owner = b->name();
+          v.layout_bytes = static_cast<int64_t>(bytes);
+        }
         break;
       }
     }
+    if (!s.kernel && owner)
+      throw_runtime_error("plan: op '", def.name, "' reads a value that backend '", owner,
+                          "' wrote in its own layout, and that backend does not take the op");
     if (!s.kernel) {
       DType dt = node.inputs.empty() ? graph.info(node.outputs[0]).dtype : graph.info(node.inputs[0]).dtype;
       throw_value_error("no ", deterministic ? "deterministic " : "", "backend",
@@ -171,9 +199,7 @@ void Plan::plan_memory() {
   std::vector<Interval> items;
   for (int v = 0; v < nv; ++v)
     if (graph.values()[v].kind == ValueKind::intermediate && alias[v] < 0 && first[v] >= 0) {
-      const ValueInfo& info = graph.values()[v];
-      int64_t bytes = shape_numel(info.shape) * static_cast<int64_t>(dtype_size(info.dtype));
-      items.push_back({v, first[v], std::max(first[v], last[v]), std::max<int64_t>(bytes, 1)});
+      items.push_back({v, first[v], std::max(first[v], last[v]), planned_bytes(graph.values()[v])});
     }
   std::vector<int64_t> offset_of(nv, 0);
   int64_t values_bytes = place(items, offset_of);
@@ -205,7 +231,7 @@ void Plan::run(Context& ctx, const Bindings& b, int begin, int end) const {
 }
 
 void Plan::run_with_counter(Context& ctx, const Bindings& b, int begin, int end, uint64_t counter) const {
-  constexpr int kMaxOperands = 16;
+  constexpr int kMaxOperands = 24;
   char* arena = static_cast<char*>(ctx.arena(arena_bytes_));
   Profiler* profiler = ctx.profiler() ? ctx.profiler() : global_profiler();
   std::array<TensorRef, kMaxOperands> refs;
@@ -214,7 +240,7 @@ void Plan::run_with_counter(Context& ctx, const Bindings& b, int begin, int end,
     if (!step.kernel) continue;
     const Node& node = graph.nodes()[step.node];
     const int nin = static_cast<int>(node.inputs.size()), nout = static_cast<int>(node.outputs.size());
-    if (nin + nout > kMaxOperands) throw_runtime_error("plan: node with more than 16 operands");
+    if (nin + nout > kMaxOperands) throw_runtime_error("plan: node with more than ", kMaxOperands, " operands");
     for (int k = 0; k < nin + nout; ++k) {
       int v = k < nin ? node.inputs[k] : node.outputs[k - nin];
       const ValueInfo& info = graph.values()[v];
@@ -273,7 +299,8 @@ void Plan::record_time(Profiler& profiler, int s, double seconds) const {
 void Plan::check_numerics(int s, const TensorRef* outs) const {
   const Node& node = graph.nodes()[steps[s].node];
   for (std::size_t k = 0; k < node.outputs.size(); ++k) {
-    if (!graph.info(node.outputs[k]).read) continue;  // possibly never written (ValueInfo::read)
+    const ValueInfo& info = graph.info(node.outputs[k]);
+    if (!info.read || info.layout_owner) continue;  // possibly never written, or not numbers of ours
     const TensorRef& r = outs[k];
     std::pair<int64_t, int64_t> bad{-1, 0};
     if (r.dtype == DType::f32) bad = find_nonfinite<float>(r.data, r.numel);

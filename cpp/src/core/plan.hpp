@@ -26,6 +26,9 @@ struct Location {
   int64_t offset = 0;    // bytes from the buffer's base
 };
 
+// Bytes a value takes in the arena: its shape's, or more for a backend's own layout (ValueInfo).
+int64_t planned_bytes(const ValueInfo& info);
+
 struct PlanStep {
   int node = -1;
   KernelFn kernel = nullptr;  // null for views (aliases need no work)
@@ -103,6 +106,7 @@ class Plan {
   // Anomaly mode: throws ValueError if an output of step `s` holds NaN/Inf.
   void check_numerics(int s, const TensorRef* outs) const;
   void select_kernels(const std::string& backend, bool deterministic);
+  const char* layout_owner_of_inputs(const Node& node) const;
   // Profiling: adds one kernel call of step `s` to `profiler`.
   void record_time(Profiler& profiler, int s, double seconds) const;
   // "forward", "loss" or "backward" for step `s`.

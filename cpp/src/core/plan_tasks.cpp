@@ -77,10 +77,7 @@ std::vector<PlanTask> Plan::partition_tasks(int depth) const {
 
   // What each task reads and writes. Views read their source (so a task holding a view waits for
   // the data behind it); kernels write their outputs, their in-place inputs and the workspace.
-  const auto bytes_of = [&](int v) {
-    const ValueInfo& info = graph.values()[v];
-    return std::max<int64_t>(shape_numel(info.shape) * static_cast<int64_t>(dtype_size(info.dtype)), 1);
-  };
+  const auto bytes_of = [&](int v) { return planned_bytes(graph.values()[v]); };
   std::vector<Ranges> reads(tasks.size()), writes(tasks.size());
   for (std::size_t t = 0; t < tasks.size(); ++t) {
     for (int s = tasks[t].begin; s < tasks[t].end; ++s) {

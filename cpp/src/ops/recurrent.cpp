@@ -120,23 +120,27 @@ std::vector<TensorMeta> infer_backward(Cell c, const std::vector<TensorMeta>& in
   if (!s.valid) throw_value_error(name, ": unexpected number of inputs (", in.size(), ")");
   const bool bf = flag_attr(name, attrs, "batch_first", false);
   flag_attr(name, attrs, "reverse", false);
+  flag_attr(name, attrs, "needs_dx", true);
   check_nonlinearity(name, c, attrs);
   check_dtypes(name, in, s.lengths);
   const int64_t H = check_weight_hh(name, ci, in[s.w_hh]), GH = ci.gates * H;
+  const Shape& wi = in[s.w_ih].shape;
+  if (wi.size() != 2 || wi[0] != GH || wi[1] <= 0)
+    throw_value_error(name, ": weight_ih must have shape (", GH, ", input_size), got ", shape_str(wi));
   const SeqDims d = check_sequence(name, "y", in[s.y], H, bf);
+  expect_shape(name, "x", in[s.x], seq_shape(d, wi[1], bf));
   expect_shape(name, "dy", in[s.dy], seq_shape(d, H, bf));
   if (s.saved >= 0) expect_shape(name, "saved", in[s.saved], seq_shape(d, ci.saved_width * H, bf));
-  expect_shape(name, "h0", in[s.h0], {d.N, H});
-  expect_shape(name, "dh_n", in[s.dh_n], {d.N, H});
-  if (s.c0 >= 0) expect_shape(name, "c0", in[s.c0], {d.N, H});
-  if (s.dc_n >= 0) expect_shape(name, "dc_n", in[s.dc_n], {d.N, H});
+  for (int k : {s.h0, s.h_n, s.dh_n, s.c0, s.c_n, s.dc_n})
+    if (k >= 0) expect_shape(name, "state", in[k], {d.N, H});
+  if (s.b_ih >= 0) expect_shape(name, "bias_ih", in[s.b_ih], {GH});
+  if (s.b_hh >= 0) expect_shape(name, "bias_hh", in[s.b_hh], {GH});
   if (s.lengths >= 0) expect_shape(name, "lengths", in[s.lengths], {d.N});
-  const DType dt = in[0].dtype;
-  std::vector<TensorMeta> out{{seq_shape(d, GH, bf), dt}};
-  if (c == Cell::gru) out.push_back({seq_shape(d, GH, bf), dt});
-  out.push_back({seq_shape(d, H, bf), dt});
-  out.push_back({{d.N, H}, dt});
-  if (ci.has_cell_state) out.push_back({{d.N, H}, dt});
+  std::vector<TensorMeta> out(s.num_outputs, TensorMeta{{d.N, H}, in[0].dtype});
+  out[s.dx].shape = in[s.x].shape;
+  out[s.dw_ih].shape = wi;
+  out[s.dw_hh].shape = in[s.w_hh].shape;
+  if (s.db_ih >= 0) out[s.db_ih].shape = out[s.db_hh].shape = {GH};
   return out;
 }
 
@@ -144,39 +148,46 @@ Value zeros_like(Graph& g, const Value& v) {
   return g.apply1("constant", {}, {{"shape", v.shape()}, {"value", 0.0}, {"dtype", std::string(dtype_name(v.dtype()))}});
 }
 
-// The time loop as one backward op, then the weight, bias and input gradients as one matmul or
-// reduction each over the whole sequence (rows in x's layout, viewed as 2-D without a copy).
+// The whole gradient as one backward op (ops/recurrent.hpp), reading the forward's inputs and outputs.
 std::vector<Value> grad_layer(Cell c, const GradContext& ctx) {
   const CellInfo ci = rnn::cell_info(c);
   const rnn::ForwardSlots s = rnn::forward_slots(ci, static_cast<int>(ctx.inputs.size()));
   auto grad_or_zeros = [&](int k) {
     return ctx.grad_outputs[k].defined() ? ctx.grad_outputs[k] : zeros_like(ctx.graph, ctx.outputs[k]);
   };
-  std::vector<Value> in{ctx.inputs[s.h0]};
+  std::vector<Value> in{ctx.inputs[s.x], ctx.inputs[s.h0]};
   if (s.c0 >= 0) in.push_back(ctx.inputs[s.c0]);
+  in.push_back(ctx.inputs[s.w_ih]);
   in.push_back(ctx.inputs[s.w_hh]);
-  in.push_back(ctx.outputs[0]);
+  if (s.b_ih >= 0) {
+    in.push_back(ctx.inputs[s.b_ih]);
+    in.push_back(ctx.inputs[s.b_hh]);
+  }
+  in.push_back(ctx.outputs[0]);  // y, h_n, [c_n]
+  in.push_back(ctx.outputs[1]);
+  if (ci.has_cell_state) in.push_back(ctx.outputs[2]);
   if (ci.saved_width > 0) in.push_back(ctx.outputs.back());
   in.push_back(grad_or_zeros(0));
   in.push_back(grad_or_zeros(1));
   if (ci.has_cell_state) in.push_back(grad_or_zeros(2));
   if (s.lengths >= 0) in.push_back(ctx.inputs[s.lengths]);
-  std::vector<Value> g = ctx.graph.apply(std::string(rnn::layer_op_name(c)) + "_backward", in, ctx.node.attrs);
+  Attrs attrs = ctx.node.attrs;
+  attrs.set("needs_dx", int64_t{ctx.needs_grad[s.x] ? 1 : 0});
+  std::vector<Value> g = ctx.graph.apply(std::string(rnn::layer_op_name(c)) + "_backward", in, std::move(attrs));
 
-  Value x = ctx.inputs[s.x], w_ih = ctx.inputs[s.w_ih];
-  const int64_t GH = w_ih.dim(0), rows = x.dim(0) * x.dim(1);
-  int k = 0;
-  Value dg_ih = ops::reshape(g[k++], {rows, GH});
-  Value dg_hh = c == Cell::gru ? ops::reshape(g[k++], {rows, GH}) : dg_ih;
-  Value h_prev = ops::reshape(g[k++], {rows, ctx.inputs[s.w_hh].dim(1)});
+  const rnn::BackwardSlots b = rnn::backward_slots(ci, static_cast<int>(in.size()));
   std::vector<Value> out(ctx.inputs.size());
-  out[s.h0] = g[k++];
-  if (s.c0 >= 0) out[s.c0] = g[k++];
-  if (ctx.needs_grad[s.x]) out[s.x] = ops::reshape(ops::matmul(dg_ih, w_ih), x.shape());
-  if (ctx.needs_grad[s.w_ih]) out[s.w_ih] = ops::matmul(dg_ih, ops::reshape(x, {rows, x.dim(2)}), true, false);
-  if (ctx.needs_grad[s.w_hh]) out[s.w_hh] = ops::matmul(dg_hh, h_prev, true, false);
-  if (s.b_ih >= 0 && ctx.needs_grad[s.b_ih]) out[s.b_ih] = ops::sum_to(dg_ih, {GH});
-  if (s.b_hh >= 0 && ctx.needs_grad[s.b_hh]) out[s.b_hh] = ops::sum_to(dg_hh, {GH});
+  if (ctx.needs_grad[s.x]) out[s.x] = g[b.dx];
+  out[s.h0] = g[b.dh0];
+  if (s.c0 >= 0) out[s.c0] = g[b.dc0];
+  out[s.w_ih] = g[b.dw_ih];
+  out[s.w_hh] = g[b.dw_hh];
+  if (s.b_ih >= 0) {
+    out[s.b_ih] = g[b.db_ih];
+    out[s.b_hh] = g[b.db_hh];
+  }
+  for (std::size_t k = 0; k < out.size(); ++k)
+    if (!ctx.needs_grad[k]) out[k] = Value();
   return out;
 }
 
@@ -195,8 +206,9 @@ void register_cell(OpRegistry& r, Cell c) {
   b.name = name + "_backward";
   b.infer = [c](const std::vector<TensorMeta>& in, Attrs& a) { return infer_backward(c, in, a); };
   b.workspace = [c](const std::vector<TensorMeta>& in, const Attrs&) {
-    const Shape& h0 = in[0].shape;  // (N, H)
-    return rnn::backward_workspace_bytes(rnn::cell_info(c), h0[0], h0[1], dtype_size(in[0].dtype));
+    const Shape& h0 = in[1].shape;  // (N, H)
+    const int64_t T = shape_numel(in[0].shape) / (h0[0] * in[0].shape[2]);  // x: (T, N, I) or (N, T, I)
+    return rnn::backward_workspace_bytes(rnn::cell_info(c), T, h0[0], h0[1], dtype_size(in[0].dtype));
   };
   r.add(std::move(b));
 }

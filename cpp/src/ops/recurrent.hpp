@@ -5,14 +5,14 @@
 //
 //   rnn_layer / gru_layer:  (x, h0,     w_ih, w_hh, [b_ih, b_hh], [lengths]) -> (y, h_n,      [saved])
 //   lstm_layer:             (x, h0, c0, w_ih, w_hh, [b_ih, b_hh], [lengths]) -> (y, h_n, c_n, saved)
-//   *_layer_backward:       (h0, [c0], w_hh, y, [saved], dy, dh_n, [dc_n], [lengths])
-//                           -> (dgates_ih, [dgates_hh], h_prev, dh0, [dc0])
+//   *_layer_backward:       (x, h0, [c0], w_ih, w_hh, [b_ih, b_hh], y, h_n, [c_n], [saved],
+//                            dy, dh_n, [dc_n], [lengths])
+//                           -> (dx, dh0, [dc0], dw_ih, dw_hh, [db_ih, db_hh])
 //
-// The backward op runs the time loop only. It returns, over the whole sequence in x's layout, the
-// gradients of the gate pre-activations on the input side (G*H wide) and, for GRU whose n gate
-// differs, on the hidden side, plus each step's previous hidden state (H wide; zeros past a
-// sample's length). The gradient rule turns these into dx, dW_ih, dW_hh and the biases with one
-// matmul or reduction each, so no op needs more than the plan's 16 operands.
+// The backward op is the layer's whole gradient: the time loop and the weight, bias and input
+// gradients, so that a backend with its own recurrent training primitive (oneDNN) can take the
+// pair forward + backward as one unit. It reads the forward's inputs and outputs (a backend may
+// need any of them) and writes dx only when the attribute `needs_dx` is 1 (x is often data).
 //
 // x and y are (T, N, F) or, with batch_first, (N, T, F); h0/h_n/c0/c_n are (N, H); lengths is int64
 // (N). Optional inputs are told apart by count (bias adds two, lengths one, always last).
@@ -71,24 +71,46 @@ inline ForwardSlots forward_slots(const CellInfo& ci, int num_inputs) {
   return s;
 }
 
-// Input positions of a backward layer op with `num_inputs` inputs.
+// Input positions of a backward layer op with `num_inputs` inputs (-1: absent), and its outputs.
 struct BackwardSlots {
-  int h0 = 0, c0 = -1, w_hh, y, saved = -1, dy, dh_n, dc_n = -1, lengths = -1;
+  int x = 0, h0 = 1, c0 = -1, w_ih, w_hh, b_ih = -1, b_hh = -1, y, h_n, c_n = -1, saved = -1, dy, dh_n, dc_n = -1,
+      lengths = -1;
   bool valid = true;
+  // Outputs.
+  int dx = 0, dh0 = 1, dc0 = -1, dw_ih, dw_hh, db_ih = -1, db_hh = -1, num_outputs;
 };
 
 inline BackwardSlots backward_slots(const CellInfo& ci, int num_inputs) {
   BackwardSlots s;
-  int k = 1;
+  const int fixed = (ci.has_cell_state ? 12 : 8) + (ci.saved_width > 0 && !ci.has_cell_state ? 1 : 0);
+  const int extra = num_inputs - fixed;
+  s.valid = extra >= 0 && extra <= 3;
+  int k = 2;
   if (ci.has_cell_state) s.c0 = k++;
+  s.w_ih = k++;
   s.w_hh = k++;
+  if (extra >= 2) {
+    s.b_ih = k++;
+    s.b_hh = k++;
+  }
   s.y = k++;
+  s.h_n = k++;
+  if (ci.has_cell_state) s.c_n = k++;
   if (ci.saved_width > 0) s.saved = k++;
   s.dy = k++;
   s.dh_n = k++;
   if (ci.has_cell_state) s.dc_n = k++;
-  if (num_inputs == k + 1) s.lengths = k++;
-  s.valid = num_inputs == k;
+  if (extra == 1 || extra == 3) s.lengths = k++;
+  s.valid = s.valid && k == num_inputs;
+  int o = 2;
+  if (ci.has_cell_state) s.dc0 = o++;
+  s.dw_ih = o++;
+  s.dw_hh = o++;
+  if (s.b_ih >= 0) {
+    s.db_ih = o++;
+    s.db_hh = o++;
+  }
+  s.num_outputs = o;
   return s;
 }
 
@@ -99,9 +121,12 @@ inline std::size_t forward_workspace_bytes(const CellInfo& ci, int64_t N, int64_
   return static_cast<std::size_t>(N) * sizeof(int64_t) + static_cast<std::size_t>(elems) * esize;
 }
 
-// Backward: dh (N*H), dc (N*H), per-step hidden-side gate gradients (N*G*H).
-inline std::size_t backward_workspace_bytes(const CellInfo& ci, int64_t N, int64_t H, std::size_t esize) {
-  const int64_t elems = 2 * N * H + N * ci.gates * H;
+// Backward: dh (N*H), dc (N*H), per-step hidden-side gate gradients (N*G*H), then over the whole
+// sequence of T*N rows the input-side gate gradients (G*H wide), for GRU the hidden side's too, and
+// each step's previous hidden state (H wide), from which the weight and input gradients follow.
+inline std::size_t backward_workspace_bytes(const CellInfo& ci, int64_t T, int64_t N, int64_t H, std::size_t esize) {
+  const int64_t GH = ci.gates * H;
+  const int64_t elems = 2 * N * H + N * GH + T * N * (GH * (ci.cell == Cell::gru ? 2 : 1) + H);
   return static_cast<std::size_t>(N) * sizeof(int64_t) + static_cast<std::size_t>(elems) * esize;
 }
 

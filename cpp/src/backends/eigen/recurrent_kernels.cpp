@@ -3,8 +3,8 @@
 // Forward: one GEMM projects the whole input sequence (x @ W_ih^T + b_ih) into the output or the
 // saved buffer; then each step does one GEMM h @ W_hh^T over the samples still running and the
 // gate arithmetic row by row, in place. Backward walks the steps in reverse with one GEMM per step
-// (dgates @ W_hh) and returns the gate gradients and previous states over the whole sequence; the
-// gradient rule makes dW_ih, dW_hh, the biases and dx one matmul (or reduction) each from them.
+// (dgates @ W_hh), keeping the gate gradients and previous states of the whole sequence in its
+// scratch; dW_ih, dW_hh, the biases and dx are then one GEMM (or column sum) each.
 //
 // Variable lengths: samples are run in order of decreasing length (ties by index), so the samples
 // still running at step s are the prefix [0, active) of the run order and each step's GEMM touches
@@ -267,26 +267,25 @@ void rnn_back(const BackwardStep<T>& st, int64_t k, int64_t H, bool relu, const 
   copy_row(dgi, st.dg + k * H, H);
 }
 
-// Where the backward kernel writes: scratch carved as ops/recurrent.hpp sizes it, and the
-// whole-sequence outputs.
+// Where the backward time loop writes: scratch carved as ops/recurrent.hpp sizes it.
 template <typename T>
 struct BackwardBuffers {
   int64_t* perm;
-  T *dh, *dc, *dg;              // scratch: (N, H), (N, H), (N, G*H)
-  T *dg_ih, *dg_hh, *h_prev;    // outputs over the whole sequence, in x's layout
+  T *dh, *dc, *dg;              // (N, H), (N, H), (N, G*H)
+  T *dg_ih, *dg_hh, *h_prev;    // over the whole sequence, in x's layout
 };
 
 template <typename T>
 BackwardBuffers<T> backward_buffers(const KernelArgs& a, Cell cell, const Dims& d) {
+  const int64_t GH = rnn::cell_info(cell).gates * d.H, rows = d.T * d.N;
   BackwardBuffers<T> b;
   b.perm = static_cast<int64_t*>(a.workspace);
   b.dh = reinterpret_cast<T*>(b.perm + d.N);
   b.dc = b.dh + d.N * d.H;
   b.dg = b.dc + d.N * d.H;
-  int o = 0;
-  b.dg_ih = a.out[o++].ptr<T>();
-  b.dg_hh = cell == Cell::gru ? a.out[o++].ptr<T>() : b.dg_ih;
-  b.h_prev = a.out[o++].ptr<T>();
+  b.dg_ih = b.dg + d.N * GH;
+  b.dg_hh = cell == Cell::gru ? b.dg_ih + rows * GH : b.dg_ih;
+  b.h_prev = b.dg_hh + rows * GH;
   return b;
 }
 
@@ -327,11 +326,52 @@ void backward_steps(const KernelArgs& a, const rnn::BackwardSlots& s, const Dims
   }
 }
 
+// dW (rows of g x cols of `in`) = g^T in, over the whole sequence; chunks of dW's rows.
+template <typename T>
+void weight_grad(Executor& exec, const T* g, int64_t rows, int64_t GH, const T* in, int64_t cols, T* dw) {
+  ConstMapR<T> X(in, rows, cols);
+  parallel_chunks(exec, GH, row_grain(rows * cols), [&](int64_t g0, int64_t g1) {
+    Eigen::Map<const MatrixR<T>, Eigen::Unaligned, Eigen::OuterStride<>> G(g + g0, rows, g1 - g0,
+                                                                          Eigen::OuterStride<>(GH));
+    MapR<T>(dw + g0 * cols, g1 - g0, cols).noalias() = G.transpose() * X;
+  });
+}
+
+// db = the column sums of g (rows x GH), in row order for every column.
+template <typename T>
+void bias_grad(const T* g, int64_t rows, int64_t GH, T* db) {
+  VecMap<T> out(db, GH);
+  out.setZero();
+  for (int64_t r = 0; r < rows; ++r) out += ConstVecMap<T>(g + r * GH, GH);
+}
+
+// The layer's gradients from the time loop's whole-sequence buffers (one GEMM or sum each).
+template <typename T, Cell C>
+void parameter_and_input_grads(const KernelArgs& a, const rnn::BackwardSlots& s, const Dims& d,
+                               const BackwardBuffers<T>& b) {
+  const int64_t GH = rnn::cell_info(C).gates * d.H, rows = d.T * d.N;
+  if (a.attrs().i("needs_dx") != 0) {
+    const T* w_ih = a.in[s.w_ih].ptr<T>();
+    T* dx = a.out[s.dx].ptr<T>();
+    parallel_chunks(a.exec, rows, row_grain(GH * d.I), [&](int64_t r0, int64_t r1) {
+      MapR<T>(dx + r0 * d.I, r1 - r0, d.I).noalias() =
+          ConstMapR<T>(b.dg_ih + r0 * GH, r1 - r0, GH) * ConstMapR<T>(w_ih, GH, d.I);
+    });
+  }
+  weight_grad(a.exec, b.dg_ih, rows, GH, a.in[s.x].ptr<T>(), d.I, a.out[s.dw_ih].ptr<T>());
+  weight_grad(a.exec, b.dg_hh, rows, GH, b.h_prev, d.H, a.out[s.dw_hh].ptr<T>());
+  if (s.db_ih >= 0) {
+    bias_grad(b.dg_ih, rows, GH, a.out[s.db_ih].ptr<T>());
+    bias_grad(b.dg_hh, rows, GH, a.out[s.db_hh].ptr<T>());
+  }
+}
+
 template <typename T, Cell C>
 void layer_backward(const KernelArgs& a) {
   const CellInfo ci = rnn::cell_info(C);
   const rnn::BackwardSlots s = rnn::backward_slots(ci, a.num_in);
-  const Dims d = dims_of(a, s.y, s.w_hh);
+  Dims d = dims_of(a, s.y, s.w_hh);
+  d.I = a.in[s.x].dim(2);
   const int64_t H = d.H, GH = ci.gates * H;
   const BackwardBuffers<T> b = backward_buffers<T>(a, C, d);
   const Schedule sch = make_schedule(a, s.lengths, d, b.perm);
@@ -352,13 +392,13 @@ void layer_backward(const KernelArgs& a) {
       }
   backward_steps<T, C>(a, s, d, sch, b);
 
-  const int first_state = C == Cell::gru ? 3 : 2;
-  T* dh0 = a.out[first_state].ptr<T>();
-  T* dc0 = ci.has_cell_state ? a.out[first_state + 1].ptr<T>() : nullptr;
+  T* dh0 = a.out[s.dh0].ptr<T>();
+  T* dc0 = s.dc0 >= 0 ? a.out[s.dc0].ptr<T>() : nullptr;
   for (int64_t k = 0; k < d.N; ++k) {
     copy_row(dh0 + b.perm[k] * H, b.dh + k * H, H);
     if (dc0) copy_row(dc0 + b.perm[k] * H, b.dc + k * H, H);
   }
+  parameter_and_input_grads<T, C>(a, s, d, b);
 }
 
 template <typename T>

@@ -28,6 +28,7 @@ class OnednnBackend final : public Backend {
     OmpSingleThread guard;
     const OpEntry& e = it->second;
     if (e.plan) return e.plan(g, node) ? &run_chunked : nullptr;
+    if (e.find) return e.find(g, node);
     return e.accepts(g, node) ? e.kernel : nullptr;
   }
 

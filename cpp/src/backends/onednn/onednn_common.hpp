@@ -105,8 +105,8 @@ class MemoryPool {
   std::array<Slot, kSlots> slots_;
 };
 
-// Most arguments one execution passes (layer_norm_backward: 9 and the scratchpad).
-inline constexpr int kMaxArgs = 12;
+// Most arguments one execution passes (lstm backward: 19 and the scratchpad).
+inline constexpr int kMaxArgs = 20;
 
 // Throws a runtime error naming `what` when a oneDNN C call failed.
 void check(dnnl_status_t status, const char* what);
@@ -233,12 +233,15 @@ inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 using PlanFn = std::optional<ChunkPlan> (*)(const Graph& g, const Node& node);
 using AcceptFn = bool (*)(const Graph& g, const Node& node);
 using PrepareFn = PreparedNode (*)(const Graph& g, const Node& node);
+// A family with several kernels for one op gives `find` (the kernel, or null) instead of accepts/kernel.
+using FindFn = KernelFn (*)(const Graph& g, const Node& node);
 struct OpEntry {
   std::string op;
   PlanFn plan = nullptr;
   AcceptFn accepts = nullptr;
   PrepareFn prepare = nullptr;
   KernelFn kernel = nullptr;
+  FindFn find = nullptr;
 };
 std::vector<OpEntry> matmul_entries();
 std::vector<OpEntry> eltwise_entries();

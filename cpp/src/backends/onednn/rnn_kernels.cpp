@@ -18,20 +18,20 @@
 #include <algorithm>
 #include <array>
 
-#include "backends/onednn/onednn_common.hpp"
-#include "ops/recurrent.hpp"
+#include "backends/onednn/rnn_common.hpp"
 #include "treadle/error.hpp"
 
 namespace treadle::onednn {
 namespace {
 
 using dnnl::memory;
+using namespace rnn_common;
 
-// Samples per piece. A piece is one oneDNN execution; pieces of 16 to 64 samples run as fast per
-// sample as the whole batch in one execution (one core: T 16, N 256, I = H = 256 in 4 pieces of 64,
-// 19.3 ms against 19.5 ms; T 32, H 64: 4 x 16 samples 0.72 ms against 0.74 ms for 64), so fixed
-// pieces cost nothing on one worker and let several workers share a large batch.
-constexpr int64_t kPieceSamples = 32;
+// The forward input slots of an lstm_layer node.
+rnn::ForwardSlots lstm_slots(const Node& node) {
+  return rnn::forward_slots(rnn::cell_info(rnn::Cell::lstm), static_cast<int>(node.inputs.size()));
+}
+
 // Where Eigen is faster (bench/onednn_rnn.py, one core, CPU time of predict, T = 16, I = H; docs/onednn_ops.md):
 // one sample (Eigen's matrix-vector steps beat oneDNN's at every H: 0.4-0.7x), and small layers,
 // where oneDNN's fixed cost per call is not yet paid back (2 samples: even at 2^18 multiply-adds,
@@ -39,69 +39,18 @@ constexpr int64_t kPieceSamples = 32;
 // by microseconds).
 constexpr int64_t kMinSamples = 2;
 constexpr int64_t kMinMacs = int64_t{1} << 18;
-constexpr std::size_t kAlign = 64;
-
-std::size_t align_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
-
-// One primitive with the descriptor of each argument (the scratchpad last, when it has one) and a
-// pool of memory objects, so that an execution creates none once the pool is warm.
-struct PooledPrimitive {
-  dnnl::primitive prim;
-  std::vector<int> args;
-  std::vector<MemDesc> mds;
-  std::size_t scratch_bytes = 0;
-  std::unique_ptr<MemoryPool> pool = std::make_unique<MemoryPool>();
-};
-
-PooledPrimitive make_pooled(const dnnl::primitive_desc_base& pd, std::vector<int> args) {
-  PooledPrimitive p;
-  p.prim = dnnl::primitive(pd.get());
-  for (int arg : args) p.mds.push_back(pd.query_md(dnnl::query::exec_arg_md, arg));
-  p.scratch_bytes = pd.scratchpad_desc().get_size();
-  if (p.scratch_bytes) {
-    args.push_back(DNNL_ARG_SCRATCHPAD);
-    p.mds.push_back(pd.scratchpad_desc());
-  }
-  p.args = std::move(args);
-  return p;
-}
-
-// Executes `p` on `ptrs` (one per argument, the scratchpad last). With every pooled slot busy
-// (more concurrent executions than slots) it makes temporary memory objects.
-void run_pooled(const PooledPrimitive& p, void* const* ptrs) {
-  const int n = static_cast<int>(p.args.size());
-  std::array<const MemDesc*, kMaxArgs> mds{};
-  for (int k = 0; k < n; ++k) mds[k] = &p.mds[k];
-  execute_pooled(p.prim, *p.pool, n, p.args.data(), mds.data(), ptrs);
-}
-
-// The layer's dimensions and options.
-struct Layer {
-  rnn::ForwardSlots slots;
-  int64_t T = 0, N = 0, I = 0, H = 0;
-  bool batch_first = false, reverse = false;
-
-  // Sequence tensor of width `c` for the piece of `n` samples (x or y, in place).
-  MemDesc seq_desc(int64_t n, int64_t c) const {
-    return batch_first ? f32_desc({T, n, c}, {c, T * c, 1}) : f32_desc({T, n, c}, {N * c, c, 1});
-  }
-  // Bytes from one sample to the next in a sequence tensor of width `c`.
-  int64_t sample_step(int64_t c) const { return (batch_first ? T * c : c) * static_cast<int64_t>(sizeof(float)); }
-  int64_t pieces() const { return (N + kPieceSamples - 1) / kPieceSamples; }
-};
-
 std::optional<Layer> layer_of(const Graph& g, const Node& node) {
   Layer l;
-  l.slots = rnn::forward_slots(rnn::cell_info(rnn::Cell::lstm), static_cast<int>(node.inputs.size()));
-  if (!l.slots.valid || l.slots.lengths >= 0 || !all_f32(g, node)) return std::nullopt;
+  const rnn::ForwardSlots sl = lstm_slots(node);
+  if (!sl.valid || sl.lengths >= 0 || !all_f32(g, node)) return std::nullopt;
   if (g.info(node.outputs.back()).read) return std::nullopt;  // `saved` is needed: training
   l.batch_first = node.attrs.i_or("batch_first", 0) != 0;
   l.reverse = node.attrs.i_or("reverse", 0) != 0;
-  const Shape& x = in_shape(g, node, l.slots.x);
+  const Shape& x = in_shape(g, node, sl.x);
   l.T = l.batch_first ? x[1] : x[0];
   l.N = l.batch_first ? x[0] : x[1];
   l.I = x[2];
-  l.H = in_shape(g, node, l.slots.w_hh)[1];
+  l.H = in_shape(g, node, sl.w_hh)[1];
   if (l.N < kMinSamples || l.T * l.N * 4 * l.H * (l.I + l.H) < kMinMacs) return std::nullopt;
   return l;
 }
@@ -115,9 +64,8 @@ std::optional<dnnl::lstm_forward::primitive_desc> piece_pd(const Layer& l, int64
     const MemDesc state = f32_dense({1, 1, n, l.H});
     const MemDesc any_wl(Dims{1, 1, l.I, 4, l.H}, memory::data_type::f32, memory::format_tag::any);
     const MemDesc any_wi(Dims{1, 1, l.H, 4, l.H}, memory::data_type::f32, memory::format_tag::any);
-    const auto dir = l.reverse ? dnnl::rnn_direction::unidirectional_right2left
-                               : dnnl::rnn_direction::unidirectional_left2right;
-    dnnl::lstm_forward::primitive_desc pd(cpu_engine(), dnnl::prop_kind::forward_inference, dir, l.seq_desc(n, l.I),
+    dnnl::lstm_forward::primitive_desc pd(cpu_engine(), dnnl::prop_kind::forward_inference, l.direction(),
+                                          l.seq_desc(n, l.I),
                                           state, state, any_wl, any_wi, f32_dense({1, 1, 4, l.H}), l.seq_desc(n, l.H),
                                           state, state, default_attr());
     if (!is_optimised(pd)) return std::nullopt;
@@ -143,12 +91,6 @@ bool accepts(const Graph& g, const Node& node) {
   return piece_pd(*l, std::min(l->N, kPieceSamples)) && (rest == 0 || l->N < kPieceSamples || piece_pd(*l, rest));
 }
 
-PooledPrimitive weight_reorder(const MemDesc& to, int64_t rows) {
-  const MemDesc from(Dims{1, 1, rows, 4, to.get_dims()[4]}, memory::data_type::f32, memory::format_tag::ldgoi);
-  const dnnl::reorder::primitive_desc pd(cpu_engine(), from, cpu_engine(), to, default_attr());
-  return make_pooled(pd, {DNNL_ARG_FROM, DNNL_ARG_TO});
-}
-
 PreparedNode prepare(const Graph& g, const Node& node) {
   const std::optional<Layer> l = layer_of(g, node);
   if (!l) throw_runtime_error("onednn: lstm_layer is no longer supported at prepare time");
@@ -163,8 +105,8 @@ PreparedNode prepare(const Graph& g, const Node& node) {
     s->piece[k] = make_pooled(*pd, kLstmArgs);
     piece_scratch = std::max(piece_scratch, s->piece[k].scratch_bytes);
     if (k == 0) {
-      s->reorder_ih = weight_reorder(pd->weights_layer_desc(), l->I);
-      s->reorder_hh = weight_reorder(pd->weights_iter_desc(), l->H);
+      s->reorder_ih = weight_reorder(pd->weights_layer_desc(), l->I, 4);
+      s->reorder_hh = weight_reorder(pd->weights_iter_desc(), l->H, 4);
       s->wi_offset = align_up(pd->weights_layer_desc().get_size());
       s->bias_offset = s->wi_offset + align_up(pd->weights_iter_desc().get_size());
     }
@@ -179,7 +121,7 @@ PreparedNode prepare(const Graph& g, const Node& node) {
 // Runs the samples of piece `p` through the layer.
 void run_piece(const KernelArgs& a, const LstmState& s, int64_t p) {
   const Layer& l = s.layer;
-  const rnn::ForwardSlots& sl = l.slots;
+  const rnn::ForwardSlots sl = lstm_slots(a.node);
   const int64_t n0 = p * kPieceSamples, state_step = l.H * static_cast<int64_t>(sizeof(float));
   const bool rest = l.N - n0 < kPieceSamples;
   const PooledPrimitive& prim = s.piece[rest && l.N > kPieceSamples ? 1 : 0];
@@ -204,15 +146,16 @@ void lstm_inference(const KernelArgs& a) {
   const auto& s = *static_cast<const LstmState*>(a.state);
   const Layer& l = s.layer;
   char* ws = static_cast<char*>(a.workspace);
-  void* reorder_ih[3] = {a.in[l.slots.w_ih].data, ws + s.wl_offset, ws + s.reorder_scratch};
-  void* reorder_hh[3] = {a.in[l.slots.w_hh].data, ws + s.wi_offset, ws + s.reorder_scratch};
+  const rnn::ForwardSlots sl = lstm_slots(a.node);
+  void* reorder_ih[3] = {a.in[sl.w_ih].data, ws + s.wl_offset, ws + s.reorder_scratch};
+  void* reorder_hh[3] = {a.in[sl.w_hh].data, ws + s.wi_offset, ws + s.reorder_scratch};
   run_pooled(s.reorder_ih, reorder_ih);
   run_pooled(s.reorder_hh, reorder_hh);
   // oneDNN adds one bias per gate: b_ih + b_hh, as treadle's and PyTorch's LSTM use them.
   auto* bias = reinterpret_cast<float*>(ws + s.bias_offset);
-  if (l.slots.b_ih >= 0) {
-    const float* b_ih = a.in[l.slots.b_ih].ptr<float>();
-    const float* b_hh = a.in[l.slots.b_hh].ptr<float>();
+  if (sl.b_ih >= 0) {
+    const float* b_ih = a.in[sl.b_ih].ptr<float>();
+    const float* b_hh = a.in[sl.b_hh].ptr<float>();
     for (int64_t k = 0; k < 4 * l.H; ++k) bias[k] = b_ih[k] + b_hh[k];
   } else {
     std::fill_n(bias, 4 * l.H, 0.0f);
@@ -233,15 +176,31 @@ void lstm_inference(const KernelArgs& a) {
   });
 }
 
+// lstm_layer: inference (above) when nothing reads `saved`, else the training pair.
+KernelFn find_lstm(const Graph& g, const Node& node) {
+  return accepts(g, node) ? &lstm_inference : find_train_forward(g, node);
+}
+
+PreparedNode prepare_lstm(const Graph& g, const Node& node) {
+  return layer_of(g, node) ? prepare(g, node) : prepare_train_forward(g, node);
+}
+
 }  // namespace
 
 std::vector<OpEntry> rnn_entries() {
-  OpEntry lstm;
-  lstm.op = "lstm_layer";
-  lstm.accepts = &accepts;
-  lstm.prepare = &prepare;
-  lstm.kernel = &lstm_inference;
-  return {lstm};
+  std::vector<OpEntry> entries(4);
+  entries[0].op = "lstm_layer";
+  entries[0].find = &find_lstm;
+  entries[0].prepare = &prepare_lstm;
+  entries[1].op = "gru_layer";
+  entries[1].find = &find_train_forward;
+  entries[1].prepare = &prepare_train_forward;
+  for (int k : {2, 3}) {
+    entries[k].op = k == 2 ? "lstm_layer_backward" : "gru_layer_backward";
+    entries[k].find = &find_train_backward;
+    entries[k].prepare = &prepare_train_backward;
+  }
+  return entries;
 }
 
 }  // namespace treadle::onednn
