@@ -131,10 +131,26 @@ def conv_case(op, s):
                                                     [0, 0], 1, mask))
 
 
+def lstm_case(op, s):
+    # Ours: cuDNN's LSTM with FMA-only math; torch: nn.LSTM (cuDNN) with TF32 off.
+    t, n, f, h = s
+    torch.backends.cudnn.allow_tf32 = False
+    lstm = torch.nn.LSTM(f, h).to(dev)
+    x = torch.rand(t, n, f, device=dev, requires_grad=op == "lstm_fwd_bwd_fp32")
+    dy = torch.rand(t, n, h, device=dev)
+    if op == "lstm_fwd_fp32":
+        return "torch nn.LSTM forward (training mode)", lambda: lstm(x)
+    params = [x] + list(lstm.parameters())
+    return "torch nn.LSTM forward + autograd.grad(x, weights)", \
+        lambda: torch.autograd.grad(lstm(x)[0], params, dy)
+
+
 def case(rec):
     op, s = rec["op"], shape(rec)
     if op.startswith("conv2d"):
         return conv_case(op, s)
+    if op.startswith("lstm"):
+        return lstm_case(op, s)
     aten = torch.ops.aten
     if len(s) == 1:
         x = torch.rand(s, device=dev) * 6 - 3

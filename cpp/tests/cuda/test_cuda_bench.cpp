@@ -7,6 +7,7 @@
 
 #include "backends/cuda/cuda_kernels.hpp"
 #include "backends/cuda/cudnn_conv.hpp"
+#include "backends/cuda/cudnn_rnn.hpp"
 #include "backends/cuda/linear_lt.hpp"
 #include "backends/cuda/lt_gemm.hpp"
 #include "test_cuda_common.hpp"
@@ -136,6 +137,41 @@ void bench_conv(Env& env, std::vector<Record>& out) {
   }
 }
 
+// One LSTM layer (T=50, N=64, F=H=512, float32 FMA math): the forward alone, and a whole training
+// pass (forward, backward data, backward weights). The shape string is (T, N, F, H).
+void bench_lstm(Env& env, std::vector<Record>& out) {
+  const int64_t t = 50, n = 64, f = 512, h = 512;
+  CudnnHandle dnn(env.s());
+  RnnConfig cfg;
+  cfg.seq_len = t, cfg.batch = n, cfg.input_size = f, cfg.hidden_size = h;
+  CudnnRnn rnn(dnn.get(), cfg);
+  DeviceArray<float> x(env, uniform(env, t * n * f, -1, 1)), w_ih(env, uniform(env, 4 * h * f, -0.04f, 0.04f)),
+      w_hh(env, uniform(env, 4 * h * h, -0.04f, 0.04f)), b(env, uniform(env, 4 * h, -0.04f, 0.04f)),
+      h0(env, uniform(env, n * h, -1, 1)), c0(env, uniform(env, n * h, -1, 1)), y(env, t * n * h),
+      dy(env, uniform(env, t * n * h, -1, 1)), hn(env, n * h), cn(env, n * h), dx(env, t * n * f), dh0(env, n * h),
+      dc0(env, n * h);
+  DeviceBuffer space = env.alloc.buffer(rnn.weight_space_bytes(), env.s()),
+               dspace = env.alloc.buffer(rnn.weight_space_bytes(), env.s()),
+               ws = env.alloc.buffer(rnn.workspace_bytes(), env.s()),
+               reserve = env.alloc.buffer(std::max<std::size_t>(rnn.reserve_bytes(), 256), env.s());
+  rnn.pack_weights(dnn.get(), w_ih.get(), w_hh.get(), b.get(), b.get(), space.data());
+  auto forward = [&] {
+    rnn.forward_training(dnn.get(), x.get(), h0.get(), c0.get(), space.data(), y.get(), hn.get(), cn.get(), ws.data(),
+                         reserve.data());
+  };
+  const double flops = 2.0 * t * n * 4 * h * (f + h);  // the forward's products
+  const std::string shape = detail::concat("(", t, ", ", n, ", ", f, ", ", h, ")");
+  const double fw = time_ms(env, forward);
+  add(out, {"lstm_fwd_fp32", "lstm_fwd_fp32", shape, fw, flops / (fw * 1e-3) / 1e12, "TFLOP/s"});
+  const double all = time_ms(env, [&] {
+    forward();
+    rnn.backward_data(dnn.get(), y.get(), dy.get(), nullptr, nullptr, h0.get(), c0.get(), space.data(), dx.get(),
+                      dh0.get(), dc0.get(), ws.data(), reserve.data());
+    rnn.backward_weights(dnn.get(), x.get(), h0.get(), y.get(), dspace.data(), false, ws.data(), reserve.data());
+  });
+  add(out, {"lstm_fwd_bwd_fp32", "lstm_fwd_bwd_fp32", shape, all, 3 * flops / (all * 1e-3) / 1e12, "TFLOP/s"});
+}
+
 }  // namespace
 
 int run_benchmarks(Env& env, const std::string& json_path) {
@@ -145,6 +181,7 @@ int run_benchmarks(Env& env, const std::string& json_path) {
     bench_rows(env, out);
     bench_linear(env, out);
     bench_conv(env, out);
+    bench_lstm(env, out);
   } catch (const std::exception& e) {
     std::printf("FAIL bench: %s\n", e.what());
     return 1;
