@@ -62,11 +62,11 @@ def time_alternating(runners, min_time, warmup=0.3, settle=0.02):
     as with OMP_WAIT_POLICY=PASSIVE from the first call), which would be charged to whoever runs
     next. That is the two-runtimes contention of one node, not either framework's speed."""
     per_round = {}
-    for name, run in runners.items():
-        per_round[name] = tb._steps_per_round(run)
+    for name, run in runners.items():  # warm, then size the rounds from warm steps
         t_end = time.perf_counter() + warmup
         while time.perf_counter() < t_end:
-            run(per_round[name])
+            run(1)
+        per_round[name] = tb._steps_per_round(run)
     wall = {name: [] for name in runners}
     cpu = {name: [] for name in runners}
     spent = dict.fromkeys(runners, 0.0)

@@ -1,4 +1,4 @@
-"""LSTM layers on oneDNN vs Eigen vs PyTorch, 1 thread, CPU time of the calling thread.
+"""LSTM and GRU layers on oneDNN vs Eigen vs PyTorch, 1 thread, CPU time of the calling thread.
 
     TREADLE_BUILD_DIR=$PWD/build/onednn PYTHONPATH=$PWD/python python bench/onednn_rnn.py [--min-time 0.3]
 
@@ -9,10 +9,9 @@ Three parts, all timed in alternating rounds (bench/onednn_mlp.py's time_alterna
    torch.nn.LSTM under inference_mode, over a grid of N and H;
 2. W5 (bench/workloads.py: LSTM seq 32, input 16, hidden 64, batch 32 -> Linear -> 1, MSE): the
    training step (zero-grad + forward + MSE + backward + Adam) and inference, for the three;
-3. training feasibility: a training forward must also write `saved` (gates and cells of every step),
-   which oneDNN keeps opaque. Recomputing it on top of oneDNN's output needs at least the recurrent
-   product h_{t-1} W_hh^T for all steps again, as one (T N, H) x (H, 4H) product; the part prints
-   Eigen's whole LSTM forward against oneDNN's inference plus that product alone (a lower bound).
+3. training crossover: the gradient pass (forward + MSE + backward) of one LSTM(H, H) or GRU(H, H)
+   layer over T = 16 steps, pinned to "eigen" and to "onednn" (the forward_training/backward pair),
+   and torch autograd, over a grid of N and H.
 
 Writes bench/results/onednn_rnn.{json,md} and prints the tables.
 """
@@ -135,21 +134,58 @@ def w5(torch, min_time, seed=0):
     return {"train_us": train_us, "infer_us": infer_us, "plans": plans}
 
 
-def feasibility(torch, min_time, seq=32, batch=32, inp=16, hidden=64):
+def recurrent_net(cell, input_size, hidden):
+    class Net(tl.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = getattr(tl.nn, cell)(input_size, hidden)
+
+        def forward(self, x):
+            return self.rnn(x)[0]
+
+    return Net()
+
+
+def training_crossover(torch, min_time, seq=16, batches=(2, 4, 8, 32, 128), hiddens=(16, 32, 64, 128)):
+    """Gradient pass (forward + MSE + backward, no update) of one LSTM(H, H) or GRU(H, H) layer over
+    T = 16 steps, pinned to "eigen" and to "onednn" (which takes the forward_training/backward pair),
+    and torch's autograd."""
+    rows = []
     rng = np.random.default_rng(1)
-    x = rng.standard_normal((seq, batch, inp)).astype(np.float32)
-    runners = predict_runners(torch, lambda: lstm_net(inp, hidden), lambda: torch.nn.LSTM(inp, hidden), x)
-    runners.pop("torch")
-    proj = tl.nn.Linear(hidden, 4 * hidden, bias=False)
-    proj.set_backend("onednn")
-    hs = rng.standard_normal((seq * batch, hidden)).astype(np.float32)
-    out = proj.predict(hs)
-    runners["recurrent product (onednn)"] = lambda k: [proj.predict(hs, out=out) for _ in range(k)]
-    us, _ = timed(runners, min_time)
-    return {"T": seq, "N": batch, "I": inp, "H": hidden, "us": us}
+    for cell in ("LSTM", "GRU"):
+        for n in batches:
+            for h in hiddens:
+                x = rng.standard_normal((seq, n, h)).astype(np.float32)
+                y = rng.standard_normal((seq, n, h)).astype(np.float32)
+                tmodel = getattr(torch.nn, cell)(h, h).float()
+                state = {"rnn." + k: v.detach().numpy() for k, v in tmodel.state_dict().items()}
+                runners, plans = {}, {}
+                for backend in BACKENDS:
+                    net = recurrent_net(cell, h, h)
+                    net.load_state_dict(state)
+                    net.set_backend(backend)
+                    trainer = tl.Trainer(net, tl.loss.MSE(), tl.optim.SGD(lr=0.0))
+                    trainer.compute_gradients(x, y)
+                    runners["treadle-" + backend] = lambda k, tr=trainer: [tr.compute_gradients(x, y) for _ in range(k)]
+                    plans[backend] = net._compiled().describe_plans()
+                tx, ty = torch.from_numpy(x), torch.from_numpy(y)
+
+                def torch_grads(k, tmodel=tmodel, tx=tx, ty=ty):
+                    for _ in range(k):
+                        tmodel.zero_grad(set_to_none=True)
+                        torch.nn.functional.mse_loss(tmodel(tx)[0], ty).backward()
+
+                runners["torch"] = torch_grads
+                us = {k: v["cpu_s"] * 1e6 for k, v in time_alternating(runners, min_time).items()}
+                op = cell.lower() + "_layer_backward [onednn]"
+                rows.append({"cell": cell, "T": seq, "N": n, "H": h, "macs": seq * n * (4 if cell == "LSTM" else 3) * h * 2 * h,
+                             "us": us, "taken": op in plans["onednn"]})
+                print(f"{cell} N {n:4d} H {h:4d}: eigen {us['treadle-eigen']:9.1f} onednn {us['treadle-onednn']:9.1f} "
+                      f"torch {us['torch']:9.1f} us, onednn taken: {rows[-1]['taken']}", flush=True)
+    return rows
 
 
-def markdown(cross, w5r, feas):
+def markdown(cross, w5r, train_cross):
     lines = ["LSTM(H, H) predict, T = 16, one thread, CPU time (us); ratio = Eigen / oneDNN (> 1: oneDNN faster)", "",
              "| N | H | multiply-adds | eigen | onednn | torch | eigen / onednn | onednn taken |",
              "|---|---|---|---|---|---|---|---|"]
@@ -162,11 +198,15 @@ def markdown(cross, w5r, feas):
     for key, name in (("train_us", "training step"), ("infer_us", "inference")):
         u = w5r[key]
         lines.append(f"| {name} | {u['treadle-eigen']:.1f} | {u['treadle-onednn']:.1f} | {u['torch']:.1f} |")
-    u = feas["us"]
-    lines += ["", f"Training feasibility, LSTM T {feas['T']}, N {feas['N']}, I {feas['I']}, H {feas['H']} (us): "
-              f"Eigen forward {u['treadle-eigen']:.1f}; oneDNN inference {u['treadle-onednn']:.1f} + recurrent "
-              f"product {u['recurrent product (onednn)']:.1f} = "
-              f"{u['treadle-onednn'] + u['recurrent product (onednn)']:.1f} before any gate arithmetic"]
+    lines += ["", "One LSTM(H, H) / GRU(H, H) layer, gradient pass (forward + MSE + backward), T = 16, one thread, "
+              "CPU time (us); ratio = Eigen / oneDNN", "",
+              "| cell | N | H | multiply-adds (forward) | eigen | onednn | torch | eigen / onednn | onednn taken |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for r in train_cross:
+        u = r["us"]
+        lines.append(f"| {r['cell']} | {r['N']} | {r['H']} | {r['macs']} | {u['treadle-eigen']:.1f} | "
+                     f"{u['treadle-onednn']:.1f} | {u['torch']:.1f} | {u['treadle-eigen'] / u['treadle-onednn']:.2f} | "
+                     f"{r['taken']} |")
     return "\n".join(lines)
 
 
@@ -182,12 +222,12 @@ def main(argv=None):
     torch.set_num_threads(1)
     cross = crossover(torch, args.min_time)
     w5r = w5(torch, args.min_time * 3)
-    feas = feasibility(torch, args.min_time * 3)
-    table = markdown(cross, w5r, feas)
+    train_cross = training_crossover(torch, args.min_time)
+    table = markdown(cross, w5r, train_cross)
     print(table)
     os.makedirs(args.out, exist_ok=True)
     result = {"machine": tb.machine_info(), "loadavg": os.getloadavg()[0], "crossover": cross, "w5": w5r,
-              "feasibility": feas}
+              "training_crossover": train_cross}
     Path(args.out, "onednn_rnn.json").write_text(json.dumps(result, indent=1))
     Path(args.out, "onednn_rnn.md").write_text(table + "\n")
     return 0

@@ -5,8 +5,9 @@
   (bidirectional), stacks, no bias, given initial states, batches that split into pieces with a
   remainder; the plan must run every lstm_layer on oneDNN.
 - Training plans take the forward_training/backward pair instead (tests/test_onednn_rnn_train.py);
-  what stays on Eigen: run_op (returns `saved`), variable lengths, float64, GRU inference, one
-  sample and small layers.
+  what stays on Eigen: run_op (returns `saved`), variable lengths, float64, one sample and small
+  layers.
+- GRU predictions (lbr_gru forward_inference) against the float64 reference, the same layouts.
 - Bitwise the same on 1, 2, 3 and 7 workers, and from concurrent threads on one shared plan.
 - Training on "onednn" follows the Eigen curve; no OpenMP worker threads; primitives created when
   plans are compiled only.
@@ -104,6 +105,28 @@ def test_predictions_match_eigen_and_float64_reference(case):
     assert lstm_backends(outs["eigen"]) == {"eigen"}
 
 
+@pytest.mark.parametrize("kw", [{}, {"batch_first": True}, {"bias": False},
+                                {"num_layers": 2, "bidirectional": True}], ids=["tnf", "ntf", "no_bias", "stack"])
+def test_gru_predictions_match_float64_reference(kw):
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    shape = (70, T, I) if kw.get("batch_first") else (T, 70, I)  # pieces of 32 + 32 + 6 samples
+    x = rng.standard_normal(shape).astype(F32)
+    nets = {}
+    for backend, dtype in (("onednn", "float32"), ("eigen", "float64")):
+        tl.manual_seed(seed)
+        nets[backend] = tl.nn.GRU(I, H, **kw)
+        if dtype == "float64":
+            nets[backend].to(dtype)
+        nets[backend].set_backend(backend)
+    got = nets["onednn"].predict(x)
+    plans = nets["onednn"]._compiled().describe_plans()
+    assert "gru_layer [onednn]" in plans and "gru_layer [eigen]" not in plans
+    want = nets["eigen"].predict(x.astype(np.float64))
+    for name, g, w in zip(("output", "h_n"), got, want):
+        assert_close_f32(g, w, f"GRU {kw} {name} (seed {seed})")
+
+
 def test_large_values_saturate_like_eigen():
     """Inputs of scale 8 drive the gates into saturation (sigmoid/tanh tails)."""
     seed = fresh_seed()
@@ -156,7 +179,7 @@ class WithLengths(tl.nn.Module):
         return self.rnn(x, None, lengths)[0]
 
 
-def test_variable_lengths_float64_gru_and_small_layers_stay_on_eigen():
+def test_variable_lengths_float64_and_small_layers_stay_on_eigen():
     rng = np.random.default_rng(1)
     x = rng.standard_normal((T, 8, I)).astype(F32)
     net = WithLengths()
@@ -166,10 +189,6 @@ def test_variable_lengths_float64_gru_and_small_layers_stay_on_eigen():
     net = build("onednn", 0, dtype="float64")
     net.predict([x.astype(np.float64)])
     assert lstm_backends(net) == {"eigen"}
-    gru = tl.nn.GRU(I, H)
-    gru.set_backend("onednn")
-    gru.predict(x)
-    assert "gru_layer [eigen]" in gru._compiled().describe_plans()
     one = build("onednn", 0)  # one sample: Eigen's matrix-vector steps are faster
     one.predict([np.ascontiguousarray(x[:, :1])])
     assert lstm_backends(one) == {"eigen"}

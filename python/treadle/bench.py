@@ -30,7 +30,10 @@ ROUND_SECONDS = 0.01    # one timed round: a few ms, so alternation follows mach
 
 # -- timing ---------------------------------------------------------------------------------------
 def _steps_per_round(run, target=ROUND_SECONDS):
-    """How many steps make one round last about `target` seconds (runs the step a few times)."""
+    """How many steps make one round last about `target` seconds (runs the step a few times). The
+    first call is not timed: a cold one (lazy initialisation, first-touch pages) can be 100x slower
+    and would make rounds of one step, which then take thousands of rounds to fill `min_time`."""
+    run(1)
     n = 1
     while True:
         t0 = time.perf_counter()

@@ -1,6 +1,6 @@
 // LSTM and GRU layers in training plans on oneDNN's recurrent primitives: vanilla_lstm and lbr_gru
 // (PyTorch's GRU: the hidden side of the n gate is multiplied by r after its bias is added),
-// forward_training and backward.
+// forward_training and backward; and GRU layers in inference plans (lbr_gru forward_inference).
 //
 // oneDNN's forward_training keeps what its backward needs in a workspace of its own layout, larger
 // than the reference's `saved` gates. So the forward and backward ops of a layer run on oneDNN as a
@@ -80,31 +80,34 @@ struct PiecePds {
   std::size_t workspace_bytes = 0;
 };
 
-std::optional<PiecePds> piece_pds(const Layer& l, int64_t n) {
+// With `inference`, fwd is a forward_inference descriptor (no workspace) and bwd stays empty.
+std::optional<PiecePds> piece_pds(const Layer& l, int64_t n, bool inference = false) {
   try {
     const MemDesc st = f32_dense({1, 1, n, l.H});
     const MemDesc wl(Dims{1, 1, l.I, l.G, l.H}, memory::data_type::f32, memory::format_tag::any);
     const MemDesc wi(Dims{1, 1, l.H, l.G, l.H}, memory::data_type::f32, memory::format_tag::any);
     const MemDesc src = l.seq_desc(n, l.I), dst = l.seq_desc(n, l.H);
     const dnnl::engine& eng = cpu_engine();
-    const auto fwd = dnnl::prop_kind::forward_training;
+    const auto fwd = inference ? dnnl::prop_kind::forward_inference : dnnl::prop_kind::forward_training;
     const auto bwd = dnnl::prop_kind::backward;
     PiecePds p;
     if (l.cell == Cell::lstm) {
       const MemDesc b = f32_dense({1, 1, 4, l.H});
       dnnl::lstm_forward::primitive_desc f(eng, fwd, l.direction(), src, st, st, wl, wi, b, dst, st, st,
                                            default_attr());
+      p.fwd = f;
+      if (inference) return p;
       p.bwd = dnnl::lstm_backward::primitive_desc(eng, bwd, l.direction(), src, st, st, wl, wi, b, dst, st, st, src,
                                                   st, st, wl, wi, b, dst, st, st, f, default_attr());
       p.workspace_bytes = f.workspace_desc().get_size();
-      p.fwd = f;
     } else {
       const MemDesc b = f32_dense({1, 1, 4, l.H});  // lbr_gru: u, r, n and the hidden side of n
       dnnl::lbr_gru_forward::primitive_desc f(eng, fwd, l.direction(), src, st, wl, wi, b, dst, st, default_attr());
+      p.fwd = f;
+      if (inference) return p;
       p.bwd = dnnl::lbr_gru_backward::primitive_desc(eng, bwd, l.direction(), src, st, wl, wi, b, dst, st, src, st,
                                                      wl, wi, b, dst, st, f, default_attr());
       p.workspace_bytes = f.workspace_desc().get_size();
-      p.fwd = f;
     }
     return p;
   } catch (const dnnl::error&) {
@@ -112,13 +115,17 @@ std::optional<PiecePds> piece_pds(const Layer& l, int64_t n) {
   }
 }
 
-std::vector<int> forward_args(Cell c) {
+std::vector<int> forward_args(Cell c, bool inference = false) {
+  std::vector<int> args;
   if (c == Cell::lstm)
-    return {DNNL_ARG_SRC_LAYER,     DNNL_ARG_SRC_ITER, DNNL_ARG_SRC_ITER_C, DNNL_ARG_WEIGHTS_LAYER,
-            DNNL_ARG_WEIGHTS_ITER,  DNNL_ARG_BIAS,     DNNL_ARG_DST_LAYER,  DNNL_ARG_DST_ITER,
-            DNNL_ARG_DST_ITER_C,    DNNL_ARG_WORKSPACE};
-  return {DNNL_ARG_SRC_LAYER, DNNL_ARG_SRC_ITER,  DNNL_ARG_WEIGHTS_LAYER, DNNL_ARG_WEIGHTS_ITER,
-          DNNL_ARG_BIAS,      DNNL_ARG_DST_LAYER, DNNL_ARG_DST_ITER,      DNNL_ARG_WORKSPACE};
+    args = {DNNL_ARG_SRC_LAYER,    DNNL_ARG_SRC_ITER, DNNL_ARG_SRC_ITER_C, DNNL_ARG_WEIGHTS_LAYER,
+            DNNL_ARG_WEIGHTS_ITER, DNNL_ARG_BIAS,     DNNL_ARG_DST_LAYER,  DNNL_ARG_DST_ITER,
+            DNNL_ARG_DST_ITER_C};
+  else
+    args = {DNNL_ARG_SRC_LAYER, DNNL_ARG_SRC_ITER,  DNNL_ARG_WEIGHTS_LAYER, DNNL_ARG_WEIGHTS_ITER,
+            DNNL_ARG_BIAS,      DNNL_ARG_DST_LAYER, DNNL_ARG_DST_ITER};
+  if (!inference) args.push_back(DNNL_ARG_WORKSPACE);
+  return args;
 }
 
 std::vector<int> backward_args(Cell c) {
@@ -141,6 +148,7 @@ std::vector<int> backward_args(Cell c) {
 struct TrainState {
   Layer layer;
   bool backward = false;
+  bool inference = false;  // a forward whose `saved` nobody reads: forward_inference, no workspace
   PooledPrimitive reorder_ih, reorder_hh, diff_ih, diff_hh;
   PooledPrimitive piece[2];
   std::size_t wl = 0, wi = 0, bias = 0, plain = 0, reorder_scratch = 0, pieces_base = 0, piece_stride = 0;
@@ -161,15 +169,16 @@ PreparedNode prepare_train(const Graph& g, const Node& node, bool backward) {
   auto s = std::make_shared<TrainState>();
   s->layer = *l;
   s->backward = backward;
+  s->inference = !backward && !g.info(node.outputs.back()).read;
   const std::array<int64_t, 2> sizes = l->piece_sizes();
   std::size_t piece_scratch = 0;
   for (int k = 0; k < 2; ++k) {
     if (sizes[k] == 0) continue;
-    const std::optional<PiecePds> pds = piece_pds(*l, sizes[k]);
+    const std::optional<PiecePds> pds = piece_pds(*l, sizes[k], s->inference);
     if (!pds) throw_runtime_error("onednn: ", op_name(node), " has no primitive for ", sizes[k], " samples");
     s->saved_stride = std::max(s->saved_stride, align_up(pds->workspace_bytes));
     const dnnl::primitive_desc& pd = backward ? pds->bwd : pds->fwd;
-    s->piece[k] = make_pooled(pd, backward ? backward_args(l->cell) : forward_args(l->cell));
+    s->piece[k] = make_pooled(pd, backward ? backward_args(l->cell) : forward_args(l->cell, s->inference));
     piece_scratch = std::max(piece_scratch, s->piece[k].scratch_bytes);
     if (k != 0) continue;
     const MemDesc wl_md = pd.query_md(dnnl::query::exec_arg_md, DNNL_ARG_WEIGHTS_LAYER);
@@ -197,7 +206,7 @@ PreparedNode prepare_train(const Graph& g, const Node& node, bool backward) {
   s->piece_stride = backward ? s->dbias + align_up(4 * l->H * sizeof(float)) : s->dwl;
   const std::size_t workspace = s->pieces_base + s->piece_stride * static_cast<std::size_t>(l->pieces());
   PreparedNode out{nullptr, workspace, {}};
-  if (!backward)
+  if (!backward && !s->inference)
     out.opaque_outputs.push_back({static_cast<int>(node.outputs.size()) - 1,
                                   s->saved_stride * static_cast<std::size_t>(l->pieces())});
   out.state = std::move(s);
@@ -407,13 +416,21 @@ void train_backward(const KernelArgs& a) {
 }
 
 // A forward node is taken when its `saved` is read by the layer's backward op only (not by the
-// host), and oneDNN has both primitives for every piece size.
+// host), and oneDNN has both primitives for every piece size; a GRU forward whose `saved` nobody
+// reads (inference) when oneDNN has its forward_inference primitive. (LSTM inference has its own
+// kernel, rnn_kernels.cpp, on oneDNN's optimised inference implementation.)
 bool takes_forward(const Graph& g, const Node& node) {
   const std::optional<Layer> l = train_layer(g, node, false);
   if (!l) return false;
   const int saved = node.outputs.back();
   const ValueInfo& info = g.info(saved);
-  if (!info.read || info.host_read) return false;
+  if (!info.read) {
+    if (l->cell != Cell::gru) return false;
+    for (int64_t n : l->piece_sizes())
+      if (n > 0 && !piece_pds(*l, n, true)) return false;
+    return true;
+  }
+  if (info.host_read) return false;
   const std::string backward = op_name(node) + "_backward";
   for (const Node& other : g.nodes())
     for (int in : other.inputs)
