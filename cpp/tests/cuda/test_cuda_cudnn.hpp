@@ -19,5 +19,6 @@ void add_conv_tests(std::vector<TestCase>& out);
 void add_pool_norm_tests(std::vector<TestCase>& out);
 void add_loss_scale_tests(std::vector<TestCase>& out);
 void add_rnn_tests(std::vector<TestCase>& out);
+void add_cnn_tests(std::vector<TestCase>& out);
 
 }  // namespace treadle::cuda::test

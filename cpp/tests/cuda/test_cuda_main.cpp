@@ -138,6 +138,7 @@ int main(int argc, char** argv) {
     add_pool_norm_tests(tests);
     add_loss_scale_tests(tests);
     add_rnn_tests(tests);
+    add_cnn_tests(tests);
     const int f = run(tests, &env);
     failed += f;
     passed += static_cast<int>(tests.size()) - f;
