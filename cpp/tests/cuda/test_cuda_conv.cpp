@@ -133,7 +133,9 @@ std::vector<ConvCase> conv_cases() {
           {"1x1 batch 1", cfg(1, 32, 7, 7, 16, {1, 1}, {1, 1}, {0, 0}, {1, 1}, 1), false},
           {"5x3 stride (2,1)", cfg(1, 5, 17, 9, 7, {5, 3}, {2, 1}, {2, 1}, {1, 1}, 1), true},
           {"no padding 4x4 s3", cfg(4, 6, 20, 20, 10, {4, 4}, {3, 3}, {0, 0}, {1, 1}, 1), true},
-          {"resnet-like", cfg(4, 32, 28, 28, 64, {3, 3}, {1, 1}, {1, 1}, {1, 1}, 1), true}};
+          {"resnet-like", cfg(4, 32, 28, 28, 64, {3, 3}, {1, 1}, {1, 1}, {1, 1}, 1), true},
+          // The core's 1-d convolution as a 2-d one of height 1.
+          {"1-d k5 s2 p2", cfg(2, 4, 1, 30, 6, {1, 5}, {1, 2}, {0, 2}, {1, 1}, 1), true}};
 }
 
 std::string conv_math(Env& env, ConvMath math, double tol) {

@@ -36,10 +36,25 @@ const char* math_type_name(cudnnMathType_t m) {
 }
 
 // Walks cuDNN's heuristic list in order and takes the first algorithm that is deterministic (when
-// required), of an allowed math type, supported with that math type on this descriptor, and within
+// required), of an allowed math type (and, in fp32 mode, not transform-based), supported with that math type on this descriptor, and within
 // the workspace limit. `query(algo, &bytes)` asks cuDNN for the algorithm's exact workspace (the
 // heuristic's estimate can differ). Throws RuntimeError listing every candidate and why it was
 // rejected when none qualifies.
+// FFT and Winograd algorithms compute in a transformed domain whose rounding differs from a direct
+// float32 sum (errors up to ~1e-4 relative); fp32 mode keeps to direct / GEMM-based algorithms.
+bool transform_based(cudnnConvolutionFwdAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_FWD_ALGO_FFT || a == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
+         a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD || a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
+}
+bool transform_based(cudnnConvolutionBwdDataAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT || a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING ||
+         a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD || a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
+}
+bool transform_based(cudnnConvolutionBwdFilterAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING ||
+         a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
+}
+
 template <typename Perf, typename Algo, typename Query>
 void choose_algorithm(const char* pass, const Conv2dConfig& c, const std::array<Perf, kMaxPerfs>& perfs, int count,
                       cudnnConvolutionDescriptor_t desc, Query query, Algo& algo, cudnnMathType_t& math,
@@ -58,6 +73,10 @@ void choose_algorithm(const char* pass, const Conv2dConfig& c, const std::array<
     }
     if (c.math == ConvMath::fp32 && is_tensor_op(p.mathType)) {
       rejected << "tensor-op math;";
+      continue;
+    }
+    if (c.math == ConvMath::fp32 && transform_based(p.algo)) {
+      rejected << "FFT/Winograd rounding;";
       continue;
     }
     const cudnnMathType_t m = c.math == ConvMath::fp32 ? CUDNN_FMA_MATH : p.mathType;

@@ -12,7 +12,8 @@
 // Algorithms come from cuDNN's heuristics (cudnnGetConvolution*Algorithm_v7), taken in their order
 // and filtered: deterministic only (unless config.deterministic is false), workspace within
 // config.workspace_limit, and the math type of config.math:
-//   fp32       CUDNN_FMA_MATH: float32 FMA kernels only, no TF32 (the reference's precision).
+//   fp32       CUDNN_FMA_MATH: float32 FMA kernels only, no TF32, and no FFT / Winograd algorithms
+//              (their transformed-domain rounding is not a float32 sum's): the reference's precision.
 //   tensor_op  CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION allowed: tensor cores with TF32 (or bf16)
 //              operands, float32 accumulation: ~1e-2 relative agreement, not 1e-5.
 #include <cudnn_cnn.h>
