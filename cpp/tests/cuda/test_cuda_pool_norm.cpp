@@ -1,4 +1,5 @@
-// Device tests of cuDNN pooling (max, average with and without the padding counted) and batch
+// Device tests of cuDNN pooling (max, average with and without the padding counted), of max pooling
+// with the core's int64 indices (our kernels: dilation and ceil mode too), and of batch
 // normalisation (training with running statistics, inference, backward, without affine parameters,
 // large-mean inputs) against float64 host computations of the core's definitions.
 #include <algorithm>
@@ -7,6 +8,7 @@
 
 #include "backends/cuda/cudnn_norm.hpp"
 #include "backends/cuda/cudnn_pool.hpp"
+#include "backends/cuda/max_pool_kernels.hpp"
 #include "test_cuda_cudnn.hpp"
 
 namespace treadle::cuda::test {
@@ -105,6 +107,73 @@ std::string pooling(Env& env) {
   std::snprintf(buf, sizeof(buf), "%zu cases (max, avg +/- pad; y, dx, repeat), worst rel.err %.2e (tol 1e-05)",
                 cases.size(), worst);
   return buf;
+}
+
+// ---- max pooling with indices (own kernels) --------------------------------------------------------
+
+struct IndexPoolRef {
+  std::vector<float> y, dx;
+  std::vector<int64_t> idx;
+};
+
+// The core's Eigen reference, literally: running first maximum where a NaN always takes over; the
+// backward adds dy at the index in increasing output order (float, as the kernel's gather).
+IndexPoolRef index_pool_reference(const MaxPoolGeometry& g, const std::vector<float>& x, const std::vector<float>& dy) {
+  const int64_t iv = g.in_h * g.in_w, ov = g.out_h * g.out_w;
+  IndexPoolRef r{std::vector<float>(g.planes * ov), std::vector<float>(x.size(), 0.0f), std::vector<int64_t>(g.planes * ov)};
+  for (int64_t p = 0; p < g.planes; ++p)
+    for (int64_t oh = 0; oh < g.out_h; ++oh)
+      for (int64_t ow = 0; ow < g.out_w; ++ow) {
+        float best = -INFINITY;
+        int64_t arg = -1;
+        for (int64_t kh = 0; kh < g.kernel_h; ++kh)
+          for (int64_t kw = 0; kw < g.kernel_w; ++kw) {
+            const int64_t h = oh * g.stride_h - g.pad_h + kh * g.dilation_h, w = ow * g.stride_w - g.pad_w + kw * g.dilation_w;
+            if (h < 0 || h >= g.in_h || w < 0 || w >= g.in_w) continue;
+            const float v = x[p * iv + h * g.in_w + w];
+            if (arg < 0 || v > best || v != v) best = v, arg = h * g.in_w + w;
+          }
+        const int64_t o = p * ov + oh * g.out_w + ow;
+        r.y[o] = best, r.idx[o] = arg;
+        if (arg >= 0) r.dx[p * iv + arg] += dy[o];
+      }
+  return r;
+}
+
+bool same_floats(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+std::string max_pool_indices(Env& env) {
+  using M = PoolMode;
+  struct Case { const char* name; Pool2dConfig c; int inputs; };  // inputs: 0 uniform, 1 negative, 2 NaN, 3 ties
+  auto with = [](Pool2dConfig c, Hw dilation, bool ceil) { c.dilation = dilation, c.ceil_mode = ceil; return c; };
+  const std::vector<Case> cases = {
+      {"3x3 s2 p1", pool_cfg(M::max, 2, 3, 9, 11, {3, 3}, {2, 2}, {1, 1}), 0},
+      {"3x3 s1 p1 NaN", pool_cfg(M::max, 2, 2, 8, 7, {3, 3}, {1, 1}, {1, 1}), 2},
+      {"2x2 s2 ceil", with(pool_cfg(M::max, 1, 3, 7, 7, {2, 2}, {2, 2}, {0, 0}), {1, 1}, true), 0},
+      {"3x3 s1 p1 dilation 2", with(pool_cfg(M::max, 2, 2, 10, 9, {3, 3}, {1, 1}, {1, 1}), {2, 2}, false), 0},
+      {"3x3 s2 p1 d2 ceil", with(pool_cfg(M::max, 1, 4, 11, 12, {3, 3}, {2, 2}, {1, 1}), {2, 2}, true), 1},
+      {"3x2 s(1,2) negative", pool_cfg(M::max, 2, 3, 9, 8, {3, 2}, {1, 2}, {1, 1}), 1},
+      {"3x3 s1 ties", pool_cfg(M::max, 2, 3, 9, 9, {3, 3}, {1, 1}, {1, 1}), 3},
+      {"large 3x3 s2 p1", pool_cfg(M::max, 8, 64, 56, 56, {3, 3}, {2, 2}, {1, 1}), 0}};
+  for (const Case& k : cases) {
+    const MaxPoolGeometry g = max_pool_geometry(k.c);
+    const int64_t nx = g.planes * g.in_h * g.in_w, ny = g.planes * g.out_h * g.out_w;
+    std::vector<float> x = uniform(env, nx, k.inputs == 1 ? -2.0f : -1.0f, k.inputs == 1 ? -1.0f : 1.0f);
+    if (k.inputs == 2) for (int64_t i = 0; i < nx; i += 17) x[i] = NAN;
+    if (k.inputs == 3) for (float& v : x) v = std::floor(v * 1.5f);  // values in {-2, -1, 0, 1}: many ties
+    const std::vector<float> dy = uniform(env, ny, -1, 1);
+    DeviceArray<float> dxin(env, x), ddy(env, dy), y(env, ny), dx(env, nx);
+    DeviceArray<int64_t> idx(env, ny);
+    max_pool2d_with_indices(dxin.get(), y.get(), idx.get(), g, env.s());
+    max_pool2d_backward_indices(ddy.get(), idx.get(), dx.get(), g, env.s());
+    const IndexPoolRef r = index_pool_reference(g, x, dy);
+    expect(idx.download() == r.idx, k.name, ": indices differ from the reference");
+    expect(same_floats(y.download(), r.y), k.name, ": y differs from the reference");
+    expect(same_floats(dx.download(), r.dx), k.name, ": dx differs from the reference (same summation order)");
+  }
+  return detail::concat(cases.size(), " cases (padding, NaN, ceil mode, dilation, ties): y, indices, dx bitwise");
 }
 
 // ---- batch norm -----------------------------------------------------------------------------------
@@ -261,11 +330,22 @@ std::string pool_norm_validation() {
   expect(batch_norm_average_factor(0.1, 7) == 0.1 && batch_norm_average_factor(-1, 4) == 0.25, "average factor");
   expect_throw<ValueError>("bn momentum", [] { batch_norm_average_factor(1.5, 1); }, "momentum must be in [0, 1]");
   expect_throw<ValueError>("bn count", [] { batch_norm_average_factor(-1, 0); }, "num_batches_tracked >= 1");
-  return "pool: ceil_mode, dilation, padding, divisor_override, too small; batch norm: eps, sizes, momentum";
+  Pool2dConfig m = pool_cfg(PoolMode::max, 1, 2, 7, 7, {2, 2}, {2, 2}, {0, 0});
+  m.ceil_mode = true;
+  m.dilation = {1, 2};
+  const MaxPoolGeometry g = max_pool_geometry(m);  // our own kernels take both
+  expect(g.out_h == 4 && g.out_w == 3 && g.planes == 2, "max_pool_geometry (", g.out_h, ", ", g.out_w, ")");
+  m.mode = PoolMode::avg_include_pad;
+  expect_throw<ValueError>("not max", [&] { max_pool_geometry(m); }, "max_pool2d_indices: the configuration is not max pooling");
+  expect_throw<ValueError>("bad geometry", [] { max_pool2d_with_indices(nullptr, nullptr, nullptr, MaxPoolGeometry{}, nullptr); },
+                           "max_pool2d_with_indices: invalid geometry");
+  return "pool: ceil_mode, dilation, padding, divisor_override, too small; max pool indices geometry; batch norm: "
+         "eps, sizes, momentum";
 }
 
 void add_pool_norm_tests(std::vector<TestCase>& out) {
   out.push_back({"pool2d", pooling});
+  out.push_back({"max_pool_indices", max_pool_indices});
   out.push_back({"batch_norm", batch_norm});
 }
 
