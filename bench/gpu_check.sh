@@ -108,8 +108,49 @@ def shape(rec):
     return [int(v) for v in rec["shape"].strip("()").split(",") if v.strip()]
 
 
+def conv_case(op, s):
+    # Ours: cuDNN with deterministic algorithms, FMA-only math (fp32) or TF32 tensor ops (tensor_op);
+    # torch: its cuDNN heuristics with allow_tf32 set to match.
+    n, c, h, w, k, kh, kw, stride, pad = s
+    tf32 = op.endswith("tensor_op")
+    x, wt = torch.rand(n, c, h, w, device=dev), torch.rand(k, c, kh, kw, device=dev)
+    b = torch.rand(k, device=dev)
+    dy = torch.rand_like(F.conv2d(x, wt, b, stride, pad))
+
+    def with_tf32(fn):
+        def call():
+            torch.backends.cudnn.allow_tf32 = tf32
+            return fn()
+        return call
+    if op.startswith("conv2d_fwd"):
+        return f"torch conv2d + bias (cudnn.allow_tf32={tf32})", with_tf32(lambda: F.conv2d(x, wt, b, stride, pad))
+    mask = [True, False, False] if op.startswith("conv2d_bwd_data") else [False, True, False]
+    what = "input" if mask[0] else "weight"
+    return f"torch convolution_backward, {what} only (cudnn.allow_tf32={tf32})", with_tf32(
+        lambda: torch.ops.aten.convolution_backward(dy, x, wt, None, [stride] * 2, [pad] * 2, [1, 1], False,
+                                                    [0, 0], 1, mask))
+
+
+def lstm_case(op, s):
+    # Ours: cuDNN's LSTM with FMA-only math; torch: nn.LSTM (cuDNN) with TF32 off.
+    t, n, f, h = s
+    torch.backends.cudnn.allow_tf32 = False
+    lstm = torch.nn.LSTM(f, h).to(dev)
+    x = torch.rand(t, n, f, device=dev, requires_grad=op == "lstm_fwd_bwd_fp32")
+    dy = torch.rand(t, n, h, device=dev)
+    if op == "lstm_fwd_fp32":
+        return "torch nn.LSTM forward (training mode)", lambda: lstm(x)
+    params = [x] + list(lstm.parameters())
+    return "torch nn.LSTM forward + autograd.grad(x, weights)", \
+        lambda: torch.autograd.grad(lstm(x)[0], params, dy)
+
+
 def case(rec):
     op, s = rec["op"], shape(rec)
+    if op.startswith("conv2d"):
+        return conv_case(op, s)
+    if op.startswith("lstm"):
+        return lstm_case(op, s)
     aten = torch.ops.aten
     if len(s) == 1:
         x = torch.rand(s, device=dev) * 6 - 3

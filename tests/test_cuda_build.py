@@ -9,6 +9,7 @@ missing, or with TREADLE_CUDA_CHECK=0 (a quick local run).
 """
 import glob
 import os
+import re
 import shutil
 import site
 import subprocess
@@ -105,6 +106,6 @@ def test_cuda_check_program(cuda_build):
         assert f"PASS {name}" in out, report
     assert "FAIL" not in out, report
     if "SKIP: no CUDA device (cudaGetDeviceCount: " in out:
-        assert "cuda host checks: 3 passed, 0 failed" in out, report
+        assert re.search(r"cuda host checks: \d+ passed, 0 failed", out), report
     else:
         assert "cuda tests:" in out and ", 0 failed" in out, report

@@ -6,6 +6,8 @@
 #include <functional>
 
 #include "backends/cuda/cuda_kernels.hpp"
+#include "backends/cuda/cudnn_conv.hpp"
+#include "backends/cuda/cudnn_rnn.hpp"
 #include "backends/cuda/linear_lt.hpp"
 #include "backends/cuda/lt_gemm.hpp"
 #include "test_cuda_common.hpp"
@@ -107,6 +109,69 @@ void bench_linear(Env& env, std::vector<Record>& out) {
   }
 }
 
+// A ResNet stage's 3x3 convolution (stride 1, padding 1) through cuDNN with the deterministic
+// algorithms the tests use: forward (+ bias), backward data, backward filter, in both math modes.
+// The shape string carries (N, C, H, W, K, kH, kW, stride, padding) for the torch comparison.
+void bench_conv(Env& env, std::vector<Record>& out) {
+  const int64_t n = 32, c = 64, hw = 56, k = 64;
+  CudnnHandle dnn(env.s());
+  DeviceArray<float> x(env, uniform(env, n * c * hw * hw, -1, 1)), w(env, uniform(env, k * c * 9, -1, 1)),
+      b(env, uniform(env, k, -1, 1)), y(env, n * k * hw * hw), dy(env, uniform(env, n * k * hw * hw, -1, 1)),
+      dx(env, n * c * hw * hw), dw(env, k * c * 9);
+  const double flops = 2.0 * n * k * hw * hw * c * 9;
+  const std::string shape = detail::concat("(", n, ", ", c, ", ", hw, ", ", hw, ", ", k, ", 3, 3, 1, 1)");
+  for (ConvMath math : {ConvMath::fp32, ConvMath::tensor_op}) {
+    Conv2dConfig cfg;
+    cfg.batch = n, cfg.in_channels = c, cfg.height = cfg.width = hw, cfg.out_channels = k;
+    cfg.kernel = {3, 3}, cfg.padding = {1, 1}, cfg.math = math;
+    CudnnConv2d conv(dnn.get(), cfg);
+    std::printf("BENCH conv2d %s algorithms: %s\n", conv_math_name(math), conv.describe().c_str());
+    DeviceBuffer ws = env.alloc.buffer(std::max<std::size_t>(conv.workspace_bytes(), 256), env.s());
+    const std::string tag = conv_math_name(math);
+    const double f = time_ms(env, [&] { conv.forward(dnn.get(), x.get(), w.get(), b.get(), y.get(), ws.data()); });
+    add(out, {"conv2d_fwd_" + tag, "conv2d_fwd_" + tag, shape, f, flops / (f * 1e-3) / 1e12, "TFLOP/s"});
+    const double d = time_ms(env, [&] { conv.backward_data(dnn.get(), dy.get(), w.get(), dx.get(), false, ws.data()); });
+    add(out, {"conv2d_bwd_data_" + tag, "conv2d_bwd_data_" + tag, shape, d, flops / (d * 1e-3) / 1e12, "TFLOP/s"});
+    const double g = time_ms(env, [&] { conv.backward_filter(dnn.get(), x.get(), dy.get(), dw.get(), false, ws.data()); });
+    add(out, {"conv2d_bwd_filter_" + tag, "conv2d_bwd_filter_" + tag, shape, g, flops / (g * 1e-3) / 1e12, "TFLOP/s"});
+  }
+}
+
+// One LSTM layer (T=50, N=64, F=H=512, float32 FMA math): the forward alone, and a whole training
+// pass (forward, backward data, backward weights). The shape string is (T, N, F, H).
+void bench_lstm(Env& env, std::vector<Record>& out) {
+  const int64_t t = 50, n = 64, f = 512, h = 512;
+  CudnnHandle dnn(env.s());
+  RnnConfig cfg;
+  cfg.seq_len = t, cfg.batch = n, cfg.input_size = f, cfg.hidden_size = h;
+  CudnnRnn rnn(dnn.get(), cfg);
+  DeviceArray<float> x(env, uniform(env, t * n * f, -1, 1)), w_ih(env, uniform(env, 4 * h * f, -0.04f, 0.04f)),
+      w_hh(env, uniform(env, 4 * h * h, -0.04f, 0.04f)), b(env, uniform(env, 4 * h, -0.04f, 0.04f)),
+      h0(env, uniform(env, n * h, -1, 1)), c0(env, uniform(env, n * h, -1, 1)), y(env, t * n * h),
+      dy(env, uniform(env, t * n * h, -1, 1)), hn(env, n * h), cn(env, n * h), dx(env, t * n * f), dh0(env, n * h),
+      dc0(env, n * h);
+  DeviceBuffer space = env.alloc.buffer(rnn.weight_space_bytes(), env.s()),
+               dspace = env.alloc.buffer(rnn.weight_space_bytes(), env.s()),
+               ws = env.alloc.buffer(rnn.workspace_bytes(), env.s()),
+               reserve = env.alloc.buffer(std::max<std::size_t>(rnn.reserve_bytes(), 256), env.s());
+  rnn.pack_weights(dnn.get(), w_ih.get(), w_hh.get(), b.get(), b.get(), space.data());
+  auto forward = [&] {
+    rnn.forward_training(dnn.get(), x.get(), h0.get(), c0.get(), space.data(), y.get(), hn.get(), cn.get(), ws.data(),
+                         reserve.data());
+  };
+  const double flops = 2.0 * t * n * 4 * h * (f + h);  // the forward's products
+  const std::string shape = detail::concat("(", t, ", ", n, ", ", f, ", ", h, ")");
+  const double fw = time_ms(env, forward);
+  add(out, {"lstm_fwd_fp32", "lstm_fwd_fp32", shape, fw, flops / (fw * 1e-3) / 1e12, "TFLOP/s"});
+  const double all = time_ms(env, [&] {
+    forward();
+    rnn.backward_data(dnn.get(), y.get(), dy.get(), nullptr, nullptr, h0.get(), c0.get(), space.data(), dx.get(),
+                      dh0.get(), dc0.get(), ws.data(), reserve.data());
+    rnn.backward_weights(dnn.get(), x.get(), h0.get(), y.get(), dspace.data(), false, ws.data(), reserve.data());
+  });
+  add(out, {"lstm_fwd_bwd_fp32", "lstm_fwd_bwd_fp32", shape, all, 3 * flops / (all * 1e-3) / 1e12, "TFLOP/s"});
+}
+
 }  // namespace
 
 int run_benchmarks(Env& env, const std::string& json_path) {
@@ -115,6 +180,8 @@ int run_benchmarks(Env& env, const std::string& json_path) {
     bench_elementwise(env, out);
     bench_rows(env, out);
     bench_linear(env, out);
+    bench_conv(env, out);
+    bench_lstm(env, out);
   } catch (const std::exception& e) {
     std::printf("FAIL bench: %s\n", e.what());
     return 1;

@@ -11,6 +11,7 @@
 #include "backends/cuda/linear_lt.hpp"
 #include "backends/cuda/lt_gemm.hpp"
 #include "test_cuda_common.hpp"
+#include "test_cuda_cudnn.hpp"
 
 namespace treadle::cuda::test {
 namespace {
@@ -105,7 +106,11 @@ int main(int argc, char** argv) {
   }
   std::vector<TestCase> host_tests = {{"status_messages", [](Env&) { return status_messages(); }},
                                       {"argument_validation", [](Env&) { return argument_validation(); }},
-                                      {"allocator_size_classes", [](Env&) { return size_classes(); }}};
+                                      {"allocator_size_classes", [](Env&) { return size_classes(); }},
+                                      {"conv2d_validation", [](Env&) { return conv_validation(); }},
+                                      {"pool_norm_validation", [](Env&) { return pool_norm_validation(); }},
+                                      {"loss_scaler_logic", [](Env&) { return loss_scaler_logic(); }},
+                                      {"rnn_validation", [](Env&) { return rnn_validation(); }}};
   int failed = bench ? 0 : run(host_tests, nullptr);
   int passed = bench ? 0 : static_cast<int>(host_tests.size()) - failed;
 
@@ -129,6 +134,11 @@ int main(int argc, char** argv) {
     add_runtime_tests(tests);
     add_kernel_tests(tests);
     add_linear_tests(tests);
+    add_conv_tests(tests);
+    add_pool_norm_tests(tests);
+    add_loss_scale_tests(tests);
+    add_rnn_tests(tests);
+    add_cnn_tests(tests);
     const int f = run(tests, &env);
     failed += f;
     passed += static_cast<int>(tests.size()) - f;

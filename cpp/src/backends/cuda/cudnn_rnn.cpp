@@ -1,0 +1,201 @@
+// LSTM / GRU layers through cuDNN's v8 RNN API: descriptors, weight packing, launches.
+#include "backends/cuda/cudnn_rnn.hpp"
+
+#include <limits>
+
+#include "backends/cuda/cuda_status.hpp"
+#include "treadle/error.hpp"
+
+namespace treadle::cuda {
+namespace {
+
+constexpr const char* kWho = "rnn_cudnn";
+
+std::size_t align256(std::size_t n) { return (n + 255) / 256 * 256; }
+
+cudaStream_t stream_of(cudnnHandle_t handle) {
+  cudaStream_t s = nullptr;
+  TREADLE_CUDNN_CHECK(cudnnGetStream(handle, &s));
+  return s;
+}
+
+}  // namespace
+
+const char* rnn_cell_name(RnnCell c) { return c == RnnCell::lstm ? "lstm" : "gru"; }
+
+void validate_rnn(const RnnConfig& c) {
+  constexpr int64_t kMax = std::numeric_limits<int>::max();
+  const int64_t sizes[] = {c.seq_len, c.batch, c.input_size, c.hidden_size};
+  for (int64_t v : sizes)
+    if (v < 1 || v > kMax)
+      throw_value_error(kWho, ": seq_len, batch, input_size and hidden_size must be in [1, 2^31 - 1], got (",
+                        c.seq_len, ", ", c.batch, ", ", c.input_size, ", ", c.hidden_size, ")");
+  const int64_t g = c.cell == RnnCell::lstm ? 4 : 3;
+  check_cudnn_sizes(kWho, "x (T, N, F)", c.seq_len, c.batch, c.input_size, 1);
+  check_cudnn_sizes(kWho, "y (T, N, H)", c.seq_len, c.batch, c.hidden_size, 1);
+  check_cudnn_sizes(kWho, "w_ih (G*H, F)", g * c.hidden_size, c.input_size, 1, 1);
+  check_cudnn_sizes(kWho, "w_hh (G*H, H)", g * c.hidden_size, c.hidden_size, 1, 1);
+}
+
+CudnnRnn::CudnnRnn(cudnnHandle_t handle, const RnnConfig& c) : config_(c) {
+  validate_rnn(c);
+  check_cudnn_handle(kWho, handle);
+  const int t = static_cast<int>(c.seq_len), n = static_cast<int>(c.batch);
+  const int f = static_cast<int>(c.input_size), h = static_cast<int>(c.hidden_size);
+  lengths_.assign(static_cast<std::size_t>(n), t);
+  // A single layer has no inter-layer dropout; cuDNN still wants a descriptor (dropout 0, no states).
+  TREADLE_CUDNN_CHECK(cudnnSetDropoutDescriptor(dropout_.get(), handle, 0.0f, nullptr, 0, 0));
+  TREADLE_CUDNN_CHECK(cudnnSetRNNDescriptor_v8(
+      rnn_.get(), CUDNN_RNN_ALGO_STANDARD, c.cell == RnnCell::lstm ? CUDNN_LSTM : CUDNN_GRU,
+      c.bias ? CUDNN_RNN_DOUBLE_BIAS : CUDNN_RNN_NO_BIAS, CUDNN_UNIDIRECTIONAL, CUDNN_LINEAR_INPUT, CUDNN_DATA_FLOAT,
+      CUDNN_DATA_FLOAT, c.tensor_op ? CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION : CUDNN_FMA_MATH, f, h, h, 1,
+      dropout_.get(), CUDNN_RNN_PADDED_IO_ENABLED));
+  const cudnnRNNDataLayout_t layout =
+      c.batch_first ? CUDNN_RNN_DATA_LAYOUT_BATCH_MAJOR_UNPACKED : CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED;
+  float fill = 0.0f;  // what padded output positions get (none: every sequence is full length)
+  TREADLE_CUDNN_CHECK(cudnnSetRNNDataDescriptor(x_.get(), CUDNN_DATA_FLOAT, layout, t, n, f, lengths_.data(), &fill));
+  TREADLE_CUDNN_CHECK(cudnnSetRNNDataDescriptor(y_.get(), CUDNN_DATA_FLOAT, layout, t, n, h, lengths_.data(), &fill));
+  h_.set_3d(kWho, "state (1, N, H)", 1, n, h);
+  TREADLE_CUDNN_CHECK(cudnnGetRNNWeightSpaceSize(handle, rnn_.get(), &weight_space_));
+  std::size_t cudnn_ws = 0;
+  TREADLE_CUDNN_CHECK(
+      cudnnGetRNNTempSpaceSizes(handle, rnn_.get(), CUDNN_FWD_MODE_TRAINING, x_.get(), &cudnn_ws, &reserve_));
+  // The workspace starts with the device copy of the sequence lengths the v8 calls read.
+  lengths_bytes_ = align256(lengths_.size() * sizeof(int32_t));
+  workspace_ = lengths_bytes_ + cudnn_ws;
+}
+
+void CudnnRnn::copy_weights(cudnnHandle_t handle, const void* space, bool to_space, const float* const* core,
+                            float* const* core_out) const {
+  const int g = gates();
+  const int64_t h = config_.hidden_size;
+  const cudaStream_t stream = stream_of(handle);
+  TensorDescriptor m_desc, b_desc;
+  for (int id = 0; id < 2 * g; ++id) {
+    const bool recurrent = id >= g;  // linLayerID 0..G-1: W (input side), G..2G-1: R (hidden side)
+    const int gate = recurrent ? id - g : id;
+    const int64_t cols = recurrent ? h : config_.input_size;
+    void* m_addr = nullptr;
+    void* b_addr = nullptr;
+    TREADLE_CUDNN_CHECK(cudnnGetRNNWeightParams(handle, rnn_.get(), 0, weight_space_, space, id, m_desc.get(), &m_addr,
+                                                b_desc.get(), &b_addr));
+    std::size_t m_bytes = 0;
+    TREADLE_CUDNN_CHECK(cudnnGetTensorSizeInBytes(m_desc.get(), &m_bytes));
+    const std::size_t want = static_cast<std::size_t>(h * cols) * sizeof(float);
+    if (m_addr == nullptr || m_bytes != want)
+      throw RuntimeError(detail::concat(kWho, ": cuDNN's matrix ", id, " has ", m_bytes, " bytes at ", m_addr,
+                                        ", expected ", want, " (", h, " x ", cols, " float32)"));
+    const std::size_t m_off = static_cast<std::size_t>(gate * h * cols), b_off = static_cast<std::size_t>(gate * h);
+    const int mi = recurrent ? 1 : 0, bi = recurrent ? 3 : 2;  // w_ih, w_hh, b_ih, b_hh
+    if (to_space) check_cuda(cudaMemcpyAsync(m_addr, core[mi] + m_off, want, cudaMemcpyDeviceToDevice, stream),
+                             "rnn_cudnn: cudaMemcpyAsync (weights)");
+    else check_cuda(cudaMemcpyAsync(core_out[mi] + m_off, m_addr, want, cudaMemcpyDeviceToDevice, stream),
+                    "rnn_cudnn: cudaMemcpyAsync (weight gradients)");
+    if (!config_.bias) continue;
+    if (b_addr == nullptr) throw RuntimeError(detail::concat(kWho, ": cuDNN's bias ", id, " is missing"));
+    const std::size_t b_bytes = static_cast<std::size_t>(h) * sizeof(float);
+    if (to_space) check_cuda(cudaMemcpyAsync(b_addr, core[bi] + b_off, b_bytes, cudaMemcpyDeviceToDevice, stream),
+                             "rnn_cudnn: cudaMemcpyAsync (biases)");
+    else check_cuda(cudaMemcpyAsync(core_out[bi] + b_off, b_addr, b_bytes, cudaMemcpyDeviceToDevice, stream),
+                    "rnn_cudnn: cudaMemcpyAsync (bias gradients)");
+  }
+}
+
+void CudnnRnn::pack_weights(cudnnHandle_t handle, const float* w_ih, const float* w_hh, const float* b_ih,
+                            const float* b_hh, void* weight_space) const {
+  const char* who = "rnn_cudnn pack_weights";
+  check_cudnn_handle(who, handle);
+  check_device_pointer(who, "w_ih", w_ih);
+  check_device_pointer(who, "w_hh", w_hh);
+  check_device_pointer(who, "weight_space", weight_space);
+  if (config_.bias != (b_ih != nullptr) || config_.bias != (b_hh != nullptr))
+    throw_value_error(who, ": the layer was built ", config_.bias ? "with" : "without", " biases; give b_ih and b_hh ",
+                      config_.bias ? "both" : "as null");
+  const float* core[4] = {w_ih, w_hh, b_ih, b_hh};
+  copy_weights(handle, weight_space, true, core, nullptr);
+}
+
+void CudnnRnn::unpack_weight_grads(cudnnHandle_t handle, const void* dweight_space, float* dw_ih, float* dw_hh,
+                                   float* db_ih, float* db_hh) const {
+  const char* who = "rnn_cudnn unpack_weight_grads";
+  check_cudnn_handle(who, handle);
+  check_device_pointer(who, "dw_ih", dw_ih);
+  check_device_pointer(who, "dw_hh", dw_hh);
+  check_device_pointer(who, "dweight_space", dweight_space);
+  if (config_.bias != (db_ih != nullptr) || config_.bias != (db_hh != nullptr))
+    throw_value_error(who, ": the layer was built ", config_.bias ? "with" : "without", " biases; give db_ih and db_hh ",
+                      config_.bias ? "both" : "as null");
+  float* core[4] = {dw_ih, dw_hh, db_ih, db_hh};
+  copy_weights(handle, dweight_space, false, nullptr, core);
+}
+
+const int32_t* CudnnRnn::upload_lengths(cudnnHandle_t handle, void* workspace) const {
+  auto* dev = static_cast<int32_t*>(workspace);
+  // From pageable memory: the copy is staged before cudaMemcpyAsync returns, and lengths_ lives on.
+  check_cuda(cudaMemcpyAsync(dev, lengths_.data(), lengths_.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
+                             stream_of(handle)),
+             "rnn_cudnn: cudaMemcpyAsync (sequence lengths)");
+  return dev;
+}
+
+void CudnnRnn::check_spaces(const char* who, const void* workspace, const void* reserve) const {
+  check_device_pointer(who, "workspace", workspace);
+  if (reserve_ > 0) check_device_pointer(who, "reserve", reserve);
+}
+
+void CudnnRnn::forward_training(cudnnHandle_t handle, const float* x, const float* h0, const float* c0,
+                                const void* weight_space, float* y, float* h_n, float* c_n, void* workspace,
+                                void* reserve) const {
+  const char* who = "rnn_cudnn forward_training";
+  check_cudnn_handle(who, handle);
+  check_device_pointer(who, "x", x);
+  check_device_pointer(who, "weight_space", weight_space);
+  check_device_pointer(who, "y", y);
+  check_spaces(who, workspace, reserve);
+  if (config_.cell == RnnCell::gru && (c0 != nullptr || c_n != nullptr))
+    throw_value_error(who, ": a GRU has no cell state; c0 and c_n must be null");
+  const int32_t* lengths = upload_lengths(handle, workspace);
+  char* scratch = static_cast<char*>(workspace) + lengths_bytes_;
+  TREADLE_CUDNN_CHECK(cudnnRNNForward(handle, rnn_.get(), CUDNN_FWD_MODE_TRAINING, lengths, x_.get(), x, y_.get(), y,
+                                      h_.get(), h0, h_n, h_.get(), c0, c_n, weight_space_, weight_space,
+                                      workspace_ - lengths_bytes_, scratch, reserve_, reserve));
+}
+
+void CudnnRnn::backward_data(cudnnHandle_t handle, const float* y, const float* dy, const float* dh_n,
+                             const float* dc_n, const float* h0, const float* c0, const void* weight_space, float* dx,
+                             float* dh0, float* dc0, void* workspace, void* reserve) const {
+  const char* who = "rnn_cudnn backward_data";
+  check_cudnn_handle(who, handle);
+  check_device_pointer(who, "y", y);
+  check_device_pointer(who, "dy", dy);
+  check_device_pointer(who, "weight_space", weight_space);
+  check_device_pointer(who, "dx", dx);
+  check_spaces(who, workspace, reserve);
+  if (config_.cell == RnnCell::gru && (c0 != nullptr || dc_n != nullptr || dc0 != nullptr))
+    throw_value_error(who, ": a GRU has no cell state; c0, dc_n and dc0 must be null");
+  const int32_t* lengths = upload_lengths(handle, workspace);
+  char* scratch = static_cast<char*>(workspace) + lengths_bytes_;
+  TREADLE_CUDNN_CHECK(cudnnRNNBackwardData_v8(handle, rnn_.get(), lengths, y_.get(), y, dy, x_.get(), dx, h_.get(),
+                                              h0, dh_n, dh0, h_.get(), c0, dc_n, dc0, weight_space_, weight_space,
+                                              workspace_ - lengths_bytes_, scratch, reserve_, reserve));
+}
+
+void CudnnRnn::backward_weights(cudnnHandle_t handle, const float* x, const float* h0, const float* y,
+                                void* dweight_space, bool accumulate, void* workspace, void* reserve) const {
+  const char* who = "rnn_cudnn backward_weights";
+  check_cudnn_handle(who, handle);
+  check_device_pointer(who, "x", x);
+  check_device_pointer(who, "y", y);
+  check_device_pointer(who, "dweight_space", dweight_space);
+  check_spaces(who, workspace, reserve);
+  const int32_t* lengths = upload_lengths(handle, workspace);
+  char* scratch = static_cast<char*>(workspace) + lengths_bytes_;
+  // cuDNN documents only WGRAD_MODE_ADD for this call: setting is adding onto zeros.
+  if (!accumulate)
+    check_cuda(cudaMemsetAsync(dweight_space, 0, weight_space_, stream_of(handle)), "rnn_cudnn: cudaMemsetAsync");
+  TREADLE_CUDNN_CHECK(cudnnRNNBackwardWeights_v8(handle, rnn_.get(), CUDNN_WGRAD_MODE_ADD, lengths, x_.get(), x,
+                                                 h_.get(), h0, y_.get(), y, weight_space_, dweight_space,
+                                                 workspace_ - lengths_bytes_, scratch, reserve_, reserve));
+}
+
+}  // namespace treadle::cuda
