@@ -1,0 +1,32 @@
+#pragma once
+// The CUDA backend's op adapters (cuda_backend_ops.cpp): for each op it covers, whether a node
+// qualifies, what `prepare` builds once per node (cuBLASLt products, sizes), and the kernel that
+// maps KernelArgs onto one call of the kernel layer on the context's stream (KernelArgs::stream).
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/cuda_backend_fill.hpp"
+#include "backends/kernel.hpp"
+
+namespace treadle::cuda {
+
+struct OpEntry {
+  std::string op;
+  bool (*accepts)(const Graph& g, const Node& node) = nullptr;
+  PreparedNode (*prepare)(const Graph& g, const Node& node) = nullptr;  // null: no state, no workspace
+  KernelFn kernel = nullptr;
+  // Bitwise repeatable: the own kernels are (no atomics); cuBLASLt products are not claimed to be,
+  // since the heuristic's algorithm may split K and reduce with atomics.
+  bool deterministic = true;
+};
+
+std::vector<OpEntry> op_entries();
+
+// The backend's cuBLASLt handle for device 0 (thread-safe to share), created on first use.
+cublasLtHandle_t lt_handle();
+
+}  // namespace treadle::cuda

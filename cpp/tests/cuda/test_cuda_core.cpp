@@ -1,0 +1,214 @@
+// The core's training plans on the device: an MLP built with the C++ API (Model over a traced
+// forward), compiled for backend "cuda" and for "eigen", run on the same data, compared value by
+// value (loss, logits, every parameter gradient, the input gradient). Plus the errors a device plan
+// gives without a device, for an op the backend does not cover, and with host memory bound.
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "backends/cuda/cuda_backend.hpp"
+#include "core/plan.hpp"
+#include "test_cuda_core.hpp"
+#include "treadle/loss.hpp"
+#include "treadle/model.hpp"
+#include "treadle/nn_conv.hpp"
+#include "treadle/nn_layers.hpp"
+
+namespace treadle::cuda::test {
+namespace {
+
+constexpr int64_t kBatch = 32, kFeatures = 24, kClasses = 10;
+constexpr Device kCuda{DeviceKind::cuda, 0};
+
+std::shared_ptr<Parameter> param(std::mt19937_64& rng, const Shape& shape) {
+  Tensor t(shape, DType::f32);
+  const double bound = 1.0 / std::sqrt(static_cast<double>(shape.back()));
+  std::uniform_real_distribution<float> d(static_cast<float>(-bound), static_cast<float>(bound));
+  for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = d(rng);
+  return std::make_shared<Parameter>(t);
+}
+
+// relu fused into the first product's epilogue, tanh and sigmoid fused after theirs (the second
+// one without bias), softmax and gelu and silu as nodes of their own, cross-entropy at the end.
+std::shared_ptr<Model> mlp(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<NamedParameter> p = {
+      {"w1", param(rng, {64, kFeatures})}, {"b1", param(rng, {64})},  {"w2", param(rng, {48, 64})},
+      {"b2", param(rng, {48})},            {"w3", param(rng, {32, 48})}, {"b3", param(rng, {32})},
+      {"w4", param(rng, {32, 32})},        {"w5", param(rng, {16, 32})}, {"w6", param(rng, {kClasses, 16})},
+      {"b6", param(rng, {kClasses})}};
+  auto forward = [p](Graph& g, const std::vector<Value>& in) {
+    auto w = [&](int k) { return g.add_parameter(p[k].second); };
+    Value h = ops::relu(ops::linear(in[0], w(0), w(1)));
+    h = ops::tanh(ops::linear(h, w(2), w(3)));
+    h = ops::gelu(ops::softmax(ops::linear(h, w(4), w(5))));
+    h = ops::silu(ops::linear(h, w(6), Value()));
+    h = ops::sigmoid(ops::linear(h, w(7), Value()));
+    return std::vector<Value>{ops::linear(h, w(8), w(9))};
+  };
+  return std::make_shared<Model>(forward, p);
+}
+
+PlanKey training_key(const std::string& backend, const Loss& loss) {
+  PlanKey key;
+  key.input_shapes = {{kBatch, kFeatures}};
+  key.input_dtypes = {DType::f32};
+  key.mode = PlanMode::train_loss;
+  key.input_grad = true;
+  key.loss_key = loss.key();
+  key.target_shape = {kBatch};
+  key.target_dtype = DType::i64;
+  key.backend = backend;
+  return key;
+}
+
+std::vector<int64_t> labels(std::mt19937_64& rng) {
+  std::uniform_int_distribution<int64_t> d(0, kClasses - 1);
+  std::vector<int64_t> y(kBatch);
+  for (int64_t& v : y) v = d(rng);
+  return y;
+}
+
+// ---- host-side checks
+std::string cuda_plan_without_device() {
+  if (device_count() > 0) return "a device is present: the device tests compile cuda plans";
+  Loss loss = loss::cross_entropy();
+  return expect_throw<ValueError>("mlp on cuda", [&] { mlp(1)->plan(training_key("cuda", loss), &loss); },
+                                  "plan: backend 'cuda' needs a CUDA device for cuda:0");
+}
+
+// Checked before the device is needed, so the same error with and without one.
+std::string uncovered_op_fails_at_finalize() {
+  Loss loss = loss::cross_entropy();
+  std::mt19937_64 rng(2);
+  auto wc = param(rng, {8, 3, 3, 3}), wl = param(rng, {kClasses, 8 * 6 * 6});
+  Model cnn([&](Graph& g, const std::vector<Value>& in) {
+    Value h = ops::relu(ops::conv(in[0], g.add_parameter(wc), Value(), {1}, {1}));
+    h = ops::max_pool(h, {2, 2});
+    return std::vector<Value>{ops::linear(ops::flatten(h), g.add_parameter(wl), Value())};
+  }, {{"conv.weight", wc}, {"fc.weight", wl}});
+  PlanKey key = training_key("cuda", loss);
+  key.input_shapes = {{4, 3, 12, 12}};
+  key.target_shape = {4};
+  std::string m = expect_throw<ValueError>("cnn on cuda", [&] { cnn.plan(key, &loss); },
+                                           "conv: no CUDA kernel for float32 on cuda:0");
+  auto ln = param(rng, {kFeatures});
+  Model norm([&](Graph& g, const std::vector<Value>& in) {
+    return std::vector<Value>{ops::layer_norm(in[0], 1, g.add_parameter(ln), Value())};
+  }, {{"ln.weight", ln}});
+  key = training_key("cuda", loss);
+  key.mode = PlanMode::train_seeded;
+  key.loss_key.clear();
+  expect_throw<ValueError>("layer_norm on cuda", [&] { norm.plan(key); }, "layer_norm: no CUDA kernel for float32 on cuda:0");
+  return m;
+}
+
+// In a CUDA build, automatic dispatch of a host plan must never pick the device backend.
+std::string host_plans_stay_on_the_host() {
+  Loss loss = loss::cross_entropy();
+  auto model = mlp(3);
+  for (const char* backend : {"", "auto"}) {
+    auto plan = model->plan(training_key(backend, loss), &loss);
+    const std::string text = describe_plan(*plan);
+    expect(plan_device_of(*plan) == Device{}, "backend '", backend, "': plan on ", device_name(plan_device_of(*plan)));
+    expect(text.find("[cuda]") == std::string::npos, "backend '", backend, "' took cuda kernels:\n", text);
+  }
+  return "automatic dispatch and the measured table keep host plans off the device";
+}
+
+// ---- device tests
+struct Run {
+  float loss = 0;
+  std::vector<float> logits, dx;
+  std::vector<std::vector<float>> grads;  // in Plan::param_grads order
+};
+
+std::vector<float> read_floats(const Plan& plan, Context& ctx, const Bindings& b, int value, Env* env) {
+  std::vector<float> out(shape_numel(plan.graph.info(value).shape));
+  const void* src = plan_value_address(plan, ctx, b, value);
+  if (env) copy_to_host(out.data(), src, out.size() * sizeof(float), env->s());
+  else std::memcpy(out.data(), src, out.size() * sizeof(float));
+  return out;
+}
+
+Run collect(const Plan& plan, Context& ctx, const Bindings& b, Env* env) {
+  Run r;
+  r.loss = read_floats(plan, ctx, b, plan.loss, env).at(0);
+  r.logits = read_floats(plan, ctx, b, plan.outputs.at(0), env);
+  r.dx = read_floats(plan, ctx, b, plan.input_grads.at(0), env);
+  for (const auto& [offset, value] : plan.param_grads) r.grads.push_back(read_floats(plan, ctx, b, value, env));
+  return r;
+}
+
+std::vector<double> widen(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+std::string compare_runs(const Run& dev, const Run& ref, double tol) {
+  std::string worst = compare("loss", {dev.loss}, {static_cast<double>(ref.loss)}, tol);
+  compare("logits", dev.logits, widen(ref.logits), tol);
+  compare("dx", dev.dx, widen(ref.dx), tol);
+  expect(dev.grads.size() == ref.grads.size(), dev.grads.size(), " gradients on the device, ", ref.grads.size(), " on Eigen");
+  for (std::size_t k = 0; k < dev.grads.size(); ++k) compare("grad " + std::to_string(k), dev.grads[k], widen(ref.grads[k]), tol);
+  return worst;
+}
+
+std::string mlp_plan_vs_eigen(Env& env) {
+  Loss loss = loss::cross_entropy();
+  auto model = mlp(7);
+  auto dev_plan = model->plan(training_key("cuda", loss), &loss);
+  auto ref_plan = model->plan(training_key("eigen", loss), &loss);
+  const std::string text = describe_plan(*dev_plan);
+  expect(plan_device_of(*dev_plan) == kCuda, "plan on ", device_name(plan_device_of(*dev_plan)));
+  expect(text.find("[eigen]") == std::string::npos, "a device plan ran a node on Eigen:\n", text);
+  expect(dev_plan->param_grads.size() == 10, "expected 10 parameter gradients, got ", dev_plan->param_grads.size());
+
+  const Tensor& flat = model->flat_parameters();
+  DeviceArray<float> params(env, std::vector<float>(flat.data_as<float>(), flat.data_as<float>() + flat.numel()));
+  DeviceArray<float> x_dev(env, static_cast<std::size_t>(kBatch * kFeatures));
+  DeviceArray<int64_t> y_dev(env, static_cast<std::size_t>(kBatch));
+  void* dev_in[] = {x_dev.get()};
+  void* dev_tg[] = {y_dev.get()};
+  Bindings dev_b{params.get(), dev_in, dev_tg, {}};
+  dev_b.device = kCuda;
+  Context dev_ctx, ref_ctx;
+  dev_ctx.set_cuda_stream(env.s());  // the host lends its stream
+
+  std::string detail;
+  uint64_t mallocs_after_first = 0;
+  for (int step = 0; step < 4; ++step) {
+    std::vector<float> x = uniform(env, kBatch * kFeatures, -2.f, 2.f);
+    std::vector<int64_t> y = labels(env.rng);
+    x_dev.upload(x);
+    y_dev.upload(y);
+    run_plan(*dev_plan, dev_ctx, dev_b);
+    const Run dev = collect(*dev_plan, dev_ctx, dev_b, &env);
+    void* ref_in[] = {x.data()};
+    void* ref_tg[] = {y.data()};
+    Bindings ref_b{flat.data(), ref_in, ref_tg, {}};
+    run_plan(*ref_plan, ref_ctx, ref_b);
+    const Run ref = collect(*ref_plan, ref_ctx, ref_b, nullptr);
+    detail = compare_runs(dev, ref, 1e-5);
+    if (step == 0) mallocs_after_first = dev_ctx.device_allocations();
+    expect(dev_ctx.device_allocations() == mallocs_after_first, "step ", step + 1, ": ", dev_ctx.device_allocations(),
+           " device allocations, ", mallocs_after_first, " after step 1");
+  }
+  // A device plan refuses host memory instead of handing host pointers to device kernels.
+  void* host_in[] = {nullptr};
+  Bindings host_b{flat.data(), host_in, host_in, {}};
+  expect_throw<ValueError>("host bindings", [&] { run_plan(*dev_plan, dev_ctx, host_b); },
+                           "plan: compiled for cuda:0 but run with bindings on cpu");
+  return detail + "; 4 steps, " + std::to_string(mallocs_after_first) + " device allocation(s), none after step 1";
+}
+
+}  // namespace
+
+void add_core_host_tests(std::vector<TestCase>& out) {
+  out.push_back({"core_cuda_plan_without_device", [](Env&) { return cuda_plan_without_device(); }});
+  out.push_back({"core_uncovered_op_fails", [](Env&) { return uncovered_op_fails_at_finalize(); }});
+  out.push_back({"core_host_plans_stay_on_host", [](Env&) { return host_plans_stay_on_the_host(); }});
+}
+
+void add_core_device_tests(std::vector<TestCase>& out) {
+  out.push_back({"core_mlp_plan_vs_eigen", mlp_plan_vs_eigen});
+}
+
+}  // namespace treadle::cuda::test
