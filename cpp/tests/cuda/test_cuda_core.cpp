@@ -1,7 +1,8 @@
-// The core's training plans on the device: an MLP built with the C++ API (Model over a traced
-// forward), compiled for backend "cuda" and for "eigen", run on the same data, compared value by
-// value (loss, logits, every parameter gradient, the input gradient). Plus the errors a device plan
-// gives without a device, for an op the backend does not cover, and with host memory bound.
+// The core's training plans on the device: an MLP and a small CNN built with the C++ API (Model
+// over a traced forward), compiled for backend "cuda" and for "eigen", run on the same data,
+// compared value by value (loss, logits, every parameter gradient, the input gradient). Plus the
+// errors a device plan gives without a device, for an op or dtype the backend does not cover, and
+// with host memory bound.
 #include <cstring>
 #include <memory>
 #include <string>
@@ -49,57 +50,76 @@ std::shared_ptr<Model> mlp(uint64_t seed) {
   return std::make_shared<Model>(forward, p);
 }
 
-PlanKey training_key(const std::string& backend, const Loss& loss) {
+// A conv -> relu -> max pool -> conv -> tanh -> average pool -> linear network on (4, 3, 12, 12).
+std::shared_ptr<Model> cnn(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<NamedParameter> p = {{"c1.weight", param(rng, {8, 3, 3, 3})},
+                                   {"c1.bias", param(rng, {8})},
+                                   {"c2.weight", param(rng, {16, 8, 3, 3})},
+                                   {"fc.weight", param(rng, {kClasses, 16 * 3 * 3})},
+                                   {"fc.bias", param(rng, {kClasses})}};
+  auto forward = [p](Graph& g, const std::vector<Value>& in) {
+    auto w = [&](int k) { return g.add_parameter(p[k].second); };
+    Value h = ops::max_pool(ops::relu(ops::conv(in[0], w(0), w(1), {1}, {1})), {2, 2});
+    h = ops::avg_pool(ops::tanh(ops::conv(h, w(2), Value(), {1}, {1})), {2, 2});
+    return std::vector<Value>{ops::linear(ops::flatten(h), w(3), w(4))};
+  };
+  return std::make_shared<Model>(forward, p);
+}
+
+const Shape kCnnInput{4, 3, 12, 12};
+
+PlanKey training_key(const std::string& backend, const Loss& loss, const Shape& x = {kBatch, kFeatures}) {
   PlanKey key;
-  key.input_shapes = {{kBatch, kFeatures}};
+  key.input_shapes = {x};
   key.input_dtypes = {DType::f32};
   key.mode = PlanMode::train_loss;
   key.input_grad = true;
   key.loss_key = loss.key();
-  key.target_shape = {kBatch};
+  key.target_shape = {x[0]};
   key.target_dtype = DType::i64;
   key.backend = backend;
   return key;
 }
 
-std::vector<int64_t> labels(std::mt19937_64& rng) {
+std::vector<int64_t> labels(std::mt19937_64& rng, int64_t n) {
   std::uniform_int_distribution<int64_t> d(0, kClasses - 1);
-  std::vector<int64_t> y(kBatch);
+  std::vector<int64_t> y(n);
   for (int64_t& v : y) v = d(rng);
   return y;
 }
 
 // ---- host-side checks
+// Kernel coverage is checked for every node before the device is required, so reaching the
+// missing-device error shows that every node of both training plans has a CUDA kernel.
 std::string cuda_plan_without_device() {
   if (device_count() > 0) return "a device is present: the device tests compile cuda plans";
   Loss loss = loss::cross_entropy();
+  expect_throw<ValueError>("cnn on cuda", [&] { cnn(1)->plan(training_key("cuda", loss, kCnnInput), &loss); },
+                           "plan: backend 'cuda' needs a CUDA device for cuda:0");
   return expect_throw<ValueError>("mlp on cuda", [&] { mlp(1)->plan(training_key("cuda", loss), &loss); },
                                   "plan: backend 'cuda' needs a CUDA device for cuda:0");
 }
 
 // Checked before the device is needed, so the same error with and without one.
 std::string uncovered_op_fails_at_finalize() {
-  Loss loss = loss::cross_entropy();
   std::mt19937_64 rng(2);
-  auto wc = param(rng, {8, 3, 3, 3}), wl = param(rng, {kClasses, 8 * 6 * 6});
-  Model cnn([&](Graph& g, const std::vector<Value>& in) {
-    Value h = ops::relu(ops::conv(in[0], g.add_parameter(wc), Value(), {1}, {1}));
-    h = ops::max_pool(h, {2, 2});
-    return std::vector<Value>{ops::linear(ops::flatten(h), g.add_parameter(wl), Value())};
-  }, {{"conv.weight", wc}, {"fc.weight", wl}});
-  PlanKey key = training_key("cuda", loss);
-  key.input_shapes = {{4, 3, 12, 12}};
-  key.target_shape = {4};
-  std::string m = expect_throw<ValueError>("cnn on cuda", [&] { cnn.plan(key, &loss); },
-                                           "conv: no CUDA kernel for float32 on cuda:0");
+  PlanKey key = training_key("cuda", loss::cross_entropy());
+  key.mode = PlanMode::train_seeded;
+  key.loss_key.clear();
   auto ln = param(rng, {kFeatures});
   Model norm([&](Graph& g, const std::vector<Value>& in) {
     return std::vector<Value>{ops::layer_norm(in[0], 1, g.add_parameter(ln), Value())};
   }, {{"ln.weight", ln}});
-  key = training_key("cuda", loss);
-  key.mode = PlanMode::train_seeded;
-  key.loss_key.clear();
-  expect_throw<ValueError>("layer_norm on cuda", [&] { norm.plan(key); }, "layer_norm: no CUDA kernel for float32 on cuda:0");
+  const std::string m = expect_throw<ValueError>("layer_norm on cuda", [&] { norm.plan(key); },
+                                                 "layer_norm: no CUDA kernel for float32 on cuda:0");
+  // A covered op in a dtype the backend has no kernel for.
+  auto w = std::make_shared<Parameter>(Tensor({kClasses, kFeatures}, DType::f64));
+  Model wide([&](Graph& g, const std::vector<Value>& in) {
+    return std::vector<Value>{ops::linear(in[0], g.add_parameter(w), Value())};
+  }, {{"weight", w}});
+  key.input_dtypes = {DType::f64};
+  expect_throw<ValueError>("float64 linear on cuda", [&] { wide.plan(key); }, "linear: no CUDA kernel for float64 on cuda:0");
   return m;
 }
 
@@ -151,20 +171,24 @@ std::string compare_runs(const Run& dev, const Run& ref, double tol) {
   return worst;
 }
 
-std::string mlp_plan_vs_eigen(Env& env) {
+// The model's training plan (loss + backward, input gradient included) on "cuda" and on "eigen",
+// four steps on fresh inputs: every value compared, no device allocation after the first step, and
+// host memory refused by the device plan.
+std::string plan_vs_eigen(Env& env, Model& model, const Shape& x_shape, std::size_t num_grads) {
   Loss loss = loss::cross_entropy();
-  auto model = mlp(7);
-  auto dev_plan = model->plan(training_key("cuda", loss), &loss);
-  auto ref_plan = model->plan(training_key("eigen", loss), &loss);
+  auto dev_plan = model.plan(training_key("cuda", loss, x_shape), &loss);
+  auto ref_plan = model.plan(training_key("eigen", loss, x_shape), &loss);
   const std::string text = describe_plan(*dev_plan);
   expect(plan_device_of(*dev_plan) == kCuda, "plan on ", device_name(plan_device_of(*dev_plan)));
   expect(text.find("[eigen]") == std::string::npos, "a device plan ran a node on Eigen:\n", text);
-  expect(dev_plan->param_grads.size() == 10, "expected 10 parameter gradients, got ", dev_plan->param_grads.size());
+  expect(dev_plan->param_grads.size() == num_grads, "expected ", num_grads, " parameter gradients, got ",
+         dev_plan->param_grads.size());
 
-  const Tensor& flat = model->flat_parameters();
+  const Tensor& flat = model.flat_parameters();
+  const int64_t n = shape_numel(x_shape), batch = x_shape[0];
   DeviceArray<float> params(env, std::vector<float>(flat.data_as<float>(), flat.data_as<float>() + flat.numel()));
-  DeviceArray<float> x_dev(env, static_cast<std::size_t>(kBatch * kFeatures));
-  DeviceArray<int64_t> y_dev(env, static_cast<std::size_t>(kBatch));
+  DeviceArray<float> x_dev(env, static_cast<std::size_t>(n));
+  DeviceArray<int64_t> y_dev(env, static_cast<std::size_t>(batch));
   void* dev_in[] = {x_dev.get()};
   void* dev_tg[] = {y_dev.get()};
   Bindings dev_b{params.get(), dev_in, dev_tg, {}};
@@ -175,8 +199,8 @@ std::string mlp_plan_vs_eigen(Env& env) {
   std::string detail;
   uint64_t mallocs_after_first = 0;
   for (int step = 0; step < 4; ++step) {
-    std::vector<float> x = uniform(env, kBatch * kFeatures, -2.f, 2.f);
-    std::vector<int64_t> y = labels(env.rng);
+    std::vector<float> x = uniform(env, static_cast<std::size_t>(n), -2.f, 2.f);
+    std::vector<int64_t> y = labels(env.rng, batch);
     x_dev.upload(x);
     y_dev.upload(y);
     run_plan(*dev_plan, dev_ctx, dev_b);
@@ -208,7 +232,8 @@ void add_core_host_tests(std::vector<TestCase>& out) {
 }
 
 void add_core_device_tests(std::vector<TestCase>& out) {
-  out.push_back({"core_mlp_plan_vs_eigen", mlp_plan_vs_eigen});
+  out.push_back({"core_mlp_plan_vs_eigen", [](Env& env) { return plan_vs_eigen(env, *mlp(7), {kBatch, kFeatures}, 10); }});
+  out.push_back({"core_cnn_plan_vs_eigen", [](Env& env) { return plan_vs_eigen(env, *cnn(11), kCnnInput, 5); }});
 }
 
 }  // namespace treadle::cuda::test

@@ -18,7 +18,8 @@ class CudaBackend final : public Backend {
  public:
   CudaBackend() {
     const OpRegistry& reg = OpRegistry::instance();
-    for (cuda::OpEntry& e : cuda::op_entries()) entries_[reg.id(e.op)] = std::move(e);
+    for (std::vector<cuda::OpEntry> family : {cuda::op_entries(), cuda::cnn_op_entries()})
+      for (cuda::OpEntry& e : family) entries_[reg.id(e.op)] = std::move(e);
   }
 
   const char* name() const override { return "cuda"; }

@@ -1,9 +1,10 @@
 #pragma once
-// The CUDA backend's op adapters (cuda_backend_ops.cpp): for each op it covers, whether a node
+// The CUDA backend's op adapters (cuda_backend_ops.cpp, cuda_backend_cnn.cpp): for each op it covers, whether a node
 // qualifies, what `prepare` builds once per node (cuBLASLt products, sizes), and the kernel that
 // maps KernelArgs onto one call of the kernel layer on the context's stream (KernelArgs::stream).
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
+#include <cudnn_graph.h>
 
 #include <cstdint>
 #include <string>
@@ -24,9 +25,13 @@ struct OpEntry {
   bool deterministic = true;
 };
 
+// The MLP family (cuda_backend_ops.cpp) and the convolution / pooling family (cuda_backend_cnn.cpp).
 std::vector<OpEntry> op_entries();
+std::vector<OpEntry> cnn_op_entries();
 
 // The backend's cuBLASLt handle for device 0 (thread-safe to share), created on first use.
 cublasLtHandle_t lt_handle();
+// The calling thread's cuDNN handle for device 0, bound to `stream` (created on first use).
+cudnnHandle_t cudnn_handle(cudaStream_t stream);
 
 }  // namespace treadle::cuda
