@@ -67,6 +67,34 @@ std::shared_ptr<Model> cnn(uint64_t seed) {
   return std::make_shared<Model>(forward, p);
 }
 
+// conv (no bias) -> batch norm (affine, running statistics with momentum 0.1) -> relu -> max pool
+// -> linear, on (4, 3, 12, 12): the running statistics and the batch counter are updated in place
+// in the parameter buffer by both plans.
+std::shared_ptr<Model> bn_cnn(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  auto state = [](const Shape& shape, float value) {
+    Tensor t(shape, DType::f32);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = value;
+    return std::make_shared<Parameter>(t, false);
+  };
+  std::vector<NamedParameter> p = {{"conv.weight", param(rng, {8, 3, 3, 3})},
+                                   {"bn.weight", param(rng, {8})},
+                                   {"bn.bias", param(rng, {8})},
+                                   {"fc.weight", param(rng, {kClasses, 8 * 6 * 6})},
+                                   {"fc.bias", param(rng, {kClasses})},
+                                   {"bn.running_mean", state({8}, 0.f)},
+                                   {"bn.running_var", state({8}, 1.f)},
+                                   {"bn.num_batches_tracked", state({}, 0.f)}};
+  auto forward = [p](Graph& g, const std::vector<Value>& in) {
+    auto w = [&](int k) { return g.add_parameter(p[k].second); };
+    Value h = ops::conv(in[0], w(0), Value(), {1}, {1});
+    h = ops::batch_norm(h, w(5), w(6), w(1), w(2), w(7), g.training(), 0.1, 1e-5);
+    h = ops::max_pool(ops::relu(h), {2, 2});
+    return std::vector<Value>{ops::linear(ops::flatten(h), w(3), w(4))};
+  };
+  return std::make_shared<Model>(forward, p);
+}
+
 const Shape kCnnInput{4, 3, 12, 12};
 
 PlanKey training_key(const std::string& backend, const Loss& loss, const Shape& x = {kBatch, kFeatures}) {
@@ -96,6 +124,8 @@ std::string cuda_plan_without_device() {
   if (device_count() > 0) return "a device is present: the device tests compile cuda plans";
   Loss loss = loss::cross_entropy();
   expect_throw<ValueError>("cnn on cuda", [&] { cnn(1)->plan(training_key("cuda", loss, kCnnInput), &loss); },
+                           "plan: backend 'cuda' needs a CUDA device for cuda:0");
+  expect_throw<ValueError>("bn cnn on cuda", [&] { bn_cnn(1)->plan(training_key("cuda", loss, kCnnInput), &loss); },
                            "plan: backend 'cuda' needs a CUDA device for cuda:0");
   return expect_throw<ValueError>("mlp on cuda", [&] { mlp(1)->plan(training_key("cuda", loss), &loss); },
                                   "plan: backend 'cuda' needs a CUDA device for cuda:0");
@@ -211,6 +241,9 @@ std::string plan_vs_eigen(Env& env, Model& model, const Shape& x_shape, std::siz
     run_plan(*ref_plan, ref_ctx, ref_b);
     const Run ref = collect(*ref_plan, ref_ctx, ref_b, nullptr);
     detail = compare_runs(dev, ref, 1e-5);
+    // Plans may update state in the parameter buffer (batch-norm running statistics): both alike.
+    compare("parameters after step " + std::to_string(step + 1), params.download(),
+            widen(std::vector<float>(flat.data_as<float>(), flat.data_as<float>() + flat.numel())), 1e-5);
     if (step == 0) mallocs_after_first = dev_ctx.device_allocations();
     expect(dev_ctx.device_allocations() == mallocs_after_first, "step ", step + 1, ": ", dev_ctx.device_allocations(),
            " device allocations, ", mallocs_after_first, " after step 1");
@@ -234,6 +267,7 @@ void add_core_host_tests(std::vector<TestCase>& out) {
 void add_core_device_tests(std::vector<TestCase>& out) {
   out.push_back({"core_mlp_plan_vs_eigen", [](Env& env) { return plan_vs_eigen(env, *mlp(7), {kBatch, kFeatures}, 10); }});
   out.push_back({"core_cnn_plan_vs_eigen", [](Env& env) { return plan_vs_eigen(env, *cnn(11), kCnnInput, 5); }});
+  out.push_back({"core_bn_cnn_plan_vs_eigen", [](Env& env) { return plan_vs_eigen(env, *bn_cnn(13), kCnnInput, 5); }});
 }
 
 }  // namespace treadle::cuda::test

@@ -1,21 +1,25 @@
-// Op adapters of the CUDA backend for convolutional networks, float32, 1-d and 2-d only (a 1-d
-// problem is a 2-d one of height 1, as the core's geometry already stores it):
+// Op adapters of the CUDA backend for convolutional networks, float32, convolution and pooling 1-d
+// and 2-d only (a 1-d problem is a 2-d one of height 1, as the core's geometry already stores it):
 //   conv (optional bias, fused relu/tanh/sigmoid applied in place after), conv_backward_data,
 //   conv_backward_weight, conv_backward_bias     -> CudnnConv2d, one per node, deterministic
 //                                                   algorithms with FMA-only float32 math
 //   max_pool, max_pool_backward                  -> the index kernels (the core's int64 argmax)
 //   avg_pool, avg_pool_backward                  -> CudnnPool2d (no divisor_override, no ceil_mode
 //                                                   that changes the size)
+//   batch_norm, batch_norm_eval, batch_norm_backward -> CudnnBatchNorm (spatial mode)
+//   batch_norm_update_stats                      -> an own kernel (the count lives on the device)
 // Not taken (so a cuda plan holding them fails at finalize): 3-d windows, asymmetric padding
 // (padding_end), precision "bf16" (cuDNN has no bf16-operand float32 convolution here),
-// conv_backward_data with a bias (conv_transpose), batch norm.
+// conv_backward_data with a bias (conv_transpose), batch_norm_eval_backward.
 #include <memory>
 #include <string>
 
+#include "backends/cuda/cuda_backend_kernels.hpp"
 #include "backends/cuda/cuda_backend_ops.hpp"
 #include "backends/cuda/cuda_kernels.hpp"
 #include "backends/cuda/cuda_stream.hpp"
 #include "backends/cuda/cudnn_conv.hpp"
+#include "backends/cuda/cudnn_norm.hpp"
 #include "backends/cuda/cudnn_pool.hpp"
 #include "backends/cuda/max_pool_kernels.hpp"
 #include "core/op_registry.hpp"
@@ -72,9 +76,10 @@ Conv2dConfig conv_config(const ConvGeometry& g) {
 bool accepts_conv(const Graph& g, const Node& node) {
   if (!float32_operands(g, node) || is_bf16_compute(node.attrs)) return false;
   if (op_name(node) == "conv_backward_data" && node.inputs.size() != 2) return false;  // conv_transpose's bias
-  const ConvGeometry geo = conv_geometry_of(g, node);
-  if (geo.nd > 2 || geo.pad_begin != geo.pad_end) return false;
   try {
+    // conv_backward_bias accepts any (N, C, ...) gradient; the geometry needs 1 to 3 spatial dims.
+    const ConvGeometry geo = conv_geometry_of(g, node);
+    if (geo.nd > 2 || geo.pad_begin != geo.pad_end) return false;
     validate_conv2d(conv_config(geo));  // host-only: the limits of cuDNN's descriptors
   } catch (const ValueError&) {
     return false;
@@ -221,6 +226,97 @@ void avg_pool_backward_kernel(const KernelArgs& a) {
                                                        out_f(a));
 }
 
+// ---- batch norm (spatial): x (N, C, *) seen as (N, C, S, 1). The node's x is input 0, or input 1
+// of batch_norm_backward (dy, x, mean, rstd[, weight]); affine nodes carry weight (and bias).
+const Shape& bn_x(const Graph& g, const Node& node) {
+  return shape_of(g, node.inputs[op_name(node) == "batch_norm_backward" ? 1 : 0]);
+}
+
+BatchNormConfig bn_config(const Graph& g, const Node& node) {
+  const std::string& op = op_name(node);
+  const Shape& x = bn_x(g, node);
+  BatchNormConfig c;
+  c.batch = x.at(0);
+  c.channels = x.at(1);
+  c.spatial = shape_numel(x) / (c.batch * c.channels);
+  // batch_norm_backward carries no eps: with the saved mean and rstd given, cuDNN does not use it.
+  c.eps = node.attrs.has("eps") ? node.attrs.f("eps") : 1e-5;
+  c.affine = node.inputs.size() == (op == "batch_norm" ? 3u : 5u);
+  return c;
+}
+
+bool accepts_batch_norm(const Graph& g, const Node& node) {
+  if (!float32_operands(g, node) || bn_x(g, node).size() < 2) return false;
+  try {
+    validate_batch_norm(bn_config(g, node));
+  } catch (const ValueError&) {
+    return false;
+  }
+  return true;
+}
+
+PreparedNode prepare_batch_norm(const Graph& g, const Node& node) {
+  auto bn = std::make_shared<CudnnBatchNorm>(bn_config(g, node));
+  PreparedNode p;
+  p.workspace = bn->workspace_bytes();
+  p.state = std::move(bn);
+  return p;
+}
+
+const CudnnBatchNorm& bn_state(const KernelArgs& a) { return *static_cast<const CudnnBatchNorm*>(a.state); }
+
+// (x[, weight, bias]) -> (y, mean, rstd); the running statistics are batch_norm_update_stats' work.
+void batch_norm_kernel(const KernelArgs& a) {
+  const bool affine = a.num_in == 3;
+  bn_state(a).forward_training(cudnn_handle(stream_of(a)), in_f(a, 0), affine ? in_f(a, 1) : nullptr,
+                               affine ? in_f(a, 2) : nullptr, out_f(a, 0), out_f(a, 1), out_f(a, 2), nullptr, nullptr,
+                               0.0, a.workspace);
+}
+
+// (x, running_mean, running_var[, weight, bias]) -> y
+void batch_norm_eval_kernel(const KernelArgs& a) {
+  const bool affine = a.num_in == 5;
+  bn_state(a).forward_inference(cudnn_handle(stream_of(a)), in_f(a, 0), affine ? in_f(a, 3) : nullptr,
+                                affine ? in_f(a, 4) : nullptr, in_f(a, 1), in_f(a, 2), out_f(a), a.workspace);
+}
+
+// (dy, x, mean, rstd[, weight]) -> (dx[, dweight, dbias])
+void batch_norm_backward_kernel(const KernelArgs& a) {
+  const bool affine = a.num_in == 5;
+  bn_state(a).backward(cudnn_handle(stream_of(a)), in_f(a, 1), in_f(a, 0), affine ? in_f(a, 4) : nullptr, in_f(a, 2),
+                       in_f(a, 3), out_f(a, 0), affine ? out_f(a, 1) : nullptr, affine ? out_f(a, 2) : nullptr, false,
+                       a.workspace);
+}
+
+// (mean, rstd, running_mean, running_var, num_batches_tracked): updates the last three in place.
+struct UpdateStats {
+  double eps = 0, momentum = 0;
+  int64_t count = 0;
+};
+
+bool accepts_update_stats(const Graph& g, const Node& node) {
+  for (int v : node.inputs)
+    if (g.info(v).dtype != DType::f32) return false;
+  return shape_numel(shape_of(g, node.inputs[0])) > 0;
+}
+
+PreparedNode prepare_update_stats(const Graph&, const Node& node) {
+  auto u = std::make_shared<UpdateStats>();
+  u->eps = node.attrs.f("eps");
+  u->momentum = node.attrs.f("momentum");
+  u->count = node.attrs.i("count");
+  PreparedNode p;
+  p.state = std::move(u);
+  return p;
+}
+
+void update_stats_kernel(const KernelArgs& a) {
+  const UpdateStats& u = *static_cast<const UpdateStats*>(a.state);
+  auto io = [&](int k) { return static_cast<float*>(a.in[k].data); };
+  batch_norm_update_stats(in_f(a, 0), in_f(a, 1), io(2), io(3), io(4), a.in[0].numel, u.eps, u.momentum, u.count,
+                          stream_of(a));
+}
+
 }  // namespace
 
 std::vector<OpEntry> cnn_op_entries() {
@@ -233,6 +329,10 @@ std::vector<OpEntry> cnn_op_entries() {
       {"max_pool_backward", accepts_max_pool, prepare_max_pool, max_pool_backward_kernel},
       {"avg_pool", accepts_avg_pool, prepare_avg_pool, avg_pool_kernel},
       {"avg_pool_backward", accepts_avg_pool, prepare_avg_pool, avg_pool_backward_kernel},
+      {"batch_norm", accepts_batch_norm, prepare_batch_norm, batch_norm_kernel},
+      {"batch_norm_eval", accepts_batch_norm, prepare_batch_norm, batch_norm_eval_kernel},
+      {"batch_norm_backward", accepts_batch_norm, prepare_batch_norm, batch_norm_backward_kernel},
+      {"batch_norm_update_stats", accepts_update_stats, prepare_update_stats, update_stats_kernel},
   };
 }
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "backends/cuda/cuda_backend_fill.hpp"
+#include "backends/cuda/cuda_backend_kernels.hpp"
 #include "backends/kernel.hpp"
 
 namespace treadle::cuda {

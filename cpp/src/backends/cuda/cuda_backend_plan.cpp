@@ -17,6 +17,13 @@ void Plan::select_device_kernels(bool deterministic) {
   for (PlanStep& s : steps) {
     const Node& node = graph.nodes()[s.node];
     const OpDef& def = reg.at(node.op);
+    // In-place updates (running statistics) only of memory the host binds, as on the host.
+    for (int k : def.writes_inputs) {
+      const ValueKind kind = graph.info(node.inputs.at(k)).kind;
+      if (!graph.training() || (kind != ValueKind::parameter && kind != ValueKind::input))
+        throw_runtime_error("plan: op '", def.name, "' updates input ", k, " in place; only training plans may hold ",
+                            "it, and only for a parameter or an input");
+    }
     if (def.view_of >= 0) continue;
     const DType dt = node.inputs.empty() ? graph.info(node.outputs[0]).dtype : graph.info(node.inputs[0]).dtype;
     s.kernel = cuda.find(graph, node);
