@@ -4,9 +4,9 @@
 
 Three parts, all timed in alternating rounds (bench/onednn_mlp.py's time_alternating), medians:
 
-1. crossover: predict of one LSTM(H, H) layer over T = 16 steps, batch N, returning the output
-   sequence, pinned to "eigen" and to "onednn" (which takes lstm_layer in inference plans), and
-   torch.nn.LSTM under inference_mode, over a grid of N and H;
+1. crossover: predict of one LSTM(H, H) or GRU(H, H) layer over T = 16 steps, batch N, returning
+   the output sequence, pinned to "eigen" and to "onednn" (which takes lstm_layer and gru_layer in
+   inference plans), and torch.nn.LSTM/GRU under inference_mode, over a grid of N and H;
 2. W5 (bench/workloads.py: LSTM seq 32, input 16, hidden 64, batch 32 -> Linear -> 1, MSE): the
    training step (zero-grad + forward + MSE + backward + Adam) and inference, for the three;
 3. training crossover: the gradient pass (forward + MSE + backward) of one LSTM(H, H) or GRU(H, H)
@@ -38,23 +38,23 @@ from onednn_mlp import time_alternating  # noqa: E402
 BACKENDS = ("eigen", "onednn")
 
 
-def lstm_net(input_size, hidden, batch_first=False):
+def recurrent_net(cell, input_size, hidden):
     class Net(tl.nn.Module):
         def __init__(self):
             super().__init__()
-            self.lstm = tl.nn.LSTM(input_size, hidden, batch_first=batch_first)
+            self.rnn = getattr(tl.nn, cell)(input_size, hidden)
 
         def forward(self, x):
-            return self.lstm(x)[0]
+            return self.rnn(x)[0]
 
     return Net()
 
 
 def predict_runners(torch, make_treadle, make_torch, x):
     """{name: run(k)} for treadle predict per backend (same weights) and torch inference (a bare
-    torch.nn.LSTM: its parameters sit under "lstm." in the treadle net)."""
+    torch.nn.LSTM/GRU: its parameters sit under "rnn." in the treadle net)."""
     tmodel = make_torch().float().eval()
-    state = {"lstm." + k: v.detach().numpy() for k, v in tmodel.state_dict().items()}
+    state = {"rnn." + k: v.detach().numpy() for k, v in tmodel.state_dict().items()}
     runners = {}
     for backend in BACKENDS:
         net = make_treadle()
@@ -80,17 +80,20 @@ def timed(runners, min_time):
     return {k: v["cpu_s"] * 1e6 for k, v in t.items()}, plans
 
 
-def crossover(torch, min_time, seq=16, batches=(1, 2, 4, 8, 32, 128), hiddens=(8, 16, 32, 64, 128, 256)):
+def crossover(torch, min_time, cell="LSTM", seq=16, batches=(1, 2, 4, 8, 32, 128),
+              hiddens=(8, 16, 32, 64, 128, 256)):
     rows = []
     rng = np.random.default_rng(0)
+    gates = 4 if cell == "LSTM" else 3
     for n in batches:
         for h in hiddens:
             x = rng.standard_normal((seq, n, h)).astype(np.float32)
-            runners = predict_runners(torch, lambda h=h: lstm_net(h, h), lambda h=h: torch.nn.LSTM(h, h), x)
+            runners = predict_runners(torch, lambda h=h: recurrent_net(cell, h, h),
+                                      lambda h=h: getattr(torch.nn, cell)(h, h), x)
             us, plans = timed(runners, min_time)
-            rows.append({"T": seq, "N": n, "H": h, "macs": seq * n * 4 * h * 2 * h, "us": us,
-                         "taken": "lstm_layer [onednn]" in plans["_plan-onednn"]})
-            print(f"N {n:4d} H {h:4d}: eigen {us['treadle-eigen']:9.1f} onednn {us['treadle-onednn']:9.1f} "
+            rows.append({"cell": cell, "T": seq, "N": n, "H": h, "macs": seq * n * gates * h * 2 * h, "us": us,
+                         "taken": f"{cell.lower()}_layer [onednn]" in plans["_plan-onednn"]})
+            print(f"{cell} N {n:4d} H {h:4d}: eigen {us['treadle-eigen']:9.1f} onednn {us['treadle-onednn']:9.1f} "
                   f"torch {us['torch']:9.1f} us, onednn taken: {rows[-1]['taken']}", flush=True)
     return rows
 
@@ -134,18 +137,6 @@ def w5(torch, min_time, seed=0):
     return {"train_us": train_us, "infer_us": infer_us, "plans": plans}
 
 
-def recurrent_net(cell, input_size, hidden):
-    class Net(tl.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.rnn = getattr(tl.nn, cell)(input_size, hidden)
-
-        def forward(self, x):
-            return self.rnn(x)[0]
-
-    return Net()
-
-
 def training_crossover(torch, min_time, seq=16, batches=(2, 4, 8, 32, 128), hiddens=(16, 32, 64, 128)):
     """Gradient pass (forward + MSE + backward, no update) of one LSTM(H, H) or GRU(H, H) layer over
     T = 16 steps, pinned to "eigen" and to "onednn" (which takes the forward_training/backward pair),
@@ -186,12 +177,13 @@ def training_crossover(torch, min_time, seq=16, batches=(2, 4, 8, 32, 128), hidd
 
 
 def markdown(cross, w5r, train_cross):
-    lines = ["LSTM(H, H) predict, T = 16, one thread, CPU time (us); ratio = Eigen / oneDNN (> 1: oneDNN faster)", "",
-             "| N | H | multiply-adds | eigen | onednn | torch | eigen / onednn | onednn taken |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["LSTM(H, H) / GRU(H, H) predict, T = 16, one thread, CPU time (us); ratio = Eigen / oneDNN "
+             "(> 1: oneDNN faster)", "",
+             "| cell | N | H | multiply-adds | eigen | onednn | torch | eigen / onednn | onednn taken |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in cross:
         u = r["us"]
-        lines.append(f"| {r['N']} | {r['H']} | {r['macs']} | {u['treadle-eigen']:.1f} | {u['treadle-onednn']:.1f} | "
+        lines.append(f"| {r['cell']} | {r['N']} | {r['H']} | {r['macs']} | {u['treadle-eigen']:.1f} | {u['treadle-onednn']:.1f} | "
                      f"{u['torch']:.1f} | {u['treadle-eigen'] / u['treadle-onednn']:.2f} | {r['taken']} |")
     lines += ["", "W5 (LSTM seq 32, in 16, hidden 64, batch 32 -> 1, MSE), one thread, CPU time (us)", "",
               "| pass | treadle eigen | treadle onednn | torch |", "|---|---|---|---|"]
@@ -220,7 +212,8 @@ def main(argv=None):
         return 2
     import torch
     torch.set_num_threads(1)
-    cross = crossover(torch, args.min_time)
+    cross = crossover(torch, args.min_time) + crossover(torch, args.min_time, "GRU", batches=(1, 2, 4, 8, 32, 128),
+                                                         hiddens=(16, 32, 64, 128))
     w5r = w5(torch, args.min_time * 3)
     train_cross = training_crossover(torch, args.min_time)
     table = markdown(cross, w5r, train_cross)
