@@ -149,7 +149,8 @@ std::string uncovered_op_fails_at_finalize() {
     return std::vector<Value>{ops::linear(in[0], g.add_parameter(w), Value())};
   }, {{"weight", w}});
   key.input_dtypes = {DType::f64};
-  expect_throw<ValueError>("float64 linear on cuda", [&] { wide.plan(key); }, "linear: no CUDA kernel for float64 on cuda:0");
+  expect_throw<ValueError>("float64 linear on cuda", [&] { wide.plan(key); },
+                           "linear: no CUDA kernel for float64 on cuda:0");
   return m;
 }
 
@@ -196,8 +197,10 @@ std::string compare_runs(const Run& dev, const Run& ref, double tol) {
   std::string worst = compare("loss", {dev.loss}, {static_cast<double>(ref.loss)}, tol);
   compare("logits", dev.logits, widen(ref.logits), tol);
   compare("dx", dev.dx, widen(ref.dx), tol);
-  expect(dev.grads.size() == ref.grads.size(), dev.grads.size(), " gradients on the device, ", ref.grads.size(), " on Eigen");
-  for (std::size_t k = 0; k < dev.grads.size(); ++k) compare("grad " + std::to_string(k), dev.grads[k], widen(ref.grads[k]), tol);
+  expect(dev.grads.size() == ref.grads.size(), dev.grads.size(), " gradients on the device, ", ref.grads.size(),
+         " on Eigen");
+  for (std::size_t k = 0; k < dev.grads.size(); ++k)
+    compare("grad " + std::to_string(k), dev.grads[k], widen(ref.grads[k]), tol);
   return worst;
 }
 
@@ -265,9 +268,11 @@ void add_core_host_tests(std::vector<TestCase>& out) {
 }
 
 void add_core_device_tests(std::vector<TestCase>& out) {
-  out.push_back({"core_mlp_plan_vs_eigen", [](Env& env) { return plan_vs_eigen(env, *mlp(7), {kBatch, kFeatures}, 10); }});
+  out.push_back({"core_mlp_plan_vs_eigen",
+                 [](Env& env) { return plan_vs_eigen(env, *mlp(7), {kBatch, kFeatures}, 10); }});
   out.push_back({"core_cnn_plan_vs_eigen", [](Env& env) { return plan_vs_eigen(env, *cnn(11), kCnnInput, 5); }});
-  out.push_back({"core_bn_cnn_plan_vs_eigen", [](Env& env) { return plan_vs_eigen(env, *bn_cnn(13), kCnnInput, 5); }});
+  out.push_back({"core_bn_cnn_plan_vs_eigen",
+                 [](Env& env) { return plan_vs_eigen(env, *bn_cnn(13), kCnnInput, 5); }});
 }
 
 }  // namespace treadle::cuda::test
