@@ -1,6 +1,6 @@
 // Op adapters of the CUDA backend for convolutional networks, float32, convolution and pooling 1-d
 // and 2-d only (a 1-d problem is a 2-d one of height 1, as the core's geometry already stores it):
-//   conv (optional bias, fused relu/tanh/sigmoid applied in place after), conv_backward_data,
+//   conv (optional bias, fused relu/tanh/sigmoid applied after), conv_backward_data,
 //   conv_backward_weight, conv_backward_bias     -> CudnnConv2d, one per node, deterministic
 //                                                   algorithms with FMA-only float32 math
 //   max_pool, max_pool_backward                  -> the index kernels (the core's int64 argmax)
@@ -90,8 +90,9 @@ bool accepts_conv(const Graph& g, const Node& node) {
 struct ConvState {
   ConvState(cudnnHandle_t handle, const Conv2dConfig& config) : conv(handle, config) {}
   CudnnConv2d conv;
-  bool post = false;  // a fused activation, applied in place to the output
+  bool post = false;  // a fused activation, reading the convolution from the workspace
   Activation act = Activation::relu;
+  std::size_t product_offset = 0;
 };
 
 PreparedNode prepare_conv(const Graph& g, const Node& node) {
@@ -101,12 +102,15 @@ PreparedNode prepare_conv(const Graph& g, const Node& node) {
     throw_runtime_error(op_name(node), ": cuDNN's output size (", s->conv.out_height(), ", ", s->conv.out_width(),
                         ") differs from the core's (", geo.out[1], ", ", geo.out[2], ")");
   const std::string& act = fused_activation(node.attrs);
-  if (!act.empty()) {
-    s->post = true;
-    s->act = act == "relu" ? Activation::relu : act == "tanh" ? Activation::tanh : Activation::sigmoid;
-  }
   PreparedNode p;
   p.workspace = s->conv.workspace_bytes();
+  if (!act.empty()) {  // the activation kernel's operands are __restrict__: never in place
+    s->post = true;
+    s->act = act == "relu" ? Activation::relu : act == "tanh" ? Activation::tanh : Activation::sigmoid;
+    s->product_offset = post_product_offset(p.workspace);
+    const auto out_elements = static_cast<std::size_t>(shape_numel(shape_of(g, node.outputs[0])));
+    p.workspace = s->product_offset + out_elements * sizeof(float);
+  }
   p.state = std::move(s);
   return p;
 }
@@ -115,9 +119,10 @@ const ConvState& conv_state(const KernelArgs& a) { return *static_cast<const Con
 
 void conv_kernel(const KernelArgs& a) {
   const ConvState& s = conv_state(a);
-  s.conv.forward(cudnn_handle(stream_of(a)), in_f(a, 0), in_f(a, 1), a.num_in == 3 ? in_f(a, 2) : nullptr, out_f(a),
+  float* y = s.post ? reinterpret_cast<float*>(static_cast<char*>(a.workspace) + s.product_offset) : out_f(a);
+  s.conv.forward(cudnn_handle(stream_of(a)), in_f(a, 0), in_f(a, 1), a.num_in == 3 ? in_f(a, 2) : nullptr, y,
                  a.workspace);
-  if (s.post) activation_forward(s.act, out_f(a), out_f(a), a.out[0].numel, stream_of(a));
+  if (s.post) activation_forward(s.act, y, out_f(a), a.out[0].numel, stream_of(a));
 }
 
 // (dy, w) -> dx

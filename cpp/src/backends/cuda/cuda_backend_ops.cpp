@@ -52,12 +52,14 @@ const T& state_of(const KernelArgs& a) {
 }
 
 // ---- linear: one LtLinear per node; a fused relu with a bias is cuBLASLt's RELU_BIAS epilogue, any
-// other fused activation runs in place on the output afterwards.
+// other fused activation reads the product from the workspace (after the product's own scratch) and
+// writes the output: the activation kernel's operands are __restrict__, so it never runs in place.
 struct LinearState {
   LinearState(cublasLtHandle_t handle, const LinearConfig& config) : lt(handle, config) {}
   LtLinear lt;
   bool post = false;
   Activation act = Activation::relu;
+  std::size_t product_offset = 0;  // where the pre-activation product sits in the workspace
 };
 
 Activation activation_named(const std::string& name, const Attrs& attrs) {
@@ -87,15 +89,25 @@ PreparedNode prepare_linear(const Graph& g, const Node& node) {
   c.math = math_of(node.attrs);
   auto s = std::make_shared<LinearState>(lt_handle(), c);
   s->post = !act.empty() && !relu_epilogue;
-  if (s->post) s->act = activation_named(act, node.attrs);
-  const std::size_t ws = s->lt.workspace_bytes();
+  std::size_t ws = s->lt.workspace_bytes();
+  if (s->post) {
+    s->act = activation_named(act, node.attrs);
+    s->product_offset = post_product_offset(ws);
+    ws = s->product_offset + static_cast<std::size_t>(numel_of(g, node.outputs[0])) * sizeof(float);
+  }
   return with_state(std::move(s), ws);
 }
 
 void linear_kernel(const KernelArgs& a) {
   const LinearState& s = state_of<LinearState>(a);
-  s.lt.forward(in_f(a, 0), in_f(a, 1), a.num_in == 3 ? in_f(a, 2) : nullptr, out_f(a), a.workspace, stream_of(a));
-  if (s.post) activation_forward(s.act, out_f(a), out_f(a), a.out[0].numel, stream_of(a));
+  const float* bias = a.num_in == 3 ? in_f(a, 2) : nullptr;
+  if (!s.post) {
+    s.lt.forward(in_f(a, 0), in_f(a, 1), bias, out_f(a), a.workspace, stream_of(a));
+    return;
+  }
+  float* product = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + s.product_offset);
+  s.lt.forward(in_f(a, 0), in_f(a, 1), bias, product, a.workspace, stream_of(a));
+  activation_forward(s.act, product, out_f(a), a.out[0].numel, stream_of(a));
 }
 
 // ---- matmul (the gradients of linear: dy W and dy^T x)

@@ -29,6 +29,10 @@ struct OpEntry {
 std::vector<OpEntry> op_entries();
 std::vector<OpEntry> cnn_op_entries();
 
+// Where a product that a fused activation reads back sits in a node's workspace: after the
+// product's own scratch, 256-byte aligned (the workspace base is 64-byte aligned in the arena).
+inline std::size_t post_product_offset(std::size_t scratch_bytes) { return (scratch_bytes + 255) / 256 * 256; }
+
 // The backend's cuBLASLt handle for device 0 (thread-safe to share), created on first use.
 cublasLtHandle_t lt_handle();
 // The calling thread's cuDNN handle for device 0, bound to `stream` (created on first use).
