@@ -3,12 +3,14 @@
 #   1. build test_cuda with nvcc for the GPU's architecture (standalone project cpp/tests/cuda: needs
 #      CUDA and the NVIDIA cuBLAS/cuDNN wheels or libraries, not Eigen), ccache when present, -j16
 #   2. run it: every kernel against float64 host references, the allocator, the status paths
-#   3. test_cuda --bench: kernel timings (JSON)
-#   4. the same operations in torch on the GPU, when torch with CUDA is importable (else skipped)
-#   5. compute-sanitizer memcheck of the tests, when the tool is present (time-boxed)
-#   6. libtreadle itself with TREADLE_WITH_CUDA=ON (needs Eigen: skipped when CMake cannot find it)
+#   3. libtreadle itself with TREADLE_WITH_CUDA=ON and test_cuda inside that build, run with
+#      --only core_: the core's training plans (MLP, CNN, CNN with batch norm) compiled for "cuda"
+#      against the same plans on Eigen (needs Eigen: skipped when CMake cannot find it)
+#   4. test_cuda --bench: kernel timings (JSON)
+#   5. the same operations in torch on the GPU, when torch with CUDA is importable (else skipped)
+#   6. compute-sanitizer memcheck of the tests, when the tool is present (time-boxed)
 # Writes into OUT_DIR (first argument, else $OUT, else build/gpu-check): gpu_check.log, test_cuda.txt,
-# bench.json, torch.json, summary.txt. Prints "== GPU check: ..." lines; exits 1 when a test failed.
+# core_plans.txt, bench.json, torch.json, summary.txt. Prints "== GPU check: ..." lines; exits 1 when a test failed.
 # Usage: bench/gpu_check.sh [OUT_DIR]        (PYTHON=... to choose the interpreter holding the wheels)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -73,15 +75,48 @@ else
   FAILED=1
 fi
 
-# ---- 3. our timings
-if timeout 120 "$EXE" --bench --json "$OUT_DIR/bench.json" >>"$LOG" 2>&1 && [ -s "$OUT_DIR/bench.json" ]; then
+# ---- 3. libtreadle with CUDA and the core's plans on the device (needs Eigen: the whole library)
+# Right after the kernel tests: the core_* tests (training plans compiled for "cuda" against Eigen)
+# are the check of the backend inside the core; the timings, torch and memcheck get what is left.
+if [ "$(left)" -gt 90 ]; then
+  t0=$(date +%s)
+  if timeout $(($(left) - 60)) bash -c "cmake -S . -B build/gpu-check-full -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DTREADLE_WITH_CUDA=ON -DTREADLE_BUILD_TESTS=ON -DCMAKE_CUDA_COMPILER='$NVCC' -DCMAKE_CUDA_ARCHITECTURES='$ARCH' \
+      -DPython3_EXECUTABLE='$PYTHON' ${LAUNCH[*]} && cmake --build build/gpu-check-full -j$JOBS --target treadle test_cuda" \
+      >>"$LOG" 2>&1; then
+    say "PASS libtreadle and test_cuda with TREADLE_WITH_CUDA=ON ($(($(date +%s) - t0)) s)"
+    timeout 120 build/gpu-check-full/cpp/tests/cuda/test_cuda --only core_ >"$OUT_DIR/core_plans.txt" 2>&1
+    rc=$?
+    cat "$OUT_DIR/core_plans.txt" | tee -a "$LOG"
+    if grep -q "^SKIP: no CUDA device" "$OUT_DIR/core_plans.txt"; then
+      say "SKIP core plans on the device: no device (see core_plans.txt)"
+      FAILED=1
+    elif [ $rc -eq 0 ]; then
+      say "PASS core plans on the device: $(grep '^cuda tests:' "$OUT_DIR/core_plans.txt")"
+    else
+      say "FAIL core plans on the device (exit $rc): $(grep '^FAIL' "$OUT_DIR/core_plans.txt" | awk '{print $2}' | tr '\n' ' ')"
+      FAILED=1
+    fi
+  else
+    say "SKIP libtreadle with TREADLE_WITH_CUDA=ON: configure/build failed or timed out (Eigen missing? see gpu_check.log)"
+  fi
+else
+  say "SKIP libtreadle with TREADLE_WITH_CUDA=ON and the core plans: too little time left"
+fi
+
+# ---- 4. our timings
+if [ "$(left)" -lt 60 ]; then
+  say "SKIP bench: too little time left"
+elif timeout 120 "$EXE" --bench --json "$OUT_DIR/bench.json" >>"$LOG" 2>&1 && [ -s "$OUT_DIR/bench.json" ]; then
   say "PASS bench: $(grep -c '"name"' "$OUT_DIR/bench.json") kernels timed (bench.json)"
 else
   say "FAIL bench (see gpu_check.log)"
 fi
 
-# ---- 4. torch on the same shapes
-if [ -s "$OUT_DIR/bench.json" ] && "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+# ---- 5. torch on the same shapes
+if [ "$(left)" -lt 60 ]; then
+  say "SKIP torch comparison: too little time left"
+elif [ -s "$OUT_DIR/bench.json" ] && "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
   timeout 150 "$PYTHON" - "$OUT_DIR/bench.json" "$OUT_DIR/torch.json" >>"$LOG" 2>&1 <<'PY'
 import json, sys
 import torch
@@ -215,7 +250,7 @@ else
   say "SKIP torch comparison: no torch with CUDA under $PYTHON (only our timings)"
 fi
 
-# ---- 5. memcheck
+# ---- 6. memcheck
 if command -v compute-sanitizer >/dev/null && [ "$(left)" -gt 150 ]; then
   timeout 140 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 "$EXE" >"$OUT_DIR/memcheck.txt" 2>&1
   rc=$?
@@ -231,21 +266,6 @@ if command -v compute-sanitizer >/dev/null && [ "$(left)" -gt 150 ]; then
   rm -f "$OUT_DIR/memcheck.txt"
 else
   say "SKIP compute-sanitizer memcheck: tool missing or too little time left"
-fi
-
-# ---- 6. libtreadle with CUDA (link check of the whole library)
-if [ "$(left)" -gt 60 ]; then
-  t0=$(date +%s)
-  if timeout $(($(left) - 20)) bash -c "cmake -S . -B build/gpu-check-full -G Ninja -DCMAKE_BUILD_TYPE=Release \
-      -DTREADLE_WITH_CUDA=ON -DCMAKE_CUDA_COMPILER='$NVCC' -DCMAKE_CUDA_ARCHITECTURES='$ARCH' \
-      -DPython3_EXECUTABLE='$PYTHON' ${LAUNCH[*]} && cmake --build build/gpu-check-full -j$JOBS --target treadle" \
-      >>"$LOG" 2>&1; then
-    say "PASS libtreadle with TREADLE_WITH_CUDA=ON ($(($(date +%s) - t0)) s)"
-  else
-    say "SKIP libtreadle with TREADLE_WITH_CUDA=ON: configure/build failed or timed out (Eigen missing? see gpu_check.log)"
-  fi
-else
-  say "SKIP libtreadle with TREADLE_WITH_CUDA=ON: too little time left"
 fi
 
 say "done in $(elapsed) s; $([ $FAILED -eq 0 ] && echo 'all device tests passed' || echo 'SOMETHING FAILED')"

@@ -10,7 +10,12 @@
 #   treadle_cuda_deps               INTERFACE target: headers, libraries, TREADLE_WITH_CUDA
 #   TREADLE_CUDA_RPATH              the directories of the shared libraries found (for INSTALL_RPATH)
 #   treadle_add_cuda_library(name src_root include_root)
-#                                   an OBJECT library of <src_root>/backends/cuda/*.{cu,cpp}
+#                                   an OBJECT library of the kernel layer: <src_root>/backends/cuda/*.cu
+#                                   and *.cpp except the core's side of the backend (cuda_backend*.cpp)
+#   treadle_add_cuda_backend(target src_root)
+#                                   the core's side (CudaBackend, the device half of Context and Plan)
+#                                   into the core library `target`, which then compiles and exports
+#                                   with TREADLE_WITH_CUDA
 include_guard(GLOBAL)
 
 # nvcc from the toolkit at its usual place unless the caller chose one (-DCMAKE_CUDA_COMPILER or CUDACXX).
@@ -101,6 +106,9 @@ message(STATUS "treadle: CUDA ${CUDAToolkit_VERSION} (${CMAKE_CUDA_COMPILER}), a
 # Its sources see TREADLE_WITH_CUDA and the CUDA headers; consumers that link the target get them too.
 function(treadle_add_cuda_library name src_root include_root)
   file(GLOB _srcs CONFIGURE_DEPENDS ${src_root}/backends/cuda/*.cu ${src_root}/backends/cuda/*.cpp)
+  # The backend's core side needs the core (plans, the op registry): not part of the kernel layer,
+  # which the standalone test project builds without the core.
+  list(FILTER _srcs EXCLUDE REGEX "/cuda_backend[^/]*\\.cpp$")
   add_library(${name} OBJECT ${_srcs})
   target_include_directories(${name} PUBLIC ${include_root} ${src_root})
   target_link_libraries(${name} PUBLIC treadle_cuda_deps)
@@ -112,4 +120,16 @@ function(treadle_add_cuda_library name src_root include_root)
   target_compile_options(${name} PRIVATE
     $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>
     $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo -Xcompiler=-Wall,-Wextra,-Wno-unused-parameter>)
+endfunction()
+
+# The backend's core side, compiled with the core's own flags plus the CUDA headers. The definition
+# is PUBLIC: Context, KernelArgs and the plan carry CUDA-only members under TREADLE_WITH_CUDA, so every
+# translation unit that sees those headers (the core, the Python module, a host linking
+# treadle::treadle) must agree on it; CPU-only builds never define it and stay as they were.
+function(treadle_add_cuda_backend target src_root)
+  file(GLOB _srcs CONFIGURE_DEPENDS ${src_root}/backends/cuda/cuda_backend*.cpp)
+  target_sources(${target} PRIVATE ${_srcs})
+  target_compile_definitions(${target} PUBLIC TREADLE_WITH_CUDA)
+  target_include_directories(${target} SYSTEM PRIVATE
+    ${TREADLE_CUBLAS_INCLUDE_DIR} ${TREADLE_CUDNN_INCLUDE_DIR} ${CUDAToolkit_INCLUDE_DIRS})
 endfunction()

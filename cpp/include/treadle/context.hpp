@@ -44,6 +44,22 @@ class TREADLE_API Context {
   Profiler* profiler() const { return profiler_; }
   void set_profiler(Profiler* p) { profiler_ = p; }
 
+#ifdef TREADLE_WITH_CUDA
+  // The device side (CUDA builds only), used by plans compiled for "cuda" (device cuda:0).
+  // The stream every kernel of this context is enqueued on: the host's (a cudaStream_t, set between
+  // steps; work still queued on the previous stream is waited for first), or null for the
+  // context's own non-blocking stream, created on first device use. The legacy default stream
+  // (stream 0) is never used: a null argument selects the context's own stream.
+  void set_cuda_stream(void* stream);
+  void* cuda_stream();
+  // Device arena, grown (never shrunk) like arena() from a caching device allocator this context
+  // owns; the memory budget applies to it too.
+  void* device_arena(std::size_t bytes);
+  std::size_t device_arena_bytes() const;
+  // cudaMalloc calls this context's allocator has made so far: constant once steps are steady.
+  uint64_t device_allocations() const;
+#endif
+
  private:
   Executor* executor_;
   uint64_t seed_, counter_ = 0;
@@ -52,6 +68,15 @@ class TREADLE_API Context {
   std::size_t memory_budget_ = 0;
   Profiler* profiler_ = nullptr;
   bool check_numerics_ = false;
+#ifdef TREADLE_WITH_CUDA
+  // Stream, allocator and device arena (cuda_backend_context.cpp), created on first device use.
+  struct DeviceState;
+  struct DeviceStateDeleter {
+    void operator()(DeviceState* d) const noexcept;
+  };
+  DeviceState& device_state();
+  std::unique_ptr<DeviceState, DeviceStateDeleter> device_;
+#endif
 };
 
 }  // namespace treadle

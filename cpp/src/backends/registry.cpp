@@ -7,6 +7,9 @@
 #ifdef TREADLE_WITH_ONEDNN
 #include "backends/onednn/onednn_backend.hpp"
 #endif
+#ifdef TREADLE_WITH_CUDA
+#include "backends/cuda/cuda_backend.hpp"
+#endif
 #include "treadle/error.hpp"
 
 namespace treadle {
@@ -34,6 +37,9 @@ std::vector<OpSupport> KernelTable::list() const {
 
 const std::vector<const Backend*>& available_backends() {
   static const std::vector<const Backend*> backends = {
+#ifdef TREADLE_WITH_CUDA
+      &cuda_backend(),  // device plans only: host plans never take it (Plan::select_kernels)
+#endif
 #ifdef TREADLE_WITH_ONEDNN
       &onednn_backend(),
 #endif
@@ -47,6 +53,11 @@ const Backend* backend_by_name(const std::string& name) {
     if (name == b->name()) return b;
     known += known.empty() ? b->name() : std::string(", ") + b->name();
   }
+#ifndef TREADLE_WITH_CUDA
+  if (name == "cuda")
+    throw_value_error("unknown backend 'cuda': this build has no CUDA support (configure with ",
+                      "-DTREADLE_WITH_CUDA=ON); available: ", known);
+#endif
   throw_value_error("unknown backend '", name, "' (available: ", known, ")");
 }
 

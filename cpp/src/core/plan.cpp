@@ -11,6 +11,9 @@
 #include "ops/fusion.hpp"
 #include "ops/precision.hpp"
 #include "treadle/error.hpp"
+#ifdef TREADLE_WITH_CUDA
+#include "backends/cuda/cuda_backend.hpp"
+#endif
 
 namespace treadle {
 namespace {
@@ -64,6 +67,14 @@ void Plan::finalize(const std::vector<int64_t>& param_offsets, const std::string
   steps.resize(graph.nodes().size());
   for (int n = 0; n < static_cast<int>(steps.size()); ++n) steps[n].node = n;
   mark_read_values();
+#ifdef TREADLE_WITH_CUDA
+  device_ = plan_device(backend);
+  if (device_.kind == DeviceKind::cuda) {
+    select_device_kernels(deterministic);
+    plan_memory();
+    return;
+  }
+#endif
   select_kernels(backend, deterministic);
   plan_memory();
 }
@@ -130,6 +141,9 @@ void Plan::select_kernels(const std::string& backend, bool deterministic) {
     const char* owner = layout_owner_of_inputs(node);
     std::vector<const Backend*> candidates = measured ? auto_backend_order(graph, node) : order;
     if (owner) candidates = {backend_by_name(owner)};  // it alone reads its own layout
+#ifdef TREADLE_WITH_CUDA
+    std::erase_if(candidates, is_device_backend);  // a host plan's pointers are host memory
+#endif
     for (const Backend* b : candidates) {
       if (deterministic && !b->deterministic(graph, node)) continue;
       if (KernelFn fn = b->find(graph, node)) {
@@ -216,7 +230,11 @@ void* Plan::address(Context& ctx, const Bindings& b, int id) const {
   const Location& l = loc_[id];
   char* base = nullptr;
   switch (l.buffer) {
+#ifdef TREADLE_WITH_CUDA
+    case Buffer::arena: base = arena_base(ctx); break;
+#else
     case Buffer::arena: base = static_cast<char*>(ctx.arena(arena_bytes_)); break;
+#endif
     case Buffer::params: base = static_cast<char*>(b.params); break;
     case Buffer::input: base = static_cast<char*>(b.inputs[l.slot]); break;
     case Buffer::target: base = static_cast<char*>(b.targets[l.slot]); break;
@@ -232,7 +250,13 @@ void Plan::run(Context& ctx, const Bindings& b, int begin, int end) const {
 
 void Plan::run_with_counter(Context& ctx, const Bindings& b, int begin, int end, uint64_t counter) const {
   constexpr int kMaxOperands = 24;
+#ifdef TREADLE_WITH_CUDA
+  check_run(ctx, b);
+  char* arena = arena_base(ctx);
+  void* stream = device_.kind == DeviceKind::cuda ? ctx.cuda_stream() : nullptr;
+#else
   char* arena = static_cast<char*>(ctx.arena(arena_bytes_));
+#endif
   Profiler* profiler = ctx.profiler() ? ctx.profiler() : global_profiler();
   std::array<TensorRef, kMaxOperands> refs;
   for (int s = begin; s < end; ++s) {
@@ -249,6 +273,9 @@ void Plan::run_with_counter(Context& ctx, const Bindings& b, int begin, int end,
     KernelArgs args{node, refs.data(), nin, refs.data() + nin, nout, ctx.executor(), arena + workspace_offset_,
                     ctx.seed(), counter};
     args.state = step.state.get();
+#ifdef TREADLE_WITH_CUDA
+    args.stream = stream;
+#endif
     if (profiler) {
       const auto t0 = std::chrono::steady_clock::now();
       step.kernel(args);
@@ -334,6 +361,12 @@ void Plan::accumulate_param_grad(Context& ctx, const Bindings& b, int g, void* g
   const auto& [offset, value] = param_grads[g];
   const ValueInfo& info = graph.values()[value];
   void* dst = static_cast<char*>(grads) + offset;
+#ifdef TREADLE_WITH_CUDA
+  if (device_.kind != DeviceKind::cpu)
+    throw_value_error("plan: accumulating the parameter gradients of a ", device_name(device_),
+                      " plan into a host buffer is not implemented (it needs a device axpy); read the gradient ",
+                      "values from the device arena instead");
+#endif
   const void* src = address(ctx, b, value);
   if (info.dtype == DType::f32)
     add_into<float>(dst, src, shape_numel(info.shape));

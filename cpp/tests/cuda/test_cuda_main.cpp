@@ -2,6 +2,8 @@
 //   test_cuda           host-only checks (status messages, argument validation, size classes), then,
 //                       when a device is present, every device test; otherwise "SKIP: ..." and exit 0.
 //   test_cuda --bench [--json PATH]   kernel timings (device required).
+//   test_cuda --only PREFIX            only the tests whose name starts with PREFIX.
+// Built inside the main build, it also checks the core's plans compiled for "cuda" (core_* tests).
 // Prints one PASS/FAIL line per test and a summary line; exit status 1 when anything failed.
 #include <cstring>
 #include <exception>
@@ -12,6 +14,9 @@
 #include "backends/cuda/lt_gemm.hpp"
 #include "test_cuda_common.hpp"
 #include "test_cuda_cudnn.hpp"
+#ifdef TREADLE_CUDA_TEST_CORE
+#include "test_cuda_core.hpp"
+#endif
 
 namespace treadle::cuda::test {
 namespace {
@@ -74,6 +79,12 @@ std::string size_classes() {
   return "classes cover requests with <= 25% slack and are fixed points; staged workspace layout";
 }
 
+// Keeps the tests whose name starts with `prefix` (all for an empty prefix).
+std::vector<TestCase> only(std::vector<TestCase> tests, const std::string& prefix) {
+  std::erase_if(tests, [&](const TestCase& t) { return t.name.rfind(prefix, 0) != 0; });
+  return tests;
+}
+
 int run(const std::vector<TestCase>& tests, Env* env) {
   int failed = 0;
   for (const TestCase& t : tests) {
@@ -99,10 +110,11 @@ int run(const std::vector<TestCase>& tests, Env* env) {
 int main(int argc, char** argv) {
   using namespace treadle::cuda::test;
   bool bench = false;
-  std::string json;
+  std::string json, prefix;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--bench") == 0) bench = true;
     else if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) json = argv[++i];
+    else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) prefix = argv[++i];
   }
   std::vector<TestCase> host_tests = {{"status_messages", [](Env&) { return status_messages(); }},
                                       {"argument_validation", [](Env&) { return argument_validation(); }},
@@ -111,6 +123,10 @@ int main(int argc, char** argv) {
                                       {"pool_norm_validation", [](Env&) { return pool_norm_validation(); }},
                                       {"loss_scaler_logic", [](Env&) { return loss_scaler_logic(); }},
                                       {"rnn_validation", [](Env&) { return rnn_validation(); }}};
+#ifdef TREADLE_CUDA_TEST_CORE
+  add_core_host_tests(host_tests);
+#endif
+  host_tests = only(std::move(host_tests), prefix);
   int failed = bench ? 0 : run(host_tests, nullptr);
   int passed = bench ? 0 : static_cast<int>(host_tests.size()) - failed;
 
@@ -139,6 +155,10 @@ int main(int argc, char** argv) {
     add_loss_scale_tests(tests);
     add_rnn_tests(tests);
     add_cnn_tests(tests);
+#ifdef TREADLE_CUDA_TEST_CORE
+    add_core_device_tests(tests);
+#endif
+    tests = only(std::move(tests), prefix);
     const int f = run(tests, &env);
     failed += f;
     passed += static_cast<int>(tests.size()) - f;

@@ -1,0 +1,43 @@
+#pragma once
+// The CUDA backend (TREADLE_WITH_CUDA builds): the core's plans on an NVIDIA device. A plan
+// finalized with backend "cuda" runs on cuda:0: its arena is the context's device arena, its kernels
+// enqueue on the context's stream, and every node must have a CUDA kernel here (there is no copy
+// to the host in a plan, so a node without one fails at finalize, naming the op and the device).
+// Host plans never take this backend. Float32 only; the ops covered are listed in
+// cuda_backend.cpp and docs/cuda.md.
+//
+// No CUDA header here: the core's plan.cpp and registry.cpp include it.
+#include <string>
+
+#include "backends/kernel.hpp"
+#include "treadle/context.hpp"
+#include "treadle/export.hpp"
+
+namespace treadle {
+
+class Plan;
+struct Bindings;
+
+const Backend& cuda_backend();
+
+// The device of a plan pinned to `backend`: cuda:0 for "cuda", else the CPU.
+Device plan_device(const std::string& backend);
+// Whether a backend's kernels take device pointers (such a backend never serves a host plan).
+bool is_device_backend(const Backend* b);
+// Throws ValueError naming the plan's device when no CUDA device is usable (no driver, no device).
+void require_cuda_device(Device d);
+
+namespace cuda {
+
+// Driving a compiled plan by hand, for programs that place their data on the device themselves
+// (the device tests). Exported because Plan's own members are internal to the library.
+TREADLE_API void run_plan(const Plan& plan, Context& ctx, const Bindings& b);
+// Where value `value` of the plan lives for a run on `ctx` with bindings `b` (a device pointer for
+// a device plan).
+TREADLE_API void* plan_value_address(const Plan& plan, Context& ctx, const Bindings& b, int value);
+TREADLE_API Device plan_device_of(const Plan& plan);
+// The plan's steps, one line each, with the backend of every node (Plan::describe).
+TREADLE_API std::string describe_plan(const Plan& plan);
+
+}  // namespace cuda
+}  // namespace treadle

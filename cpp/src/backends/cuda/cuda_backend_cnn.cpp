@@ -1,0 +1,360 @@
+// Op adapters of the CUDA backend for convolutional networks, float32, convolution and pooling 1-d
+// and 2-d only (a 1-d problem is a 2-d one of height 1, as the core's geometry already stores it):
+//   conv (optional bias, fused relu/tanh/sigmoid applied after), conv_backward_data,
+//   conv_backward_weight, conv_backward_bias     -> CudnnConv2d, one per node, deterministic
+//                                                   algorithms with FMA-only float32 math
+//   max_pool, max_pool_backward                  -> the index kernels (the core's int64 argmax)
+//   avg_pool, avg_pool_backward                  -> CudnnPool2d (no divisor_override, no ceil_mode
+//                                                   that changes the size)
+//   batch_norm, batch_norm_eval, batch_norm_backward -> CudnnBatchNorm (spatial mode)
+//   batch_norm_update_stats                      -> an own kernel (the count lives on the device)
+// Not taken (so a cuda plan holding them fails at finalize): 3-d windows, asymmetric padding
+// (padding_end), precision "bf16" (cuDNN has no bf16-operand float32 convolution here),
+// conv_backward_data with a bias (conv_transpose), batch_norm_eval_backward.
+#include <memory>
+#include <string>
+
+#include "backends/cuda/cuda_backend_kernels.hpp"
+#include "backends/cuda/cuda_backend_ops.hpp"
+#include "backends/cuda/cuda_kernels.hpp"
+#include "backends/cuda/cuda_stream.hpp"
+#include "backends/cuda/cudnn_conv.hpp"
+#include "backends/cuda/cudnn_norm.hpp"
+#include "backends/cuda/cudnn_pool.hpp"
+#include "backends/cuda/max_pool_kernels.hpp"
+#include "core/op_registry.hpp"
+#include "ops/conv_geometry.hpp"
+#include "ops/fusion.hpp"
+#include "ops/precision.hpp"
+
+namespace treadle::cuda {
+namespace {
+
+cudaStream_t stream_of(const KernelArgs& a) { return static_cast<cudaStream_t>(a.stream); }
+const float* in_f(const KernelArgs& a, int k) { return static_cast<const float*>(a.in[k].data); }
+float* out_f(const KernelArgs& a, int k = 0) { return static_cast<float*>(a.out[k].data); }
+const Shape& shape_of(const Graph& g, int value) { return g.info(value).shape; }
+const std::string& op_name(const Node& node) { return OpRegistry::instance().at(node.op).name; }
+
+bool float32_operands(const Graph& g, const Node& node) {
+  for (const std::vector<int>* list : {&node.inputs, &node.outputs})
+    for (int v : *list)
+      if (is_floating(g.info(v).dtype) && g.info(v).dtype != DType::f32) return false;
+  return shape_numel(shape_of(g, node.outputs.at(0))) > 0;
+}
+
+// ---- convolution
+// The forward convolution's geometry, whichever of the four ops the node is. conv_backward_bias
+// carries no window: it is described as the 1x1 convolution of dy onto itself, whose bias gradient
+// is the one wanted (cuDNN's bias gradient needs only the two tensors' shapes).
+ConvGeometry conv_geometry_of(const Graph& g, const Node& node) {
+  const std::string& op = op_name(node);
+  const Shape& a = shape_of(g, node.inputs[0]);
+  if (op == "conv") return conv_geometry_forward(a, shape_of(g, node.inputs[1]), node.attrs);
+  if (op == "conv_backward_data") return conv_geometry_backward_data(a, shape_of(g, node.inputs[1]), node.attrs);
+  if (op == "conv_backward_weight") return conv_geometry_backward_weight(a, shape_of(g, node.inputs[1]), node.attrs);
+  Shape w{a.at(1), a.at(1)};
+  for (std::size_t d = 2; d < a.size(); ++d) w.push_back(1);
+  return conv_geometry_forward(a, w, Attrs{});
+}
+
+Conv2dConfig conv_config(const ConvGeometry& g) {
+  Conv2dConfig c;
+  c.batch = g.batch;
+  c.in_channels = g.channels;
+  c.height = g.in[1];
+  c.width = g.in[2];
+  c.out_channels = g.out_channels;
+  c.kernel = {g.kernel[1], g.kernel[2]};
+  c.stride = {g.stride[1], g.stride[2]};
+  c.padding = {g.pad_begin[1], g.pad_begin[2]};
+  c.dilation = {g.dilation[1], g.dilation[2]};
+  c.groups = g.groups;
+  return c;
+}
+
+bool accepts_conv(const Graph& g, const Node& node) {
+  if (!float32_operands(g, node) || is_bf16_compute(node.attrs)) return false;
+  if (op_name(node) == "conv_backward_data" && node.inputs.size() != 2) return false;  // conv_transpose's bias
+  try {
+    // conv_backward_bias accepts any (N, C, ...) gradient; the geometry needs 1 to 3 spatial dims.
+    const ConvGeometry geo = conv_geometry_of(g, node);
+    if (geo.nd > 2 || geo.pad_begin != geo.pad_end) return false;
+    validate_conv2d(conv_config(geo));  // host-only: the limits of cuDNN's descriptors
+  } catch (const ValueError&) {
+    return false;
+  }
+  return true;
+}
+
+struct ConvState {
+  ConvState(cudnnHandle_t handle, const Conv2dConfig& config) : conv(handle, config) {}
+  CudnnConv2d conv;
+  bool post = false;  // a fused activation, reading the convolution from the workspace
+  Activation act = Activation::relu;
+  std::size_t product_offset = 0;
+};
+
+PreparedNode prepare_conv(const Graph& g, const Node& node) {
+  const ConvGeometry geo = conv_geometry_of(g, node);
+  auto s = std::make_shared<ConvState>(cudnn_handle(nullptr), conv_config(geo));
+  if (s->conv.out_height() != geo.out[1] || s->conv.out_width() != geo.out[2])
+    throw_runtime_error(op_name(node), ": cuDNN's output size (", s->conv.out_height(), ", ", s->conv.out_width(),
+                        ") differs from the core's (", geo.out[1], ", ", geo.out[2], ")");
+  const std::string& act = fused_activation(node.attrs);
+  PreparedNode p;
+  p.workspace = s->conv.workspace_bytes();
+  if (!act.empty()) {  // the activation kernel's operands are __restrict__: never in place
+    s->post = true;
+    s->act = act == "relu" ? Activation::relu : act == "tanh" ? Activation::tanh : Activation::sigmoid;
+    s->product_offset = post_product_offset(p.workspace);
+    const auto out_elements = static_cast<std::size_t>(shape_numel(shape_of(g, node.outputs[0])));
+    p.workspace = s->product_offset + out_elements * sizeof(float);
+  }
+  p.state = std::move(s);
+  return p;
+}
+
+const ConvState& conv_state(const KernelArgs& a) { return *static_cast<const ConvState*>(a.state); }
+
+void conv_kernel(const KernelArgs& a) {
+  const ConvState& s = conv_state(a);
+  float* y = s.post ? reinterpret_cast<float*>(static_cast<char*>(a.workspace) + s.product_offset) : out_f(a);
+  s.conv.forward(cudnn_handle(stream_of(a)), in_f(a, 0), in_f(a, 1), a.num_in == 3 ? in_f(a, 2) : nullptr, y,
+                 a.workspace);
+  if (s.post) activation_forward(s.act, y, out_f(a), a.out[0].numel, stream_of(a));
+}
+
+// (dy, w) -> dx
+void conv_backward_data_kernel(const KernelArgs& a) {
+  conv_state(a).conv.backward_data(cudnn_handle(stream_of(a)), in_f(a, 0), in_f(a, 1), out_f(a), false, a.workspace);
+}
+
+// (x, dy) -> dw
+void conv_backward_weight_kernel(const KernelArgs& a) {
+  conv_state(a).conv.backward_filter(cudnn_handle(stream_of(a)), in_f(a, 0), in_f(a, 1), out_f(a), false,
+                                     a.workspace);
+}
+
+// (dy) -> db
+void conv_backward_bias_kernel(const KernelArgs& a) {
+  conv_state(a).conv.backward_bias(cudnn_handle(stream_of(a)), in_f(a, 0), out_f(a), false);
+}
+
+// ---- pooling. The pooled input's shape is the forward's input, or the backward's output.
+PoolGeometry pool_geometry_of(const Graph& g, const Node& node, const char* kind) {
+  const bool backward = op_name(node).ends_with("_backward");
+  const Shape& x = backward ? shape_of(g, node.outputs[0]) : shape_of(g, node.inputs[0]);
+  return pool_geometry(kind, x, node.attrs, std::string(kind) == "max");
+}
+
+MaxPoolGeometry max_geometry(const PoolGeometry& p) {
+  MaxPoolGeometry m;
+  m.planes = p.planes;
+  m.in_h = p.in[1];
+  m.in_w = p.in[2];
+  m.out_h = p.out[1];
+  m.out_w = p.out[2];
+  m.kernel_h = p.kernel[1];
+  m.kernel_w = p.kernel[2];
+  m.stride_h = p.stride[1];
+  m.stride_w = p.stride[2];
+  m.pad_h = p.pad[1];
+  m.pad_w = p.pad[2];
+  m.dilation_h = p.dilation[1];
+  m.dilation_w = p.dilation[2];
+  return m;
+}
+
+bool accepts_max_pool(const Graph& g, const Node& node) {
+  return float32_operands(g, node) && pool_geometry_of(g, node, "max").nd <= 2;
+}
+
+PreparedNode prepare_max_pool(const Graph& g, const Node& node) {
+  PreparedNode p;
+  p.state = std::make_shared<MaxPoolGeometry>(max_geometry(pool_geometry_of(g, node, "max")));
+  return p;
+}
+
+void max_pool_kernel(const KernelArgs& a) {
+  max_pool2d_with_indices(in_f(a, 0), out_f(a, 0), static_cast<int64_t*>(a.out[1].data),
+                          *static_cast<const MaxPoolGeometry*>(a.state), stream_of(a));
+}
+
+// (dy, indices) -> dx
+void max_pool_backward_kernel(const KernelArgs& a) {
+  max_pool2d_backward_indices(in_f(a, 0), static_cast<const int64_t*>(a.in[1].data), out_f(a),
+                              *static_cast<const MaxPoolGeometry*>(a.state), stream_of(a));
+}
+
+// Average pooling over (N*C, 1, H, W): cuDNN's planes are independent, so one channel per plane.
+Pool2dConfig avg_config(const PoolGeometry& p, const Attrs& attrs) {
+  Pool2dConfig c;
+  c.batch = p.planes;
+  c.channels = 1;
+  c.height = p.in[1];
+  c.width = p.in[2];
+  c.mode = attrs.i_or("count_include_pad", 1) ? PoolMode::avg_include_pad : PoolMode::avg_exclude_pad;
+  c.kernel = {p.kernel[1], p.kernel[2]};
+  c.stride = Hw{p.stride[1], p.stride[2]};
+  c.padding = {p.pad[1], p.pad[2]};
+  c.ceil_mode = p.ceil_mode;
+  c.divisor_override = attrs.i_or("divisor_override", 0);
+  return c;
+}
+
+bool accepts_avg_pool(const Graph& g, const Node& node) {
+  if (!float32_operands(g, node)) return false;
+  const PoolGeometry p = pool_geometry_of(g, node, "avg");
+  if (p.nd > 2) return false;
+  try {
+    validate_pool2d(avg_config(p, node.attrs));  // refuses divisor_override and size-changing ceil_mode
+  } catch (const ValueError&) {
+    return false;
+  }
+  return true;
+}
+
+PreparedNode prepare_avg_pool(const Graph& g, const Node& node) {
+  PreparedNode p;
+  p.state = std::make_shared<CudnnPool2d>(avg_config(pool_geometry_of(g, node, "avg"), node.attrs));
+  return p;
+}
+
+void avg_pool_kernel(const KernelArgs& a) {
+  static_cast<const CudnnPool2d*>(a.state)->forward(cudnn_handle(stream_of(a)), in_f(a, 0), out_f(a));
+}
+
+// (dy) -> dx; the average modes read neither x nor y.
+void avg_pool_backward_kernel(const KernelArgs& a) {
+  static_cast<const CudnnPool2d*>(a.state)->backward(cudnn_handle(stream_of(a)), nullptr, nullptr, in_f(a, 0),
+                                                       out_f(a));
+}
+
+// ---- batch norm (spatial): x (N, C, *) seen as (N, C, S, 1). The node's x is input 0, or input 1
+// of batch_norm_backward (dy, x, mean, rstd[, weight]); affine nodes carry weight (and bias).
+const Shape& bn_x(const Graph& g, const Node& node) {
+  return shape_of(g, node.inputs[op_name(node) == "batch_norm_backward" ? 1 : 0]);
+}
+
+BatchNormConfig bn_config(const Graph& g, const Node& node) {
+  const std::string& op = op_name(node);
+  const Shape& x = bn_x(g, node);
+  BatchNormConfig c;
+  c.batch = x.at(0);
+  c.channels = x.at(1);
+  c.spatial = shape_numel(x) / (c.batch * c.channels);
+  // batch_norm_backward carries no eps: with the saved mean and rstd given, cuDNN does not use it.
+  c.eps = node.attrs.has("eps") ? node.attrs.f("eps") : 1e-5;
+  c.affine = node.inputs.size() == (op == "batch_norm" ? 3u : 5u);
+  return c;
+}
+
+bool accepts_batch_norm(const Graph& g, const Node& node) {
+  if (!float32_operands(g, node) || bn_x(g, node).size() < 2) return false;
+  try {
+    validate_batch_norm(bn_config(g, node));
+  } catch (const ValueError&) {
+    return false;
+  }
+  return true;
+}
+
+PreparedNode prepare_batch_norm(const Graph& g, const Node& node) {
+  auto bn = std::make_shared<CudnnBatchNorm>(bn_config(g, node));
+  PreparedNode p;
+  p.workspace = bn->workspace_bytes();
+  p.state = std::move(bn);
+  return p;
+}
+
+const CudnnBatchNorm& bn_state(const KernelArgs& a) { return *static_cast<const CudnnBatchNorm*>(a.state); }
+
+// (x[, weight, bias]) -> (y, mean, rstd); the running statistics are batch_norm_update_stats' work.
+void batch_norm_kernel(const KernelArgs& a) {
+  const bool affine = a.num_in == 3;
+  bn_state(a).forward_training(cudnn_handle(stream_of(a)), in_f(a, 0), affine ? in_f(a, 1) : nullptr,
+                               affine ? in_f(a, 2) : nullptr, out_f(a, 0), out_f(a, 1), out_f(a, 2), nullptr, nullptr,
+                               0.0, a.workspace);
+}
+
+// (x, running_mean, running_var[, weight, bias]) -> y
+void batch_norm_eval_kernel(const KernelArgs& a) {
+  const bool affine = a.num_in == 5;
+  bn_state(a).forward_inference(cudnn_handle(stream_of(a)), in_f(a, 0), affine ? in_f(a, 3) : nullptr,
+                                affine ? in_f(a, 4) : nullptr, in_f(a, 1), in_f(a, 2), out_f(a), a.workspace);
+}
+
+// (dy, x, mean, rstd[, weight]) -> (dx[, dweight, dbias])
+void batch_norm_backward_kernel(const KernelArgs& a) {
+  const bool affine = a.num_in == 5;
+  bn_state(a).backward(cudnn_handle(stream_of(a)), in_f(a, 1), in_f(a, 0), affine ? in_f(a, 4) : nullptr, in_f(a, 2),
+                       in_f(a, 3), out_f(a, 0), affine ? out_f(a, 1) : nullptr, affine ? out_f(a, 2) : nullptr, false,
+                       a.workspace);
+}
+
+// (mean, rstd, running_mean, running_var, num_batches_tracked): updates the last three in place.
+struct UpdateStats {
+  double eps = 0, momentum = 0;
+  int64_t count = 0;
+};
+
+bool accepts_update_stats(const Graph& g, const Node& node) {
+  for (int v : node.inputs)
+    if (g.info(v).dtype != DType::f32) return false;
+  return shape_numel(shape_of(g, node.inputs[0])) > 0;
+}
+
+PreparedNode prepare_update_stats(const Graph&, const Node& node) {
+  auto u = std::make_shared<UpdateStats>();
+  u->eps = node.attrs.f("eps");
+  u->momentum = node.attrs.f("momentum");
+  u->count = node.attrs.i("count");
+  PreparedNode p;
+  p.state = std::move(u);
+  return p;
+}
+
+void update_stats_kernel(const KernelArgs& a) {
+  const UpdateStats& u = *static_cast<const UpdateStats*>(a.state);
+  auto io = [&](int k) { return static_cast<float*>(a.in[k].data); };
+  batch_norm_update_stats(in_f(a, 0), in_f(a, 1), io(2), io(3), io(4), a.in[0].numel, u.eps, u.momentum, u.count,
+                          stream_of(a));
+}
+
+}  // namespace
+
+std::vector<OpEntry> cnn_op_entries() {
+  return {
+      {"conv", accepts_conv, prepare_conv, conv_kernel},
+      {"conv_backward_data", accepts_conv, prepare_conv, conv_backward_data_kernel},
+      {"conv_backward_weight", accepts_conv, prepare_conv, conv_backward_weight_kernel},
+      {"conv_backward_bias", accepts_conv, prepare_conv, conv_backward_bias_kernel},
+      {"max_pool", accepts_max_pool, prepare_max_pool, max_pool_kernel},
+      {"max_pool_backward", accepts_max_pool, prepare_max_pool, max_pool_backward_kernel},
+      {"avg_pool", accepts_avg_pool, prepare_avg_pool, avg_pool_kernel},
+      {"avg_pool_backward", accepts_avg_pool, prepare_avg_pool, avg_pool_backward_kernel},
+      {"batch_norm", accepts_batch_norm, prepare_batch_norm, batch_norm_kernel},
+      {"batch_norm_eval", accepts_batch_norm, prepare_batch_norm, batch_norm_eval_kernel},
+      {"batch_norm_backward", accepts_batch_norm, prepare_batch_norm, batch_norm_backward_kernel},
+      {"batch_norm_update_stats", accepts_update_stats, prepare_update_stats, update_stats_kernel},
+  };
+}
+
+cudnnHandle_t cudnn_handle(cudaStream_t stream) {
+  // A cuDNN handle is bound to a stream and must not be used by two threads at once: one per host
+  // thread (contexts on different threads never share one), rebound when the stream changes.
+  thread_local std::unique_ptr<CudnnHandle> handle;
+  thread_local cudaStream_t bound = nullptr;
+  if (!handle) {
+    DeviceGuard guard(0);
+    handle = std::make_unique<CudnnHandle>(stream);
+    bound = stream;
+  } else if (bound != stream) {
+    handle->set_stream(stream);
+    bound = stream;
+  }
+  return handle->get();
+}
+
+}  // namespace treadle::cuda

@@ -1,0 +1,41 @@
+#pragma once
+// The CUDA backend's op adapters (cuda_backend_ops.cpp, cuda_backend_cnn.cpp): for each op it covers, whether a node
+// qualifies, what `prepare` builds once per node (cuBLASLt products, sizes), and the kernel that
+// maps KernelArgs onto one call of the kernel layer on the context's stream (KernelArgs::stream).
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+#include <cudnn_graph.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/cuda_backend_kernels.hpp"
+#include "backends/kernel.hpp"
+
+namespace treadle::cuda {
+
+struct OpEntry {
+  std::string op;
+  bool (*accepts)(const Graph& g, const Node& node) = nullptr;
+  PreparedNode (*prepare)(const Graph& g, const Node& node) = nullptr;  // null: no state, no workspace
+  KernelFn kernel = nullptr;
+  // Bitwise repeatable: the own kernels are (no atomics); cuBLASLt products are not claimed to be,
+  // since the heuristic's algorithm may split K and reduce with atomics.
+  bool deterministic = true;
+};
+
+// The MLP family (cuda_backend_ops.cpp) and the convolution / pooling family (cuda_backend_cnn.cpp).
+std::vector<OpEntry> op_entries();
+std::vector<OpEntry> cnn_op_entries();
+
+// Where a product that a fused activation reads back sits in a node's workspace: after the
+// product's own scratch, 256-byte aligned (the workspace base is 64-byte aligned in the arena).
+inline std::size_t post_product_offset(std::size_t scratch_bytes) { return (scratch_bytes + 255) / 256 * 256; }
+
+// The backend's cuBLASLt handle for device 0 (thread-safe to share), created on first use.
+cublasLtHandle_t lt_handle();
+// The calling thread's cuDNN handle for device 0, bound to `stream` (created on first use).
+cudnnHandle_t cudnn_handle(cudaStream_t stream);
+
+}  // namespace treadle::cuda

@@ -1,0 +1,278 @@
+// The core's training plans on the device: an MLP and a small CNN built with the C++ API (Model
+// over a traced forward), compiled for backend "cuda" and for "eigen", run on the same data,
+// compared value by value (loss, logits, every parameter gradient, the input gradient). Plus the
+// errors a device plan gives without a device, for an op or dtype the backend does not cover, and
+// with host memory bound.
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "backends/cuda/cuda_backend.hpp"
+#include "core/plan.hpp"
+#include "test_cuda_core.hpp"
+#include "treadle/loss.hpp"
+#include "treadle/model.hpp"
+#include "treadle/nn_conv.hpp"
+#include "treadle/nn_layers.hpp"
+
+namespace treadle::cuda::test {
+namespace {
+
+constexpr int64_t kBatch = 32, kFeatures = 24, kClasses = 10;
+constexpr Device kCuda{DeviceKind::cuda, 0};
+
+std::shared_ptr<Parameter> param(std::mt19937_64& rng, const Shape& shape) {
+  Tensor t(shape, DType::f32);
+  const double bound = 1.0 / std::sqrt(static_cast<double>(shape.back()));
+  std::uniform_real_distribution<float> d(static_cast<float>(-bound), static_cast<float>(bound));
+  for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = d(rng);
+  return std::make_shared<Parameter>(t);
+}
+
+// relu fused into the first product's epilogue, tanh and sigmoid fused after theirs (the second
+// one without bias), softmax and gelu and silu as nodes of their own, cross-entropy at the end.
+std::shared_ptr<Model> mlp(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<NamedParameter> p = {
+      {"w1", param(rng, {64, kFeatures})}, {"b1", param(rng, {64})},  {"w2", param(rng, {48, 64})},
+      {"b2", param(rng, {48})},            {"w3", param(rng, {32, 48})}, {"b3", param(rng, {32})},
+      {"w4", param(rng, {32, 32})},        {"w5", param(rng, {16, 32})}, {"w6", param(rng, {kClasses, 16})},
+      {"b6", param(rng, {kClasses})}};
+  auto forward = [p](Graph& g, const std::vector<Value>& in) {
+    auto w = [&](int k) { return g.add_parameter(p[k].second); };
+    Value h = ops::relu(ops::linear(in[0], w(0), w(1)));
+    h = ops::tanh(ops::linear(h, w(2), w(3)));
+    h = ops::gelu(ops::softmax(ops::linear(h, w(4), w(5))));
+    h = ops::silu(ops::linear(h, w(6), Value()));
+    h = ops::sigmoid(ops::linear(h, w(7), Value()));
+    return std::vector<Value>{ops::linear(h, w(8), w(9))};
+  };
+  return std::make_shared<Model>(forward, p);
+}
+
+// A conv -> relu -> max pool -> conv -> tanh -> average pool -> linear network on (4, 3, 12, 12).
+std::shared_ptr<Model> cnn(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<NamedParameter> p = {{"c1.weight", param(rng, {8, 3, 3, 3})},
+                                   {"c1.bias", param(rng, {8})},
+                                   {"c2.weight", param(rng, {16, 8, 3, 3})},
+                                   {"fc.weight", param(rng, {kClasses, 16 * 3 * 3})},
+                                   {"fc.bias", param(rng, {kClasses})}};
+  auto forward = [p](Graph& g, const std::vector<Value>& in) {
+    auto w = [&](int k) { return g.add_parameter(p[k].second); };
+    Value h = ops::max_pool(ops::relu(ops::conv(in[0], w(0), w(1), {1}, {1})), {2, 2});
+    h = ops::avg_pool(ops::tanh(ops::conv(h, w(2), Value(), {1}, {1})), {2, 2});
+    return std::vector<Value>{ops::linear(ops::flatten(h), w(3), w(4))};
+  };
+  return std::make_shared<Model>(forward, p);
+}
+
+// conv (no bias) -> batch norm (affine, running statistics with momentum 0.1) -> relu -> max pool
+// -> linear, on (4, 3, 12, 12): the running statistics and the batch counter are updated in place
+// in the parameter buffer by both plans.
+std::shared_ptr<Model> bn_cnn(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  auto state = [](const Shape& shape, float value) {
+    Tensor t(shape, DType::f32);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = value;
+    return std::make_shared<Parameter>(t, false);
+  };
+  std::vector<NamedParameter> p = {{"conv.weight", param(rng, {8, 3, 3, 3})},
+                                   {"bn.weight", param(rng, {8})},
+                                   {"bn.bias", param(rng, {8})},
+                                   {"fc.weight", param(rng, {kClasses, 8 * 6 * 6})},
+                                   {"fc.bias", param(rng, {kClasses})},
+                                   {"bn.running_mean", state({8}, 0.f)},
+                                   {"bn.running_var", state({8}, 1.f)},
+                                   {"bn.num_batches_tracked", state({}, 0.f)}};
+  auto forward = [p](Graph& g, const std::vector<Value>& in) {
+    auto w = [&](int k) { return g.add_parameter(p[k].second); };
+    Value h = ops::conv(in[0], w(0), Value(), {1}, {1});
+    h = ops::batch_norm(h, w(5), w(6), w(1), w(2), w(7), g.training(), 0.1, 1e-5);
+    h = ops::max_pool(ops::relu(h), {2, 2});
+    return std::vector<Value>{ops::linear(ops::flatten(h), w(3), w(4))};
+  };
+  return std::make_shared<Model>(forward, p);
+}
+
+const Shape kCnnInput{4, 3, 12, 12};
+
+PlanKey training_key(const std::string& backend, const Loss& loss, const Shape& x = {kBatch, kFeatures}) {
+  PlanKey key;
+  key.input_shapes = {x};
+  key.input_dtypes = {DType::f32};
+  key.mode = PlanMode::train_loss;
+  key.input_grad = true;
+  key.loss_key = loss.key();
+  key.target_shape = {x[0]};
+  key.target_dtype = DType::i64;
+  key.backend = backend;
+  return key;
+}
+
+std::vector<int64_t> labels(std::mt19937_64& rng, int64_t n) {
+  std::uniform_int_distribution<int64_t> d(0, kClasses - 1);
+  std::vector<int64_t> y(n);
+  for (int64_t& v : y) v = d(rng);
+  return y;
+}
+
+// ---- host-side checks
+// Kernel coverage is checked for every node before the device is required, so reaching the
+// missing-device error shows that every node of both training plans has a CUDA kernel.
+std::string cuda_plan_without_device() {
+  if (device_count() > 0) return "a device is present: the device tests compile cuda plans";
+  Loss loss = loss::cross_entropy();
+  expect_throw<ValueError>("cnn on cuda", [&] { cnn(1)->plan(training_key("cuda", loss, kCnnInput), &loss); },
+                           "plan: backend 'cuda' needs a CUDA device for cuda:0");
+  expect_throw<ValueError>("bn cnn on cuda", [&] { bn_cnn(1)->plan(training_key("cuda", loss, kCnnInput), &loss); },
+                           "plan: backend 'cuda' needs a CUDA device for cuda:0");
+  return expect_throw<ValueError>("mlp on cuda", [&] { mlp(1)->plan(training_key("cuda", loss), &loss); },
+                                  "plan: backend 'cuda' needs a CUDA device for cuda:0");
+}
+
+// Checked before the device is needed, so the same error with and without one.
+std::string uncovered_op_fails_at_finalize() {
+  std::mt19937_64 rng(2);
+  PlanKey key = training_key("cuda", loss::cross_entropy());
+  key.mode = PlanMode::train_seeded;
+  key.loss_key.clear();
+  auto ln = param(rng, {kFeatures});
+  Model norm([&](Graph& g, const std::vector<Value>& in) {
+    return std::vector<Value>{ops::layer_norm(in[0], 1, g.add_parameter(ln), Value())};
+  }, {{"ln.weight", ln}});
+  const std::string m = expect_throw<ValueError>("layer_norm on cuda", [&] { norm.plan(key); },
+                                                 "layer_norm: no CUDA kernel for float32 on cuda:0");
+  // A covered op in a dtype the backend has no kernel for.
+  auto w = std::make_shared<Parameter>(Tensor({kClasses, kFeatures}, DType::f64));
+  Model wide([&](Graph& g, const std::vector<Value>& in) {
+    return std::vector<Value>{ops::linear(in[0], g.add_parameter(w), Value())};
+  }, {{"weight", w}});
+  key.input_dtypes = {DType::f64};
+  expect_throw<ValueError>("float64 linear on cuda", [&] { wide.plan(key); },
+                           "linear: no CUDA kernel for float64 on cuda:0");
+  return m;
+}
+
+// In a CUDA build, automatic dispatch of a host plan must never pick the device backend.
+std::string host_plans_stay_on_the_host() {
+  Loss loss = loss::cross_entropy();
+  auto model = mlp(3);
+  for (const char* backend : {"", "auto"}) {
+    auto plan = model->plan(training_key(backend, loss), &loss);
+    const std::string text = describe_plan(*plan);
+    expect(plan_device_of(*plan) == Device{}, "backend '", backend, "': plan on ", device_name(plan_device_of(*plan)));
+    expect(text.find("[cuda]") == std::string::npos, "backend '", backend, "' took cuda kernels:\n", text);
+  }
+  return "automatic dispatch and the measured table keep host plans off the device";
+}
+
+// ---- device tests
+struct Run {
+  float loss = 0;
+  std::vector<float> logits, dx;
+  std::vector<std::vector<float>> grads;  // in Plan::param_grads order
+};
+
+std::vector<float> read_floats(const Plan& plan, Context& ctx, const Bindings& b, int value, Env* env) {
+  std::vector<float> out(shape_numel(plan.graph.info(value).shape));
+  const void* src = plan_value_address(plan, ctx, b, value);
+  if (env) copy_to_host(out.data(), src, out.size() * sizeof(float), env->s());
+  else std::memcpy(out.data(), src, out.size() * sizeof(float));
+  return out;
+}
+
+Run collect(const Plan& plan, Context& ctx, const Bindings& b, Env* env) {
+  Run r;
+  r.loss = read_floats(plan, ctx, b, plan.loss, env).at(0);
+  r.logits = read_floats(plan, ctx, b, plan.outputs.at(0), env);
+  r.dx = read_floats(plan, ctx, b, plan.input_grads.at(0), env);
+  for (const auto& [offset, value] : plan.param_grads) r.grads.push_back(read_floats(plan, ctx, b, value, env));
+  return r;
+}
+
+std::vector<double> widen(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+std::string compare_runs(const Run& dev, const Run& ref, double tol) {
+  std::string worst = compare("loss", {dev.loss}, {static_cast<double>(ref.loss)}, tol);
+  compare("logits", dev.logits, widen(ref.logits), tol);
+  compare("dx", dev.dx, widen(ref.dx), tol);
+  expect(dev.grads.size() == ref.grads.size(), dev.grads.size(), " gradients on the device, ", ref.grads.size(),
+         " on Eigen");
+  for (std::size_t k = 0; k < dev.grads.size(); ++k)
+    compare("grad " + std::to_string(k), dev.grads[k], widen(ref.grads[k]), tol);
+  return worst;
+}
+
+// The model's training plan (loss + backward, input gradient included) on "cuda" and on "eigen",
+// four steps on fresh inputs: every value compared, no device allocation after the first step, and
+// host memory refused by the device plan.
+std::string plan_vs_eigen(Env& env, Model& model, const Shape& x_shape, std::size_t num_grads) {
+  Loss loss = loss::cross_entropy();
+  auto dev_plan = model.plan(training_key("cuda", loss, x_shape), &loss);
+  auto ref_plan = model.plan(training_key("eigen", loss, x_shape), &loss);
+  const std::string text = describe_plan(*dev_plan);
+  expect(plan_device_of(*dev_plan) == kCuda, "plan on ", device_name(plan_device_of(*dev_plan)));
+  expect(text.find("[eigen]") == std::string::npos, "a device plan ran a node on Eigen:\n", text);
+  expect(dev_plan->param_grads.size() == num_grads, "expected ", num_grads, " parameter gradients, got ",
+         dev_plan->param_grads.size());
+
+  const Tensor& flat = model.flat_parameters();
+  const int64_t n = shape_numel(x_shape), batch = x_shape[0];
+  DeviceArray<float> params(env, std::vector<float>(flat.data_as<float>(), flat.data_as<float>() + flat.numel()));
+  DeviceArray<float> x_dev(env, static_cast<std::size_t>(n));
+  DeviceArray<int64_t> y_dev(env, static_cast<std::size_t>(batch));
+  void* dev_in[] = {x_dev.get()};
+  void* dev_tg[] = {y_dev.get()};
+  Bindings dev_b{params.get(), dev_in, dev_tg, {}};
+  dev_b.device = kCuda;
+  Context dev_ctx, ref_ctx;
+  dev_ctx.set_cuda_stream(env.s());  // the host lends its stream
+
+  std::string detail;
+  uint64_t mallocs_after_first = 0;
+  for (int step = 0; step < 4; ++step) {
+    std::vector<float> x = uniform(env, static_cast<std::size_t>(n), -2.f, 2.f);
+    std::vector<int64_t> y = labels(env.rng, batch);
+    x_dev.upload(x);
+    y_dev.upload(y);
+    run_plan(*dev_plan, dev_ctx, dev_b);
+    const Run dev = collect(*dev_plan, dev_ctx, dev_b, &env);
+    void* ref_in[] = {x.data()};
+    void* ref_tg[] = {y.data()};
+    Bindings ref_b{flat.data(), ref_in, ref_tg, {}};
+    run_plan(*ref_plan, ref_ctx, ref_b);
+    const Run ref = collect(*ref_plan, ref_ctx, ref_b, nullptr);
+    detail = compare_runs(dev, ref, 1e-5);
+    // Plans may update state in the parameter buffer (batch-norm running statistics): both alike.
+    compare("parameters after step " + std::to_string(step + 1), params.download(),
+            widen(std::vector<float>(flat.data_as<float>(), flat.data_as<float>() + flat.numel())), 1e-5);
+    if (step == 0) mallocs_after_first = dev_ctx.device_allocations();
+    expect(dev_ctx.device_allocations() == mallocs_after_first, "step ", step + 1, ": ", dev_ctx.device_allocations(),
+           " device allocations, ", mallocs_after_first, " after step 1");
+  }
+  // A device plan refuses host memory instead of handing host pointers to device kernels.
+  void* host_in[] = {nullptr};
+  Bindings host_b{flat.data(), host_in, host_in, {}};
+  expect_throw<ValueError>("host bindings", [&] { run_plan(*dev_plan, dev_ctx, host_b); },
+                           "plan: compiled for cuda:0 but run with bindings on cpu");
+  return detail + "; 4 steps, " + std::to_string(mallocs_after_first) + " device allocation(s), none after step 1";
+}
+
+}  // namespace
+
+void add_core_host_tests(std::vector<TestCase>& out) {
+  out.push_back({"core_cuda_plan_without_device", [](Env&) { return cuda_plan_without_device(); }});
+  out.push_back({"core_uncovered_op_fails", [](Env&) { return uncovered_op_fails_at_finalize(); }});
+  out.push_back({"core_host_plans_stay_on_host", [](Env&) { return host_plans_stay_on_the_host(); }});
+}
+
+void add_core_device_tests(std::vector<TestCase>& out) {
+  out.push_back({"core_mlp_plan_vs_eigen",
+                 [](Env& env) { return plan_vs_eigen(env, *mlp(7), {kBatch, kFeatures}, 10); }});
+  out.push_back({"core_cnn_plan_vs_eigen", [](Env& env) { return plan_vs_eigen(env, *cnn(11), kCnnInput, 5); }});
+  out.push_back({"core_bn_cnn_plan_vs_eigen",
+                 [](Env& env) { return plan_vs_eigen(env, *bn_cnn(13), kCnnInput, 5); }});
+}
+
+}  // namespace treadle::cuda::test

@@ -1,0 +1,15 @@
+#pragma once
+// The core's plans compiled for "cuda" (test_cuda_core.cpp): only in the main build, which links
+// libtreadle (TREADLE_CUDA_TEST_CORE); the standalone project tests the kernel layer alone.
+#include <vector>
+
+#include "test_cuda_common.hpp"
+
+namespace treadle::cuda::test {
+
+// Checks that need no device: the errors of device plans, host plans untouched by the backend.
+void add_core_host_tests(std::vector<TestCase>& out);
+// Training plans (an MLP) on the device against the same plans on Eigen.
+void add_core_device_tests(std::vector<TestCase>& out);
+
+}  // namespace treadle::cuda::test
