@@ -6,6 +6,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#ifdef TREADLE_WITH_CUDA
+#include <span>
+#endif
 #include <string>
 #include <vector>
 
@@ -58,16 +61,17 @@ class TREADLE_API Model {
   DType dtype() const { return dtype_; }
   int64_t num_parameters() const { return total_; }
   const std::vector<ParamSlot>& layout() const { return layout_; }
-  const std::vector<NamedParameter>& named_parameters() const { return params_; }
-  const Tensor& flat_parameters() const { return flat_params_; }
-  const Tensor& flat_gradients() const { return flat_grads_; }
+  // With backend "cuda" these accessors first copy newer device values back (see device_buffers).
+  const std::vector<NamedParameter>& named_parameters() const { host_access(); return params_; }
+  const Tensor& flat_parameters() const { host_access(); return flat_params_; }
+  const Tensor& flat_gradients() const { host_access(); return flat_grads_; }
   // The trainable prefix of the flat buffers (parameters with requires_grad, packed first) and its
   // layout: what optimizers, clipping and gradient allreduces work on. Frozen state (batch-norm
   // running statistics, fixed output transforms) follows it.
   const std::vector<ParamSlot>& trainable_layout() const { return trainable_layout_; }
   int64_t num_trainable() const { return trainable_total_; }
-  const Tensor& trainable_parameters() const { return trainable_params_; }
-  const Tensor& trainable_gradients() const { return trainable_grads_; }
+  const Tensor& trainable_parameters() const { host_access(); return trainable_params_; }
+  const Tensor& trainable_gradients() const { host_access(); return trainable_grads_; }
   // Converts parameters to `dtype` (f32 or f64); drops compiled plans.
   void to(DType dtype);
   void zero_grad();
@@ -124,7 +128,48 @@ class TREADLE_API Model {
   // Checks inputs against the model's dtype and layout rules; builds the inference key.
   PlanKey infer_key(const std::vector<Tensor>& inputs) const;
 
+#ifdef TREADLE_WITH_CUDA
+  // Backend "cuda" (CUDA builds): the flat parameter and gradient buffers have copies on cuda:0,
+  // made on the first device step or prediction (cuda_backend_model.cpp). The host buffers stay the
+  // model's state as seen from outside: every accessor above, state_dict, load_state_dict, to() and
+  // checkpoints first copy values the device holds newer back to the host, and values handed out
+  // for writing are uploaded again before the next device use. Parameter objects a module still
+  // holds view the host buffer without that copy: read them after one of the accessors.
+  struct DeviceBuffers {
+    void* params = nullptr;
+    void* grads = nullptr;
+  };
+  // The device copies, current for work enqueued on `stream` (a cudaStream_t) from now on: waits for
+  // another stream that used them last, uploads host values written since, zeroes the gradients
+  // after zero_grad(). Creates the copies on first use (ValueError without a device).
+  DeviceBuffers device_buffers(void* stream);
+  // Work enqueued on `stream` writes the device copies: the host's are stale until read.
+  void device_written(void* stream, bool params, bool grads);
+  // Waits for `stream` if it used the copies last and forgets it (before the stream goes away).
+  void device_release_stream(void* stream);
+  // cudaMalloc calls made for the device copies and predictions' inputs: constant once steady.
+  uint64_t device_allocations() const;
+#endif
+
  private:
+#ifdef TREADLE_WITH_CUDA
+  // Copies device-newer values back into the host buffers; `will_write`: the host may change them,
+  // so the next device use uploads them again.
+  void device_to_host(bool will_write) const;
+  void host_access() const {
+    if (device_) device_to_host(true);
+  }
+  void predict_on_device(const Plan& plan, std::span<void* const> inputs, const std::vector<Tensor>& outputs,
+                         Context& ctx);
+  struct DeviceMirror;
+  struct DeviceMirrorDeleter {
+    void operator()(DeviceMirror* d) const noexcept;
+  };
+  std::unique_ptr<DeviceMirror, DeviceMirrorDeleter> device_;
+  void device_zero_grad();
+#else
+  void host_access() const {}
+#endif
   void pack_parameters();
   std::vector<Value> trace(Graph& g, const std::vector<Value>& inputs) const;
 

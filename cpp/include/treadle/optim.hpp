@@ -52,6 +52,11 @@ class TREADLE_API Optimizer {
   // restored (with set_step_count).
   std::vector<std::pair<std::string, Tensor>>& state() { return state_; }
   const std::vector<ParamSlot>& layout() const { return layout_; }
+#ifdef TREADLE_WITH_CUDA
+  // The options other than lr by their field names (flags as 0 or 1), for running the same update
+  // on a device (the trainer of backend "cuda"); empty for optimizers without a device update.
+  virtual std::vector<std::pair<std::string, double>> hyperparameters() const { return {}; }
+#endif
 
  protected:
   virtual std::vector<std::string> state_names() const = 0;

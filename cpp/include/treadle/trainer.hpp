@@ -87,7 +87,12 @@ class TREADLE_API Trainer {
   double finish_step();
 
   Model& model() { return *model_; }
-  Optimizer& optimizer() { return *optimizer_; }
+  // With backend "cuda" the optimizer's state is first copied back from the device (and uploaded
+  // again before the next device update, as the state may be written: checkpoints restore it so).
+  Optimizer& optimizer() {
+    optimizer_host_access();
+    return *optimizer_;
+  }
   Context& context() { return ctx_; }
   const Loss& loss() const { return loss_; }
   void set_schedule(std::shared_ptr<Schedule> s) { schedule_ = std::move(s); }
@@ -101,6 +106,15 @@ class TREADLE_API Trainer {
   // Re-records the parameter checksums (verify_parameters) after a deliberate write to the
   // parameters (loading a checkpoint, editing weights by hand).
   void reseal_parameters();
+#ifdef TREADLE_WITH_CUDA
+  // Backend "cuda" (CUDA builds; docs/cuda.md): step, compute_gradients, evaluate and update run on
+  // cuda:0 with the model's device copies (Model::device_buffers), inputs and target uploaded once
+  // per step through pinned memory, gradients accumulated and the optimizer (SGD, Adam, AdamW,
+  // AMSGrad) run on the device, and the loss the step's one read-back. cudaMalloc calls made for
+  // this trainer's steps (its context's arena, its buffers, the model's copies): constant once
+  // steps are steady.
+  uint64_t device_allocations() const;
+#endif
 
  private:
   double run_loss_plan(Inputs xs, const Tensor& y, PlanMode mode);
@@ -146,6 +160,28 @@ class TREADLE_API Trainer {
   std::unique_ptr<TaskedStep> tasked_;
   std::vector<uint64_t> checksums_;  // per layout slot; empty until the first update
   uint64_t sealed_generation_ = 0;   // the model's generation when checksums_ were taken
+#ifdef TREADLE_WITH_CUDA
+  // The device side of steps (cuda_backend_trainer.cpp), created on the first device step; declared
+  // after ctx_ so that it goes before the context's stream.
+  struct DeviceStep;
+  struct DeviceStepDeleter {
+    void operator()(DeviceStep* d) const noexcept;
+  };
+  std::unique_ptr<DeviceStep, DeviceStepDeleter> device_;
+  bool on_device() const;
+  // ValueError for what the device step does not do: an optimizer without a device update, options
+  // that read the parameters or gradients on the host (clip_grad_norm, verify_parameters).
+  void check_device_support(const char* who) const;
+  double run_device_loss_plan(const Plan& p, Inputs xs, const Tensor& y, PlanMode mode);
+  void device_update();
+  // Copies the optimizer's device-newer state back; `will_write`: upload it before the next update.
+  void device_optimizer_to_host(bool will_write);
+  void optimizer_host_access() {
+    if (device_) device_optimizer_to_host(true);
+  }
+#else
+  void optimizer_host_access() {}
+#endif
 };
 
 }  // namespace treadle

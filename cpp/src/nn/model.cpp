@@ -67,6 +67,9 @@ void Model::pack_parameters() {
     }
   if (trainable_layout_.empty()) trainable_total_ = 0;
   for (auto& np : params_) np.second->set_owner(this);  // only once every check has passed
+#ifdef TREADLE_WITH_CUDA
+  device_.reset();  // the layout changed: the device copies are made again on their next use
+#endif
   flat_params_ = Tensor({total_}, dtype_);
   flat_grads_ = Tensor({total_}, dtype_);
   trainable_params_ = Tensor(flat_params_.storage(), 0, {trainable_total_}, dtype_);
@@ -88,15 +91,27 @@ void Model::to(DType dtype) {
   if (dtype != DType::f32 && precision_ != "float32")
     throw_type_error("Model.to: precision '", precision_, "' needs float32 parameters, got ", dtype_name(dtype),
                      "; call set_precision(\"float32\") first");
+  host_access();  // the conversion reads the current values
   for (auto& [name, p] : params_) p->rebind(p->value().to(dtype));
   dtype_ = dtype;
   pack_parameters();
 }
 
-void Model::zero_grad() { std::memset(flat_grads_.data(), 0, flat_grads_.nbytes()); }
+void Model::zero_grad() {
+  std::memset(flat_grads_.data(), 0, flat_grads_.nbytes());
+#ifdef TREADLE_WITH_CUDA
+  if (device_) device_zero_grad();
+#endif
+}
 
 void Model::set_backend(const std::string& name) {
   if (!name.empty() && name != "auto") backend_by_name(name);  // validates; "auto": the measured dispatch table
+#ifdef TREADLE_WITH_CUDA
+  if (name != "cuda" && device_) {  // leaving the device: its values come home, its copies go
+    device_to_host(false);
+    device_.reset();
+  }
+#endif
   std::lock_guard<std::mutex> lock(mutex_);
   backend_ = name;
   plans_.clear();
@@ -282,6 +297,13 @@ void Model::predict_into(const Plan& plan, const std::vector<Tensor>& inputs, co
   Context& c = ctx ? *ctx : *pooled;
   Bindings b{flat_params_.data(), std::span<void* const>(ptrs.data(), inputs.size()), {}, {}};
   try {
+#ifdef TREADLE_WITH_CUDA
+    if (p->device().kind == DeviceKind::cuda) {  // inputs uploaded, outputs copied back to `outputs`
+      predict_on_device(*p, std::span<void* const>(ptrs.data(), inputs.size()), outputs, c);
+      if (pooled) return_context(std::move(pooled));
+      return;
+    }
+#endif
     p->run(c, b, 0, p->forward_end);
     for (std::size_t k = 0; k < outputs.size(); ++k)
       std::memcpy(outputs[k].data(), p->address(c, b, p->outputs[k]), outputs[k].nbytes());
@@ -300,6 +322,9 @@ std::vector<Tensor> Model::predict(const std::vector<Tensor>& inputs, Context* c
 }
 
 std::map<std::string, Tensor> Model::state_dict() const {
+#ifdef TREADLE_WITH_CUDA
+  if (device_) device_to_host(false);
+#endif
   std::map<std::string, Tensor> out;
   for (const auto& [name, p] : params_) out.emplace(name, p->value().clone());
   return out;
@@ -327,6 +352,7 @@ void Model::load_state_dict(const std::map<std::string, Tensor>& state, bool str
       for (const auto& np : params_) known = known || np.first == name;
       if (!known) throw_value_error("load_state_dict: unexpected key '", name, "'");
     }
+  host_access();  // keys not in `state` keep their current (possibly device) values
   for (const auto& [name, p] : params_) {
     auto it = state.find(name);
     if (it == state.end()) continue;

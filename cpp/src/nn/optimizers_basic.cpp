@@ -54,6 +54,12 @@ class SGD final : public detail::FusedOptimizer<SGD> {
                         ", dampening=", o.dampening, ")");
   }
   std::string name() const override { return "SGD"; }
+#ifdef TREADLE_WITH_CUDA
+  std::vector<std::pair<std::string, double>> hyperparameters() const override {
+    return {{"momentum", o_.momentum}, {"dampening", o_.dampening}, {"weight_decay", o_.weight_decay},
+            {"nesterov", o_.nesterov ? 1.0 : 0.0}};
+  }
+#endif
 
  protected:
   std::vector<std::string> state_names() const override {
@@ -121,6 +127,12 @@ class Adam final : public detail::FusedOptimizer<Adam> {
     require(o.weight_decay >= 0, who, "weight_decay", o.weight_decay);
   }
   std::string name() const override { return decoupled_ ? "AdamW" : "Adam"; }
+#ifdef TREADLE_WITH_CUDA
+  std::vector<std::pair<std::string, double>> hyperparameters() const override {
+    return {{"beta1", o_.beta1}, {"beta2", o_.beta2},           {"eps", o_.eps},
+            {"weight_decay", o_.weight_decay}, {"amsgrad", o_.amsgrad ? 1.0 : 0.0}};
+  }
+#endif
 
  protected:
   std::vector<std::string> state_names() const override {

@@ -34,9 +34,18 @@ Trainer::Trainer(std::shared_ptr<Model> model, Loss loss, std::shared_ptr<Optimi
   if (!model_) throw_value_error("Trainer: model is null");
   if (!optimizer_) throw_value_error("Trainer: optimizer is null");
   optimizer_->bind(model_->trainable_layout(), model_->num_trainable(), model_->dtype());
+#ifdef TREADLE_WITH_CUDA
+  if (on_device()) check_device_support("Trainer");  // e.g. an optimizer without a device update
+#endif
 }
 
+#ifdef TREADLE_WITH_CUDA
+Trainer::~Trainer() {
+  if (device_) model_->device_release_stream(ctx_.cuda_stream());  // the stream goes with ctx_
+}
+#else
 Trainer::~Trainer() = default;
+#endif
 
 void Trainer::check_input(const Tensor& t, const char* what) const {
   if (!t.defined()) throw_value_error("Trainer: ", what, " is undefined");
@@ -113,6 +122,9 @@ double Trainer::run_loss_plan(Inputs xs, const Tensor& y, PlanMode mode) {
   std::shared_ptr<const Plan> p = plan_for(mode, xs, &y, false);
   const ValueInfo& out = p->graph.info(p->outputs.at(0));
   loss_.check_target(out.shape, out.dtype, y);  // e.g. class indices in range, before any compute
+#ifdef TREADLE_WITH_CUDA
+  if (p->device().kind == DeviceKind::cuda) return run_device_loss_plan(*p, xs, y, mode);
+#endif
   std::array<Tensor, kMaxInputs> x_copies;  // only for non-contiguous inputs
   std::array<void*, kMaxInputs> in_ptr{};
   for (std::size_t i = 0; i < xs.size(); ++i)
@@ -167,6 +179,11 @@ Tensor Trainer::forward(Inputs xs, bool input_grad) {
   for (const Tensor& x : xs) check_input(x, "input");
   if (options_.verify_parameters) verify_parameters();
   std::shared_ptr<const Plan> p = plan_for(PlanMode::train_seeded, xs, nullptr, input_grad);
+#ifdef TREADLE_WITH_CUDA
+  if (p->device().kind == DeviceKind::cuda)
+    throw_value_error("Trainer.forward: the host-driven phases (forward/backward, begin_step) are not implemented ",
+                      "for backend 'cuda' on ", device_name(p->device()), "; use step() or compute_gradients()");
+#endif
   std::array<void*, kMaxInputs> in_ptr{};
   hold_inputs(xs, in_ptr);  // backward needs them, and the host may reuse its arrays
   Bindings b{model_->flat_parameters().data(), std::span<void* const>(in_ptr.data(), xs.size()), {}, {}};
@@ -215,6 +232,10 @@ void Trainer::update() {
     throw_type_error("Trainer.update: the model changed (dtype ", dtype_name(model_->dtype()), ", ",
                      model_->num_trainable(), " trainable values) since the optimizer was bound (",
                      dtype_name(optimizer_->dtype()), ", ", optimizer_->numel(), "); create a new optimizer");
+#ifdef TREADLE_WITH_CUDA
+  if (on_device()) return device_update();
+  if (device_) device_optimizer_to_host(true);  // back from the device: the host state is updated now
+#endif
   const Tensor& grads = model_->trainable_gradients();
   if (options_.skip_nonfinite && !gradients_finite()) {
     ++skipped_;

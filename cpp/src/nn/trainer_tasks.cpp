@@ -30,6 +30,10 @@ std::vector<StepTask> describe_tasks(const Plan& p, const std::vector<PlanTask>&
 
 const std::vector<StepTask>& Trainer::begin_step(Inputs xs, const Tensor& y, int depth) {
   if (depth < 1) throw_value_error("Trainer.begin_step: depth must be >= 1, got ", depth);
+#ifdef TREADLE_WITH_CUDA
+  if (on_device())
+    throw_value_error("Trainer.begin_step: tasked steps are not implemented for backend 'cuda' (cuda:0); use step()");
+#endif
   for (const Tensor& x : xs) check_input(x, "input");
   check_input(y, "target");
   if (options_.verify_parameters) verify_parameters();

@@ -1,0 +1,161 @@
+// Model's device half (CUDA builds): the copies of the flat parameter and gradient buffers on
+// cuda:0 that device plans bind, kept coherent with the host buffers, and Model::predict on the
+// device (inputs uploaded, outputs copied back into the caller's host tensors).
+//
+// Coherence, per buffer: the current values are on both sides, only on the host (written there, or
+// never uploaded) or only on the device (a step wrote them). Host accessors copy device-only values
+// back and, since what they hand out may be written, mark the host side as the current one; the
+// next device use uploads it. zero_grad() zeroes the host and leaves a fill for the device.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <mutex>
+
+#include "backends/cuda/cuda_backend.hpp"
+#include "backends/cuda/cuda_backend_train.hpp"
+#include "backends/cuda/cuda_status.hpp"
+#include "backends/cuda/cuda_stream.hpp"
+#include "backends/cuda/device_allocator.hpp"
+#include "backends/cuda/device_copy.hpp"
+#include "core/plan.hpp"
+#include "treadle/error.hpp"
+#include "treadle/model.hpp"
+
+namespace treadle {
+
+// Destroyed in reverse order: buffers back to the allocator, the allocator frees the device memory
+// (cudaFree waits for the device), then the copy stream goes.
+struct Model::DeviceMirror {
+  enum class Side : uint8_t { both, host, device };
+  explicit DeviceMirror(std::size_t bytes) : alloc(kDevice), bytes(bytes) {}
+
+  static constexpr int kDevice = 0;
+  std::unique_ptr<cuda::CudaStream> copy_stream;  // for copies when no user stream is current
+  cuda::CachingDeviceAllocator alloc;
+  cuda::DeviceBuffer params, grads;
+  std::size_t bytes;
+  Side params_at = Side::host, grads_at = Side::host;
+  bool zero_grads = false;         // the host zeroed its gradients; the device copy still has to
+  cudaStream_t stream = nullptr;   // the stream that used the copies last (its work may be pending)
+  std::mutex mu;
+
+  cudaStream_t any_stream() {
+    if (stream) return stream;
+    if (!copy_stream) copy_stream = std::make_unique<cuda::CudaStream>(kDevice);
+    return copy_stream->get();
+  }
+};
+
+// No stream wait here: the stream that used the copies last may be gone (a context destroyed), and
+// the allocator's cudaFree waits for the device anyway.
+void Model::DeviceMirrorDeleter::operator()(DeviceMirror* d) const noexcept { delete d; }
+
+Model::DeviceBuffers Model::device_buffers(void* stream_ptr) {
+  const cudaStream_t s = static_cast<cudaStream_t>(stream_ptr);
+  if (!device_) {
+    require_cuda_device(cuda::kTrainDevice);
+    if (dtype_ != DType::f32)
+      throw_type_error("Model: backend 'cuda' runs float32 models on ", device_name(cuda::kTrainDevice), ", got ",
+                       dtype_name(dtype_), " parameters");
+    cuda::DeviceGuard guard(DeviceMirror::kDevice);
+    auto m = std::unique_ptr<DeviceMirror, DeviceMirrorDeleter>(new DeviceMirror(flat_params_.nbytes()));
+    m->params = m->alloc.buffer(std::max<std::size_t>(m->bytes, 1), s);
+    m->grads = m->alloc.buffer(std::max<std::size_t>(m->bytes, 1), s);
+    device_ = std::move(m);
+  }
+  DeviceMirror& m = *device_;
+  std::lock_guard<std::mutex> lock(m.mu);
+  cuda::DeviceGuard guard(DeviceMirror::kDevice);
+  if (m.stream && m.stream != s) TREADLE_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  m.stream = s;
+  if (m.params_at == DeviceMirror::Side::host) {
+    cuda::copy_to_device_async(m.params.data(), flat_params_.data(), m.bytes, s);
+    m.params_at = DeviceMirror::Side::both;
+  }
+  if (m.zero_grads) {
+    cuda::fill_zero_async(m.grads.data(), m.bytes, s);
+    m.zero_grads = false;
+    m.grads_at = DeviceMirror::Side::both;
+  } else if (m.grads_at == DeviceMirror::Side::host) {
+    cuda::copy_to_device_async(m.grads.data(), flat_grads_.data(), m.bytes, s);
+    m.grads_at = DeviceMirror::Side::both;
+  }
+  return {m.params.data(), m.grads.data()};
+}
+
+void Model::device_written(void* stream, bool params, bool grads) {
+  if (!device_) throw_runtime_error("Model: device copies written before they were made");
+  std::lock_guard<std::mutex> lock(device_->mu);
+  device_->stream = static_cast<cudaStream_t>(stream);
+  if (params) device_->params_at = DeviceMirror::Side::device;
+  if (grads) device_->grads_at = DeviceMirror::Side::device;
+}
+
+void Model::device_release_stream(void* stream) {
+  if (!device_) return;
+  std::lock_guard<std::mutex> lock(device_->mu);
+  if (device_->stream != static_cast<cudaStream_t>(stream)) return;
+  cuda::DeviceGuard guard(DeviceMirror::kDevice);
+  TREADLE_CUDA_CHECK(cudaStreamSynchronize(device_->stream));
+  device_->stream = nullptr;
+}
+
+uint64_t Model::device_allocations() const { return device_ ? device_->alloc.stats().misses : 0; }
+
+void Model::device_zero_grad() {
+  std::lock_guard<std::mutex> lock(device_->mu);
+  device_->zero_grads = true;
+  device_->grads_at = DeviceMirror::Side::host;
+}
+
+void Model::device_to_host(bool will_write) const {
+  DeviceMirror& m = *device_;
+  std::lock_guard<std::mutex> lock(m.mu);
+  using Side = DeviceMirror::Side;
+  if (m.params_at == Side::device || m.grads_at == Side::device) {
+    cuda::DeviceGuard guard(DeviceMirror::kDevice);
+    const cudaStream_t s = m.any_stream();  // the writer's stream: the copies queue after its work
+    if (m.params_at == Side::device) cuda::copy_to_host(flat_params_.data(), m.params.data(), m.bytes, s);
+    if (m.grads_at == Side::device) cuda::copy_to_host(flat_grads_.data(), m.grads.data(), m.bytes, s);
+    if (m.params_at == Side::device) m.params_at = Side::both;
+    if (m.grads_at == Side::device) m.grads_at = Side::both;
+  }
+  if (will_write) {
+    m.params_at = Side::host;
+    if (!m.zero_grads) m.grads_at = Side::host;
+  }
+}
+
+void Model::predict_on_device(const Plan& plan, std::span<void* const> inputs, const std::vector<Tensor>& outputs,
+                              Context& ctx) {
+  const cudaStream_t s = static_cast<cudaStream_t>(ctx.cuda_stream());
+  const DeviceBuffers d = device_buffers(s);
+  cuda::DeviceGuard guard(DeviceMirror::kDevice);
+  // One block for the inputs and the anomaly counter, from the model's allocator: a cached block
+  // after the first prediction on this stream.
+  std::size_t total = cuda::align256(sizeof(cuda::NonfiniteStats));
+  std::vector<std::size_t> offsets;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    offsets.push_back(total);
+    const ValueInfo& info = plan.graph.info(plan.inputs[i]);
+    total += cuda::align256(static_cast<std::size_t>(shape_numel(info.shape)) * dtype_size(info.dtype));
+  }
+  cuda::DeviceBuffer block = device_->alloc.buffer(total, s);
+  auto* base = static_cast<char*>(block.data());
+  std::vector<void*> dev_in(inputs.size());
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const ValueInfo& info = plan.graph.info(plan.inputs[i]);
+    dev_in[i] = base + offsets[i];
+    cuda::copy_to_device_async(dev_in[i], inputs[i], static_cast<std::size_t>(shape_numel(info.shape)) *
+                                                         dtype_size(info.dtype), s);
+  }
+  Bindings b{d.params, dev_in, {}, {}};
+  b.device = cuda::kTrainDevice;
+  cuda::run_device_steps(plan, ctx, b, 0, plan.forward_end, reinterpret_cast<cuda::NonfiniteStats*>(base));
+  for (std::size_t k = 0; k < outputs.size(); ++k)
+    cuda::copy_to_host_async(outputs[k].data(), plan.address(ctx, b, plan.outputs[k]), outputs[k].nbytes(), s);
+  TREADLE_CUDA_CHECK(cudaStreamSynchronize(s));
+  device_release_stream(s);  // nothing pending: the context (and its stream) may go away
+}
+
+}  // namespace treadle

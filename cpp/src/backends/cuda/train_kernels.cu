@@ -1,0 +1,132 @@
+// Kernels around a device training step: gradient accumulation, the non-finite count and SGD.
+// Grid-stride loops with 64-bit indices, as the other element kernels.
+#include <cmath>
+
+#include "backends/cuda/cuda_status.hpp"
+#include "backends/cuda/launch_common.cuh"
+#include "backends/cuda/train_kernels.hpp"
+#include "treadle/error.hpp"
+
+namespace treadle::cuda {
+namespace {
+
+__global__ void add_into_kernel(float* __restrict__ dst, const float* __restrict__ src, int64_t n) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    dst[i] += src[i];
+}
+
+__global__ void reset_stats_kernel(NonfiniteStats* out, int64_t n) {
+  out->count = 0;
+  out->first = n;
+}
+
+struct MinOp {
+  __device__ long long operator()(long long a, long long b) const { return a < b ? a : b; }
+};
+
+// One block-level count and minimum index per block, then one atomic of each per block.
+__global__ void nonfinite_kernel(const float* __restrict__ x, int64_t n, NonfiniteStats* out) {
+  __shared__ unsigned long long count_smem[32];
+  __shared__ long long first_smem[32];
+  unsigned long long count = 0;
+  long long first = n;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    if (!isfinite(x[i])) {
+      ++count;
+      if (i < first) first = i;
+    }
+  count = block_reduce(count, SumOp{}, 0ull, count_smem);
+  first = block_reduce(first, MinOp{}, static_cast<long long>(n), first_smem);
+  if (threadIdx.x == 0 && count != 0) {
+    atomicAdd(&out->count, count);
+    atomicMin(&out->first, first);
+  }
+}
+
+template <bool kDecay, bool kMomentum, bool kNesterov>
+__global__ void sgd_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ buf, int64_t n,
+                           SgdCoefficients k) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    float d = g[i];
+    if constexpr (kDecay) d = d + k.wd * p[i];
+    if constexpr (kMomentum) {
+      const float bi = k.first ? d : buf[i] * k.momentum + k.keep * d;
+      buf[i] = bi;
+      d = kNesterov ? d + k.momentum * bi : bi;
+    }
+    p[i] = p[i] - k.lr * d;
+  }
+}
+
+template <bool kDecay, bool kMomentum, bool kNesterov>
+void launch_sgd(float* p, const float* g, float* buf, int64_t n, const SgdCoefficients& k, cudaStream_t stream) {
+  sgd_kernel<kDecay, kMomentum, kNesterov><<<element_blocks(n), kElementThreads, 0, stream>>>(p, g, buf, n, k);
+}
+
+}  // namespace
+
+void add_into(float* dst, const float* src, int64_t n, cudaStream_t stream) {
+  if (n < 0) throw_value_error("add_into: negative element count ", n);
+  if (n == 0) return;
+  if (dst == nullptr || src == nullptr) throw_value_error("add_into: null device pointer for ", n, " elements");
+  add_into_kernel<<<element_blocks(n), kElementThreads, 0, stream>>>(dst, src, n);
+  check_launch("add_into");
+}
+
+void nonfinite_stats(const float* x, int64_t n, NonfiniteStats* out, cudaStream_t stream) {
+  if (n < 0) throw_value_error("nonfinite_stats: negative element count ", n);
+  if (out == nullptr || (n > 0 && x == nullptr))
+    throw_value_error("nonfinite_stats: null device pointer (", n, " elements)");
+  reset_stats_kernel<<<1, 1, 0, stream>>>(out, n);
+  check_launch("nonfinite_stats (reset)");
+  if (n == 0) return;
+  nonfinite_kernel<<<element_blocks(n), kElementThreads, 0, stream>>>(x, n, out);
+  check_launch("nonfinite_stats");
+}
+
+SgdCoefficients sgd_coefficients(double lr, double momentum, double dampening, double weight_decay, bool nesterov,
+                                 int64_t step) {
+  if (!(lr >= 0)) throw_value_error("sgd: lr must be >= 0, got ", lr);
+  if (!(momentum >= 0)) throw_value_error("sgd: momentum must be >= 0, got ", momentum);
+  if (!(weight_decay >= 0)) throw_value_error("sgd: weight_decay must be >= 0, got ", weight_decay);
+  if (!std::isfinite(dampening)) throw_value_error("sgd: dampening must be finite, got ", dampening);
+  if (nesterov && (momentum <= 0 || dampening != 0))
+    throw_value_error("sgd: nesterov needs momentum > 0 and dampening 0, got momentum ", momentum, ", dampening ",
+                      dampening);
+  if (step < 1) throw_value_error("sgd: step must be >= 1 (the count including this update), got ", step);
+  SgdCoefficients k;
+  k.lr = static_cast<float>(lr);
+  k.wd = static_cast<float>(weight_decay);
+  k.momentum = static_cast<float>(momentum);
+  k.keep = static_cast<float>(1 - dampening);
+  k.decay = weight_decay != 0;
+  k.use_momentum = momentum != 0;
+  k.nesterov = nesterov;
+  k.first = step == 1;
+  return k;
+}
+
+void sgd_update(float* param, const float* grad, float* momentum_buffer, int64_t n, const SgdCoefficients& k,
+                cudaStream_t stream) {
+  if (n < 0) throw_value_error("sgd_update: negative element count ", n);
+  if (n == 0) return;
+  if (param == nullptr || grad == nullptr || (k.use_momentum && momentum_buffer == nullptr))
+    throw_value_error("sgd_update: null device pointer for ", n, " elements (momentum ",
+                      k.use_momentum ? "on" : "off", ")");
+  // Six instantiations instead of eight: Nesterov implies momentum.
+  if (k.decay) {
+    if (!k.use_momentum) launch_sgd<true, false, false>(param, grad, nullptr, n, k, stream);
+    else if (k.nesterov) launch_sgd<true, true, true>(param, grad, momentum_buffer, n, k, stream);
+    else launch_sgd<true, true, false>(param, grad, momentum_buffer, n, k, stream);
+  } else {
+    if (!k.use_momentum) launch_sgd<false, false, false>(param, grad, nullptr, n, k, stream);
+    else if (k.nesterov) launch_sgd<false, true, true>(param, grad, momentum_buffer, n, k, stream);
+    else launch_sgd<false, true, false>(param, grad, momentum_buffer, n, k, stream);
+  }
+  check_launch("sgd_update");
+}
+
+}  // namespace treadle::cuda
