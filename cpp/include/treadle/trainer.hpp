@@ -29,6 +29,13 @@ struct TrainerOptions {
   // Bytes for parameters + gradients + optimizer state + activations (0: none); a plan that would
   // exceed it is refused with ValueError before it runs.
   std::size_t memory_budget = 0;
+#ifdef TREADLE_WITH_CUDA
+  // Backend "cuda" (CUDA builds): step() runs as a CUDA graph, captured once per input signature
+  // on its second step (the first runs as launched kernels) and replayed: forward, loss, backward,
+  // gradient accumulation and the optimizer in one launch. Not with skip_nonfinite, check_finite or
+  // anomaly mode (the update cannot wait for a value read back mid-step): ValueError.
+  bool cuda_graph = false;
+#endif
 };
 
 // One task of a training step split for a host scheduler (Trainer::begin_step).
@@ -172,7 +179,9 @@ class TREADLE_API Trainer {
   // ValueError for what the device step does not do: an optimizer without a device update, options
   // that read the parameters or gradients on the host (clip_grad_norm, verify_parameters).
   void check_device_support(const char* who) const;
+  DeviceStep& device_step();
   double run_device_loss_plan(const Plan& p, Inputs xs, const Tensor& y, PlanMode mode);
+  double device_graph_step(Inputs xs, const Tensor& y);
   void device_update();
   // Copies the optimizer's device-newer state back; `will_write`: upload it before the next update.
   void device_optimizer_to_host(bool will_write);

@@ -145,6 +145,9 @@ double Trainer::run_loss_plan(Inputs xs, const Tensor& y, PlanMode mode) {
 }
 
 double Trainer::step(Inputs xs, const Tensor& y) {
+#ifdef TREADLE_WITH_CUDA
+  if (options_.cuda_graph && on_device()) return device_graph_step(xs, y);
+#endif
   zero_grad();
   return finish_with_update(run_loss_plan(xs, y, PlanMode::train_loss), "Trainer.step");
 }

@@ -11,5 +11,9 @@ namespace treadle::cuda::test {
 void add_core_host_tests(std::vector<TestCase>& out);
 // Training plans (an MLP) on the device against the same plans on Eigen.
 void add_core_device_tests(std::vector<TestCase>& out);
+// The Trainer and Model::predict on backend "cuda" (test_cuda_core_train.cpp): host-side errors, and
+// training on the device against Eigen.
+void add_core_train_host_tests(std::vector<TestCase>& out);
+void add_core_train_device_tests(std::vector<TestCase>& out);
 
 }  // namespace treadle::cuda::test

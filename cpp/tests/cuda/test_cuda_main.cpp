@@ -125,6 +125,7 @@ int main(int argc, char** argv) {
                                       {"rnn_validation", [](Env&) { return rnn_validation(); }}};
 #ifdef TREADLE_CUDA_TEST_CORE
   add_core_host_tests(host_tests);
+  add_core_train_host_tests(host_tests);
 #endif
   host_tests = only(std::move(host_tests), prefix);
   int failed = bench ? 0 : run(host_tests, nullptr);
@@ -157,6 +158,7 @@ int main(int argc, char** argv) {
     add_cnn_tests(tests);
 #ifdef TREADLE_CUDA_TEST_CORE
     add_core_device_tests(tests);
+    add_core_train_device_tests(tests);
 #endif
     tests = only(std::move(tests), prefix);
     const int f = run(tests, &env);

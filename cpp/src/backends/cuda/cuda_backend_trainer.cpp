@@ -8,10 +8,13 @@
 // allocators, so steps after the first make no cudaMalloc call.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <array>
 #include <cstring>
 
 #include "backends/cuda/cuda_backend.hpp"
 #include "backends/cuda/cuda_backend_train.hpp"
+#include "backends/cuda/cuda_graph.hpp"
 #include "backends/cuda/cuda_kernels.hpp"
 #include "backends/cuda/cuda_status.hpp"
 #include "backends/cuda/cuda_stream.hpp"
@@ -23,26 +26,95 @@
 
 namespace treadle {
 
-// Destroyed in reverse order: buffers and pinned memory first, the allocator (cudaFree) last.
+// Destroyed in reverse order: graphs, buffers and pinned memory first, the allocator (cudaFree) last.
 struct Trainer::DeviceStep {
   enum class Side : uint8_t { both, host, device };
   static constexpr int kDevice = 0;
-  DeviceStep() : alloc(kDevice) {}
+  DeviceStep() : alloc(kDevice), readback(64) {}
+
+  // Where upload() put the step's data on the device.
+  struct Slots {
+    void* coefficients = nullptr;
+    std::array<void*, kMaxInputs> inputs{};
+    void* target = nullptr;
+  };
+  // Copies the update's coefficients (for a graph replay; may be null), the inputs and the target
+  // into the pinned staging buffer and uploads it with one copy on `s`.
+  Slots upload(Inputs xs, const Tensor& y, const void* coefficients, std::size_t coefficient_bytes, cudaStream_t s);
+  // The optimizer's state on the device: allocated once, uploaded when the host's is newer (zeros
+  // after bind, a restored checkpoint) or the optimizer was re-bound (new host tensors).
+  void ready_state(Optimizer& o, cudaStream_t s);
+  float* state_ptr(std::size_t i) const { return i < state.size() ? state[i].ptr<float>() : nullptr; }
 
   cuda::CachingDeviceAllocator alloc;
-  cuda::DeviceBuffer io;  // the inputs then the target, each slot 256-byte aligned
+  cuda::DeviceBuffer io;  // coefficients, inputs, target: each slot 256-byte aligned
   std::size_t io_bytes = 0;
   cuda::PinnedHostBuffer staging;   // the host side of `io`
   cuda::PinnedHostBuffer readback;  // the loss and a non-finite count
   cuda::DeviceBuffer stats;         // cuda::NonfiniteStats
-  // The optimizer's state buffers on the device, in Optimizer::state() order, and the host tensors
-  // they mirror (a re-bound optimizer has new ones: uploaded again).
-  std::vector<cuda::DeviceBuffer> state;
-  std::vector<const void*> state_host;
+  std::vector<cuda::DeviceBuffer> state;  // in Optimizer::state() order
+  std::vector<const void*> state_host;    // the host tensors they mirror
   Side state_at = Side::host;
+  // One captured step per plan (input signature), with the addresses it was captured with: any
+  // change (a grown arena, re-made model copies) captures again.
+  struct Graph {
+    std::shared_ptr<const Plan> plan;
+    std::vector<const void*> pointers;
+    cuda::GraphExec exec;
+  };
+  std::vector<Graph> graphs;
 };
 
 void Trainer::DeviceStepDeleter::operator()(DeviceStep* d) const noexcept { delete d; }
+
+Trainer::DeviceStep::Slots Trainer::DeviceStep::upload(Inputs xs, const Tensor& y, const void* coefficients,
+                                                       std::size_t coefficient_bytes, cudaStream_t s) {
+  std::array<std::size_t, kMaxInputs + 1> offset{};
+  std::size_t total = cuda::align256(coefficient_bytes);
+  for (std::size_t i = 0; i <= xs.size(); ++i) {
+    offset[i] = total;
+    total += cuda::align256(i < xs.size() ? xs[i].nbytes() : y.nbytes());
+  }
+  if (total > io_bytes) {  // the last step synchronised: neither buffer is in use
+    io = alloc.buffer(total, s);
+    staging = cuda::PinnedHostBuffer(total);
+    io_bytes = total;
+  }
+  auto* staged = staging.ptr<char>();
+  if (coefficients) std::memcpy(staged, coefficients, coefficient_bytes);
+  for (std::size_t i = 0; i <= xs.size(); ++i) {
+    const Tensor& t = i < xs.size() ? xs[i] : y;
+    const Tensor c = t.is_contiguous() ? t : t.clone();
+    std::memcpy(staged + offset[i], c.data(), c.nbytes());
+  }
+  cuda::copy_to_device_async(io.data(), staged, total, s);
+  auto* base = static_cast<char*>(io.data());
+  Slots slots;
+  slots.coefficients = base;
+  for (std::size_t i = 0; i < xs.size(); ++i) slots.inputs[i] = base + offset[i];
+  slots.target = base + offset[xs.size()];
+  return slots;
+}
+
+void Trainer::DeviceStep::ready_state(Optimizer& o, cudaStream_t s) {
+  std::vector<std::pair<std::string, Tensor>>& host = o.state();
+  bool rebound = state.size() != host.size();
+  for (std::size_t i = 0; !rebound && i < host.size(); ++i) rebound = state_host[i] != host[i].second.data();
+  if (rebound) {
+    state.clear();
+    state_host.clear();
+    for (auto& [name, t] : host) {
+      state.push_back(alloc.buffer(std::max<std::size_t>(t.nbytes(), 1), s));
+      state_host.push_back(t.data());
+    }
+    state_at = Side::host;
+  }
+  if (state_at == Side::host) {
+    for (std::size_t i = 0; i < host.size(); ++i)
+      cuda::copy_to_device_async(state[i].data(), host[i].second.data(), host[i].second.nbytes(), s);
+    state_at = Side::both;
+  }
+}
 
 namespace {
 
@@ -50,6 +122,55 @@ double hyperparameter(const Optimizer& o, const std::string& name) {
   for (const auto& [key, value] : o.hyperparameters())
     if (key == name) return value;
   throw_runtime_error("Trainer: optimizer ", o.name(), " reports no hyper-parameter '", name, "'");
+}
+
+// The coefficients of update `t` (the count including it) at learning rate `lr`: SGD's or Adam's.
+struct UpdateCoefficients {
+  bool sgd = false;
+  cuda::SgdCoefficients sgd_k;
+  cuda::AdamCoefficients adam_k;
+  const void* data() const { return sgd ? static_cast<const void*>(&sgd_k) : &adam_k; }
+  std::size_t bytes() const { return sgd ? sizeof(sgd_k) : sizeof(adam_k); }
+};
+
+UpdateCoefficients update_coefficients(const Optimizer& o, double lr, int64_t t) {
+  UpdateCoefficients k;
+  k.sgd = o.name() == "SGD";
+  if (k.sgd)
+    k.sgd_k = cuda::sgd_coefficients(lr, hyperparameter(o, "momentum"), hyperparameter(o, "dampening"),
+                                     hyperparameter(o, "weight_decay"), hyperparameter(o, "nesterov") != 0, t);
+  else
+    k.adam_k = cuda::adam_coefficients(lr, hyperparameter(o, "beta1"), hyperparameter(o, "beta2"),
+                                       hyperparameter(o, "eps"), hyperparameter(o, "weight_decay"), t,
+                                       o.name() == "AdamW", hyperparameter(o, "amsgrad") != 0);
+  return k;
+}
+
+// Enqueues the update: with the coefficients as arguments, or read from `k_device` (a graph).
+void enqueue_update(const UpdateCoefficients& k, const void* k_device, float* p, const float* g,
+                    const std::array<float*, 3>& state, int64_t n, cudaStream_t s) {
+  if (k.sgd && k_device)
+    cuda::sgd_update_indirect(p, g, state[0], n, k.sgd_k, static_cast<const cuda::SgdCoefficients*>(k_device), s);
+  else if (k.sgd)
+    cuda::sgd_update(p, g, state[0], n, k.sgd_k, s);
+  else if (k_device)
+    cuda::adam_update_indirect(p, g, state[0], state[1], k.adam_k.amsgrad ? state[2] : nullptr, n, k.adam_k,
+                               static_cast<const cuda::AdamCoefficients*>(k_device), s);
+  else
+    cuda::adam_update(p, g, state[0], state[1], k.adam_k.amsgrad ? state[2] : nullptr, n, k.adam_k, s);
+}
+
+// Plan::accumulate_param_grads on the device: every parameter gradient added into the flat buffer.
+void enqueue_accumulate(const Plan& p, Context& ctx, const Bindings& b, void* grads, cudaStream_t s) {
+  for (const auto& [off, value] : p.param_grads)
+    cuda::add_into(reinterpret_cast<float*>(static_cast<char*>(grads) + off),
+                   static_cast<const float*>(p.address(ctx, b, value)), shape_numel(p.graph.info(value).shape), s);
+}
+
+Bindings device_bindings(void* params, std::span<void* const> inputs, void* const* target) {
+  Bindings b{params, inputs, std::span<void* const>(target, 1), {}};
+  b.device = cuda::kTrainDevice;
+  return b;
 }
 
 }  // namespace
@@ -71,59 +192,37 @@ void Trainer::check_device_support(const char* who) const {
   if (options_.verify_parameters)
     throw_value_error(who, ": verify_parameters is not implemented for backend 'cuda' on ",
                       device_name(cuda::kTrainDevice), " (the checksums are taken on the host)");
+  if (options_.cuda_graph && (options_.skip_nonfinite || options_.check_finite))
+    throw_value_error(who, ": cuda_graph replays the optimizer in the same graph as the backward pass, so the ",
+                      "update cannot wait for the loss or gradients read back (skip_nonfinite ",
+                      options_.skip_nonfinite ? "on" : "off", ", check_finite ", options_.check_finite ? "on" : "off",
+                      "); turn those off, or cuda_graph off");
 }
 
 uint64_t Trainer::device_allocations() const {
   return ctx_.device_allocations() + (device_ ? device_->alloc.stats().misses : 0) + model_->device_allocations();
 }
 
+Trainer::DeviceStep& Trainer::device_step() {
+  if (!device_) device_.reset(new DeviceStep());
+  return *device_;
+}
+
 double Trainer::run_device_loss_plan(const Plan& p, Inputs xs, const Tensor& y, PlanMode mode) {
   check_device_support("Trainer");
-  if (!device_) {
-    auto d = std::unique_ptr<DeviceStep, DeviceStepDeleter>(new DeviceStep());
-    d->readback = cuda::PinnedHostBuffer(64);
-    device_ = std::move(d);
-  }
-  DeviceStep& d = *device_;
+  DeviceStep& d = device_step();
   cuda::DeviceGuard guard(DeviceStep::kDevice);
   const cudaStream_t s = static_cast<cudaStream_t>(ctx_.cuda_stream());
   const Model::DeviceBuffers mb = model_->device_buffers(s);
   if (!d.stats.data()) d.stats = d.alloc.buffer(sizeof(cuda::NonfiniteStats), s);
-
-  // One staging buffer and one upload for everything the host gives per step.
-  std::array<std::size_t, kMaxInputs + 1> offset{};
-  std::size_t total = 0;
-  for (std::size_t i = 0; i <= xs.size(); ++i) {
-    offset[i] = total;
-    total += cuda::align256(i < xs.size() ? xs[i].nbytes() : y.nbytes());
-  }
-  if (total > d.io_bytes) {  // the last step synchronised: neither buffer is still in use
-    d.io = d.alloc.buffer(total, s);
-    d.staging = cuda::PinnedHostBuffer(total);
-    d.io_bytes = total;
-  }
-  auto* staged = d.staging.ptr<char>();
-  for (std::size_t i = 0; i <= xs.size(); ++i) {
-    const Tensor& t = i < xs.size() ? xs[i] : y;
-    const Tensor c = t.is_contiguous() ? t : t.clone();
-    std::memcpy(staged + offset[i], c.data(), c.nbytes());
-  }
-  cuda::copy_to_device_async(d.io.data(), staged, total, s);
-  auto* io = static_cast<char*>(d.io.data());
-  std::array<void*, kMaxInputs> in_ptr{};
-  for (std::size_t i = 0; i < xs.size(); ++i) in_ptr[i] = io + offset[i];
-  void* tgt_ptr[1] = {io + offset[xs.size()]};
-  Bindings b{mb.params, std::span<void* const>(in_ptr.data(), xs.size()), tgt_ptr, {}};
-  b.device = cuda::kTrainDevice;
+  const DeviceStep::Slots slots = d.upload(xs, y, nullptr, 0, s);
+  const Bindings b = device_bindings(mb.params, {slots.inputs.data(), xs.size()}, &slots.target);
 
   pending_.reset();  // this run reuses the context's activation memory: a pending backward is void
   end_tasked_step();
   cuda::run_device_steps(p, ctx_, b, 0, p.num_steps(), d.stats.ptr<cuda::NonfiniteStats>());
   if (mode == PlanMode::train_loss) {
-    auto* grads = static_cast<char*>(mb.grads);
-    for (const auto& [off, value] : p.param_grads)
-      cuda::add_into(reinterpret_cast<float*>(grads + off), static_cast<const float*>(p.address(ctx_, b, value)),
-                     shape_numel(p.graph.info(value).shape), s);
+    enqueue_accumulate(p, ctx_, b, mb.grads, s);
     model_->device_written(s, true, true);  // the parameters too: running statistics are updated in place
   }
   float* loss = d.readback.ptr<float>();
@@ -134,12 +233,7 @@ double Trainer::run_device_loss_plan(const Plan& p, Inputs xs, const Tensor& y, 
 
 void Trainer::device_update() {
   check_device_support("Trainer.update");
-  if (!device_) {  // an update before any device step: gradients from the host
-    auto d = std::unique_ptr<DeviceStep, DeviceStepDeleter>(new DeviceStep());
-    d->readback = cuda::PinnedHostBuffer(64);
-    device_ = std::move(d);
-  }
-  DeviceStep& d = *device_;
+  DeviceStep& d = device_step();
   cuda::DeviceGuard guard(DeviceStep::kDevice);
   const cudaStream_t s = static_cast<cudaStream_t>(ctx_.cuda_stream());
   const Model::DeviceBuffers mb = model_->device_buffers(s);
@@ -157,43 +251,68 @@ void Trainer::device_update() {
       return;
     }
   }
-  // The optimizer's state: allocated once, uploaded when the host's is newer (zeros after bind, or
-  // a restored checkpoint).
-  std::vector<std::pair<std::string, Tensor>>& state = optimizer_->state();
-  bool rebound = d.state.size() != state.size();
-  for (std::size_t i = 0; !rebound && i < state.size(); ++i) rebound = d.state_host[i] != state[i].second.data();
-  if (rebound) {
-    d.state.clear();
-    d.state_host.clear();
-    for (auto& [name, t] : state) {
-      d.state.push_back(d.alloc.buffer(std::max<std::size_t>(t.nbytes(), 1), s));
-      d.state_host.push_back(t.data());
-    }
-    d.state_at = DeviceStep::Side::host;
-  }
-  if (d.state_at == DeviceStep::Side::host)
-    for (std::size_t i = 0; i < state.size(); ++i)
-      cuda::copy_to_device_async(d.state[i].data(), state[i].second.data(), state[i].second.nbytes(), s);
-  auto buf = [&](std::size_t i) { return i < d.state.size() ? d.state[i].ptr<float>() : nullptr; };
-
-  const double lr = current_lr();  // the schedule's value before this update, as on the host
+  d.ready_state(*optimizer_, s);
   const int64_t t = optimizer_->step_count() + 1;
-  const Optimizer& o = *optimizer_;
-  if (o.name() == "SGD") {
-    const cuda::SgdCoefficients k =
-        cuda::sgd_coefficients(lr, hyperparameter(o, "momentum"), hyperparameter(o, "dampening"),
-                               hyperparameter(o, "weight_decay"), hyperparameter(o, "nesterov") != 0, t);
-    cuda::sgd_update(p, g, buf(0), n, k, s);
-  } else {
-    const bool amsgrad = hyperparameter(o, "amsgrad") != 0;
-    const cuda::AdamCoefficients k = cuda::adam_coefficients(
-        lr, hyperparameter(o, "beta1"), hyperparameter(o, "beta2"), hyperparameter(o, "eps"),
-        hyperparameter(o, "weight_decay"), t, o.name() == "AdamW", amsgrad);
-    cuda::adam_update(p, g, buf(0), buf(1), amsgrad ? buf(2) : nullptr, n, k, s);
-  }
+  // The schedule's rate before this update, as the host's optimizer_->step(..., current_lr(), ...).
+  const UpdateCoefficients k = update_coefficients(*optimizer_, current_lr(), t);
+  enqueue_update(k, nullptr, p, g, {d.state_ptr(0), d.state_ptr(1), d.state_ptr(2)}, n, s);
   optimizer_->set_step_count(t);
   d.state_at = DeviceStep::Side::device;
   model_->device_written(s, true, false);
+}
+
+// step() as one graph launch. The first step of a signature runs as launched kernels: it creates
+// what a capture must not (library handles, the grown arena, the optimizer's device state).
+double Trainer::device_graph_step(Inputs xs, const Tensor& y) {
+  check_device_support("Trainer.step");
+  if (ctx_.check_numerics())
+    throw_value_error("Trainer.step: anomaly mode (check_numerics) reads every output back, which a CUDA graph ",
+                      "cannot; turn cuda_graph off to use it");
+  for (const Tensor& x : xs) check_input(x, "input");
+  check_input(y, "target");
+  zero_grad();
+  std::shared_ptr<const Plan> p = plan_for(PlanMode::train_loss, xs, &y, false);
+  const ValueInfo& out = p->graph.info(p->outputs.at(0));
+  loss_.check_target(out.shape, out.dtype, y);  // class indices in range: the device kernel cannot raise
+  DeviceStep& d = device_step();
+  auto it = std::find_if(d.graphs.begin(), d.graphs.end(), [&](const DeviceStep::Graph& g) { return g.plan == p; });
+  if (it == d.graphs.end()) {
+    d.graphs.push_back(DeviceStep::Graph{p, {}, {}});
+    return finish_with_update(run_device_loss_plan(*p, xs, y, PlanMode::train_loss), "Trainer.step");
+  }
+  cuda::DeviceGuard guard(DeviceStep::kDevice);
+  const cudaStream_t s = static_cast<cudaStream_t>(ctx_.cuda_stream());
+  const Model::DeviceBuffers mb = model_->device_buffers(s);  // enqueues the gradients' zeroing
+  d.ready_state(*optimizer_, s);
+  const int64_t t = optimizer_->step_count() + 1;
+  const UpdateCoefficients k = update_coefficients(*optimizer_, current_lr(), t);
+  const DeviceStep::Slots slots = d.upload(xs, y, k.data(), k.bytes(), s);
+  const Bindings b = device_bindings(mb.params, {slots.inputs.data(), xs.size()}, &slots.target);
+  pending_.reset();
+  end_tasked_step();
+  const std::vector<const void*> pointers = {ctx_.device_arena(p->arena_bytes()), mb.params, mb.grads, d.io.data(),
+                                             d.state_ptr(0), d.state_ptr(1), d.state_ptr(2)};
+  DeviceStep::Graph& graph = *it;
+  if (!graph.exec.valid() || graph.pointers != pointers) {
+    graph.exec = cuda::GraphExec();
+    cuda::StreamCapture capture(s);
+    p->run(ctx_, b, 0, p->num_steps());
+    enqueue_accumulate(*p, ctx_, b, mb.grads, s);
+    enqueue_update(k, slots.coefficients, static_cast<float*>(mb.params), static_cast<const float*>(mb.grads),
+                   {d.state_ptr(0), d.state_ptr(1), d.state_ptr(2)}, model_->num_trainable(), s);
+    graph.exec = cuda::GraphExec(capture.finish("Trainer.step"), "Trainer.step");
+    graph.pointers = pointers;
+  } else {
+    ctx_.next_rng_counter();  // as the run a replay stands for (no device kernel draws random numbers)
+  }
+  graph.exec.launch(s);
+  optimizer_->set_step_count(t);
+  d.state_at = DeviceStep::Side::device;
+  model_->device_written(s, true, true);
+  float* loss = d.readback.ptr<float>();
+  cuda::copy_to_host_async(loss, p->address(ctx_, b, p->loss), sizeof(float), s);
+  TREADLE_CUDA_CHECK(cudaStreamSynchronize(s));
+  return *loss;
 }
 
 void Trainer::device_optimizer_to_host(bool will_write) {

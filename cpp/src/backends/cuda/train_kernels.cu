@@ -45,25 +45,67 @@ __global__ void nonfinite_kernel(const float* __restrict__ x, int64_t n, Nonfini
   }
 }
 
+// One element of SGD (both launch forms).
 template <bool kDecay, bool kMomentum, bool kNesterov>
+__device__ __forceinline__ void sgd_element(float* __restrict__ p, const float* __restrict__ g,
+                                            float* __restrict__ buf, int64_t i, const SgdCoefficients& k) {
+  float d = g[i];
+  if constexpr (kDecay) d = d + k.wd * p[i];
+  if constexpr (kMomentum) {
+    const float bi = k.first ? d : buf[i] * k.momentum + k.keep * d;
+    buf[i] = bi;
+    d = kNesterov ? d + k.momentum * bi : bi;
+  }
+  p[i] = p[i] - k.lr * d;
+}
+
+// kIndirect: the coefficients are read from device memory (`kp`) instead of the argument `k`.
+template <bool kDecay, bool kMomentum, bool kNesterov, bool kIndirect>
 __global__ void sgd_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ buf, int64_t n,
-                           SgdCoefficients k) {
+                           SgdCoefficients k, const SgdCoefficients* kp) {
+  if constexpr (kIndirect) k = *kp;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    float d = g[i];
-    if constexpr (kDecay) d = d + k.wd * p[i];
-    if constexpr (kMomentum) {
-      const float bi = k.first ? d : buf[i] * k.momentum + k.keep * d;
-      buf[i] = bi;
-      d = kNesterov ? d + k.momentum * bi : bi;
-    }
-    p[i] = p[i] - k.lr * d;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    sgd_element<kDecay, kMomentum, kNesterov>(p, g, buf, i, k);
+}
+
+template <bool kIndirect>
+void launch_sgd(float* p, const float* g, float* buf, int64_t n, const SgdCoefficients& k,
+                const SgdCoefficients* kp, cudaStream_t stream) {
+  auto go = [&](auto kernel) { kernel<<<element_blocks(n), kElementThreads, 0, stream>>>(p, g, buf, n, k, kp); };
+  // Six instantiations instead of eight: Nesterov implies momentum.
+  if (k.decay) {
+    if (!k.use_momentum) go(sgd_kernel<true, false, false, kIndirect>);
+    else if (k.nesterov) go(sgd_kernel<true, true, true, kIndirect>);
+    else go(sgd_kernel<true, true, false, kIndirect>);
+  } else {
+    if (!k.use_momentum) go(sgd_kernel<false, false, false, kIndirect>);
+    else if (k.nesterov) go(sgd_kernel<false, true, true, kIndirect>);
+    else go(sgd_kernel<false, true, false, kIndirect>);
   }
 }
 
-template <bool kDecay, bool kMomentum, bool kNesterov>
-void launch_sgd(float* p, const float* g, float* buf, int64_t n, const SgdCoefficients& k, cudaStream_t stream) {
-  sgd_kernel<kDecay, kMomentum, kNesterov><<<element_blocks(n), kElementThreads, 0, stream>>>(p, g, buf, n, k);
+// Adam with its coefficients from device memory: adam_kernels.cu's element arithmetic, in the same
+// order (the graph-replayed step must match the launched one).
+template <bool kCoupled, bool kAmsgrad>
+__global__ void adam_indirect_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
+                                     float* __restrict__ v, float* __restrict__ vmax, int64_t n,
+                                     const AdamCoefficients* kp) {
+  const AdamCoefficients k = *kp;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const float pi = p[i] * k.shrink;
+    float gi = g[i];
+    if constexpr (kCoupled) gi = gi + k.wd * pi;
+    const float mi = m[i] + k.w1 * (gi - m[i]);
+    const float vi = v[i] * k.b2 + k.w2 * gi * gi;
+    float second = vi;
+    if constexpr (kAmsgrad) second = vmax[i] = fmaxf(vmax[i], vi);
+    const float denom = sqrtf(second) / k.bc2_sqrt + k.eps;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = pi + k.neg_step * mi / denom;
+  }
 }
 
 }  // namespace
@@ -116,17 +158,41 @@ void sgd_update(float* param, const float* grad, float* momentum_buffer, int64_t
   if (param == nullptr || grad == nullptr || (k.use_momentum && momentum_buffer == nullptr))
     throw_value_error("sgd_update: null device pointer for ", n, " elements (momentum ",
                       k.use_momentum ? "on" : "off", ")");
-  // Six instantiations instead of eight: Nesterov implies momentum.
-  if (k.decay) {
-    if (!k.use_momentum) launch_sgd<true, false, false>(param, grad, nullptr, n, k, stream);
-    else if (k.nesterov) launch_sgd<true, true, true>(param, grad, momentum_buffer, n, k, stream);
-    else launch_sgd<true, true, false>(param, grad, momentum_buffer, n, k, stream);
-  } else {
-    if (!k.use_momentum) launch_sgd<false, false, false>(param, grad, nullptr, n, k, stream);
-    else if (k.nesterov) launch_sgd<false, true, true>(param, grad, momentum_buffer, n, k, stream);
-    else launch_sgd<false, true, false>(param, grad, momentum_buffer, n, k, stream);
-  }
+  launch_sgd<false>(param, grad, momentum_buffer, n, k, nullptr, stream);
   check_launch("sgd_update");
+}
+
+void sgd_update_indirect(float* param, const float* grad, float* momentum_buffer, int64_t n,
+                         const SgdCoefficients& shape, const SgdCoefficients* k_device, cudaStream_t stream) {
+  if (n < 0) throw_value_error("sgd_update_indirect: negative element count ", n);
+  if (n == 0) return;
+  if (param == nullptr || grad == nullptr || k_device == nullptr || (shape.use_momentum && momentum_buffer == nullptr))
+    throw_value_error("sgd_update_indirect: null device pointer for ", n, " elements (momentum ",
+                      shape.use_momentum ? "on" : "off", ")");
+  launch_sgd<true>(param, grad, momentum_buffer, n, shape, k_device, stream);
+  check_launch("sgd_update_indirect");
+}
+
+void adam_update_indirect(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, float* max_exp_avg_sq,
+                          int64_t n, const AdamCoefficients& shape, const AdamCoefficients* k_device,
+                          cudaStream_t stream) {
+  if (n < 0) throw_value_error("adam_update_indirect: negative element count ", n);
+  if (n == 0) return;
+  if (param == nullptr || grad == nullptr || exp_avg == nullptr || exp_avg_sq == nullptr || k_device == nullptr ||
+      (shape.amsgrad && max_exp_avg_sq == nullptr))
+    throw_value_error("adam_update_indirect: null device pointer for ", n, " elements (amsgrad ",
+                      shape.amsgrad ? "on" : "off", ")");
+  auto go = [&](auto kernel, float* vmax) {
+    kernel<<<element_blocks(n), kElementThreads, 0, stream>>>(param, grad, exp_avg, exp_avg_sq, vmax, n, k_device);
+  };
+  if (shape.coupled) {
+    if (shape.amsgrad) go(adam_indirect_kernel<true, true>, max_exp_avg_sq);
+    else go(adam_indirect_kernel<true, false>, nullptr);
+  } else {
+    if (shape.amsgrad) go(adam_indirect_kernel<false, true>, max_exp_avg_sq);
+    else go(adam_indirect_kernel<false, false>, nullptr);
+  }
+  check_launch("adam_update_indirect");
 }
 
 }  // namespace treadle::cuda

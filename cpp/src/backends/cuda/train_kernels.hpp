@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "backends/cuda/cuda_kernels.hpp"
+
 namespace treadle::cuda {
 
 // dst[i] += src[i] for i < n: Plan::accumulate_param_grads' loop on the device.
@@ -37,5 +39,16 @@ SgdCoefficients sgd_coefficients(double lr, double momentum, double dampening, d
 // momentum_buffer may be null unless k.use_momentum.
 void sgd_update(float* param, const float* grad, float* momentum_buffer, int64_t n, const SgdCoefficients& k,
                 cudaStream_t stream);
+
+// The same two updates with their coefficients read from device memory when the kernel runs: what a
+// CUDA graph replays while the step count and the learning rate change (the host writes the
+// coefficients of each step into that memory before the replay). The flags that choose the kernel
+// (`shape`'s coupled/amsgrad, decay/use_momentum/nesterov) are fixed at launch, the values are read
+// from `k_device`; the arithmetic is adam_update's and sgd_update's.
+void adam_update_indirect(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, float* max_exp_avg_sq,
+                          int64_t n, const AdamCoefficients& shape, const AdamCoefficients* k_device,
+                          cudaStream_t stream);
+void sgd_update_indirect(float* param, const float* grad, float* momentum_buffer, int64_t n,
+                         const SgdCoefficients& shape, const SgdCoefficients* k_device, cudaStream_t stream);
 
 }  // namespace treadle::cuda

@@ -1,0 +1,314 @@
+// Training and prediction through the C++ Trainer and Model API on backend "cuda" against the same
+// training on "eigen": an MLP (Adam, AdamW with AMSGrad, SGD with Nesterov momentum) and two small
+// CNNs (one with batch norm), 20 steps each, with and without CUDA graphs; no device allocation after
+// step 1; anomaly mode catching a NaN input on the device; predict on the device against Eigen's.
+// Plus the host-side errors: a "cuda" model without a device, unsupported optimizers and options.
+#include <cmath>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "test_cuda_core.hpp"
+#include "treadle/loss.hpp"
+#include "treadle/model.hpp"
+#include "treadle/nn_conv.hpp"
+#include "treadle/nn_layers.hpp"
+#include "treadle/optim.hpp"
+#include "treadle/trainer.hpp"
+
+namespace treadle::cuda::test {
+namespace {
+
+constexpr int kSteps = 20;
+constexpr int64_t kClasses = 10;
+
+std::shared_ptr<Parameter> weight(std::mt19937_64& rng, const Shape& shape) {
+  Tensor t(shape, DType::f32);
+  const double bound = 1.0 / std::sqrt(static_cast<double>(shape_numel(shape) / shape[0]));
+  std::uniform_real_distribution<float> d(static_cast<float>(-bound), static_cast<float>(bound));
+  for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = d(rng);
+  return std::make_shared<Parameter>(t);
+}
+
+std::shared_ptr<Parameter> constant(const Shape& shape, float value) {
+  Tensor t(shape, DType::f32);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = value;
+  return std::make_shared<Parameter>(t, false);
+}
+
+using Builder = std::shared_ptr<Model> (*)(uint64_t seed);
+
+// x (32, 24) -> linear 64 + relu -> linear 48 + tanh -> linear 10.
+std::shared_ptr<Model> mlp(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<NamedParameter> p = {{"fc1.weight", weight(rng, {64, 24})}, {"fc1.bias", weight(rng, {64})},
+                                   {"fc2.weight", weight(rng, {48, 64})}, {"fc2.bias", weight(rng, {48})},
+                                   {"fc3.weight", weight(rng, {kClasses, 48})}, {"fc3.bias", weight(rng, {kClasses})}};
+  auto forward = [p](Graph& g, const std::vector<Value>& in) {
+    auto w = [&](int k) { return g.add_parameter(p[k].second); };
+    Value h = ops::relu(ops::linear(in[0], w(0), w(1)));
+    h = ops::tanh(ops::linear(h, w(2), w(3)));
+    return std::vector<Value>{ops::linear(h, w(4), w(5))};
+  };
+  return std::make_shared<Model>(forward, p);
+}
+
+// x (4, 3, 12, 12) -> conv 8 3x3 + relu -> max pool 2 -> conv 16 3x3 + tanh -> avg pool 2 -> linear 10.
+std::shared_ptr<Model> cnn(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<NamedParameter> p = {{"c1.weight", weight(rng, {8, 3, 3, 3})}, {"c1.bias", weight(rng, {8})},
+                                   {"c2.weight", weight(rng, {16, 8, 3, 3})},
+                                   {"fc.weight", weight(rng, {kClasses, 16 * 3 * 3})}, {"fc.bias", weight(rng, {kClasses})}};
+  auto forward = [p](Graph& g, const std::vector<Value>& in) {
+    auto w = [&](int k) { return g.add_parameter(p[k].second); };
+    Value h = ops::max_pool(ops::relu(ops::conv(in[0], w(0), w(1), {1}, {1})), {2, 2});
+    h = ops::avg_pool(ops::tanh(ops::conv(h, w(2), Value(), {1}, {1})), {2, 2});
+    return std::vector<Value>{ops::linear(ops::flatten(h), w(3), w(4))};
+  };
+  return std::make_shared<Model>(forward, p);
+}
+
+// conv 8 3x3 (no bias) -> batch norm (running statistics in the parameter buffer) -> relu -> max
+// pool 2 -> linear 10.
+std::shared_ptr<Model> bn_cnn(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<NamedParameter> p = {{"conv.weight", weight(rng, {8, 3, 3, 3})}, {"bn.weight", weight(rng, {8})},
+                                   {"bn.bias", weight(rng, {8})}, {"fc.weight", weight(rng, {kClasses, 8 * 6 * 6})},
+                                   {"fc.bias", weight(rng, {kClasses})}, {"bn.running_mean", constant({8}, 0.f)},
+                                   {"bn.running_var", constant({8}, 1.f)}, {"bn.num_batches_tracked", constant({}, 0.f)}};
+  auto forward = [p](Graph& g, const std::vector<Value>& in) {
+    auto w = [&](int k) { return g.add_parameter(p[k].second); };
+    Value h = ops::conv(in[0], w(0), Value(), {1}, {1});
+    h = ops::batch_norm(h, w(5), w(6), w(1), w(2), w(7), g.training(), 0.1, 1e-5);
+    h = ops::max_pool(ops::relu(h), {2, 2});
+    return std::vector<Value>{ops::linear(ops::flatten(h), w(3), w(4))};
+  };
+  return std::make_shared<Model>(forward, p);
+}
+
+const Shape kMlpInput{32, 24}, kCnnInput{4, 3, 12, 12};
+
+struct Batches {
+  std::vector<Tensor> x, y;
+};
+
+// Four batches, cycled: labels from a fixed random linear teacher, so 20 steps learn something.
+Batches batches(uint64_t seed, const Shape& x_shape, int count) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-2.f, 2.f);
+  const int64_t features = shape_numel(x_shape) / x_shape[0];
+  std::vector<float> teacher(static_cast<std::size_t>(kClasses * features));
+  for (float& t : teacher) t = u(rng);
+  Batches b;
+  for (int i = 0; i < count; ++i) {
+    if (i >= 4) {
+      b.x.push_back(b.x[i % 4]);
+      b.y.push_back(b.y[i % 4]);
+      continue;
+    }
+    Tensor x(x_shape, DType::f32), y({x_shape[0]}, DType::i64);
+    float* xs = x.data_as<float>();
+    for (int64_t k = 0; k < x.numel(); ++k) xs[k] = u(rng);
+    for (int64_t n = 0; n < x_shape[0]; ++n) {
+      int64_t best = 0;
+      double best_score = -INFINITY;
+      for (int64_t c = 0; c < kClasses; ++c) {
+        double score = 0;
+        for (int64_t f = 0; f < features; ++f) score += teacher[c * features + f] * xs[n * features + f];
+        if (score > best_score) best_score = score, best = c;
+      }
+      y.data_as<int64_t>()[n] = best;
+    }
+    b.x.push_back(x);
+    b.y.push_back(y);
+  }
+  return b;
+}
+
+std::vector<float> floats(const Tensor& t) { return {t.data_as<float>(), t.data_as<float>() + t.numel()}; }
+std::vector<double> doubles(const Tensor& t) { return {t.data_as<float>(), t.data_as<float>() + t.numel()}; }
+
+struct OptimizerCase {
+  const char* name;
+  std::shared_ptr<Optimizer> (*make)();
+};
+
+const OptimizerCase kAdam{"Adam", [] { return optim::adam({}); }};
+const OptimizerCase kAdamW{"AdamW+amsgrad", [] {
+  optim::AdamOptions o;
+  o.lr = 2e-3;
+  o.weight_decay = 1e-2;
+  o.amsgrad = true;
+  return optim::adamw(o);
+}};
+const OptimizerCase kSgd{"SGD+nesterov", [] {
+  optim::SGDOptions o;
+  o.lr = 5e-2;
+  o.momentum = 0.9;
+  o.weight_decay = 1e-4;
+  o.nesterov = true;
+  return optim::sgd(o);
+}};
+
+struct Trained {
+  std::shared_ptr<Model> model;
+  std::vector<double> losses;
+  std::map<std::string, Tensor> params;
+  std::vector<Tensor> optimizer_state;
+  uint64_t allocations_after_first = 0;
+};
+
+// kSteps steps of `build(seed)` on `backend`; on "cuda" the trainer's device allocations must not
+// change after step 1.
+Trained train(Builder build, const std::string& backend, const OptimizerCase& opt, bool graph, const Batches& data) {
+  Trained r;
+  r.model = build(21);
+  r.model->set_backend(backend);
+  TrainerOptions options;
+  options.cuda_graph = graph;
+  Trainer trainer(r.model, loss::cross_entropy(), opt.make(), options);
+  for (int i = 0; i < kSteps; ++i) {
+    r.losses.push_back(trainer.step(data.x[i], data.y[i]));
+    if (backend != "cuda") continue;
+    if (i == 0) r.allocations_after_first = trainer.device_allocations();
+    expect(trainer.device_allocations() == r.allocations_after_first, backend, " ", opt.name, ": step ", i + 1, " made ",
+           trainer.device_allocations() - r.allocations_after_first, " device allocation(s) after step 1");
+  }
+  r.params = r.model->state_dict();  // read back from the device
+  for (auto& [name, t] : trainer.optimizer().state()) r.optimizer_state.push_back(t.clone());
+  expect(trainer.steps() == kSteps, "step count ", trainer.steps());
+  return r;
+}
+
+// Loss curve and final parameters of a device run against the Eigen run, norm-wise relative.
+std::string compare_training(const Trained& dev, const Trained& ref, double tol) {
+  std::string detail = compare("losses", std::vector<float>(dev.losses.begin(), dev.losses.end()), ref.losses, tol);
+  double worst = 0;
+  for (const auto& [name, t] : ref.params) {
+    const Tensor& got = dev.params.at(name);
+    compare(name, floats(got), doubles(t), tol);
+    worst = std::max(worst, relative_error(floats(got), doubles(t)));
+  }
+  for (std::size_t i = 0; i < ref.optimizer_state.size(); ++i)
+    compare("optimizer state " + std::to_string(i), floats(dev.optimizer_state[i]), doubles(ref.optimizer_state[i]),
+            10 * tol);
+  char buf[96];
+  std::snprintf(buf, sizeof(buf), "; parameters rel.err <= %.2e", worst);
+  const auto mean4 = [](auto first) { return (first[0] + first[1] + first[2] + first[3]) / 4; };
+  expect(mean4(ref.losses.end() - 4) < mean4(ref.losses.begin()), "the reference loss did not fall: ",
+         mean4(ref.losses.begin()), " -> ", mean4(ref.losses.end() - 4), " (mean of 4 steps)");
+  return detail + buf;
+}
+
+// The cuda model predicting with parameters loaded from `ref` (a host write, uploaded before the
+// prediction) against `ref` itself on Eigen.
+std::string predict_vs_eigen(Builder build, const Trained& ref, const Batches& data) {
+  auto dev = build(99);
+  dev->set_backend("cuda");
+  dev->load_state_dict(ref.params);
+  ref.model->set_backend("eigen");
+  const Tensor got = dev->predict(data.x[0]);
+  const Tensor want = ref.model->predict(data.x[0]);
+  expect(got.device() == Device{}, "predict returned a tensor on ", device_name(got.device()));
+  return compare("predict", floats(got), doubles(want), 1e-5);
+}
+
+std::string training_vs_eigen(Builder build, const Shape& x_shape, const std::vector<OptimizerCase>& optimizers) {
+  const Batches data = batches(5, x_shape, kSteps);
+  std::string detail;
+  for (const OptimizerCase& opt : optimizers) {
+    const Trained ref = train(build, "eigen", opt, false, data);
+    const Trained dev = train(build, "cuda", opt, false, data);
+    const Trained graph = train(build, "cuda", opt, true, data);
+    detail += std::string(detail.empty() ? "" : "; ") + opt.name + ": " + compare_training(dev, ref, 1e-4);
+    compare_training(graph, ref, 1e-4);
+    const double graph_vs_launched =
+        relative_error(std::vector<float>(graph.losses.begin(), graph.losses.end()), dev.losses);
+    char buf[160];
+    std::snprintf(buf, sizeof(buf), ", graph vs launched losses %.1e, %llu device allocation(s) in step 1",
+                  graph_vs_launched, static_cast<unsigned long long>(dev.allocations_after_first));
+    detail += buf;
+    if (&opt == &optimizers.front()) detail += ", " + predict_vs_eigen(build, ref, data);
+  }
+  return detail;
+}
+
+// A NaN in the input: anomaly mode on the device names the first node that produced it, and the
+// step changes no parameter; the same for predict with an anomaly-mode context.
+std::string anomaly_on_device() {
+  auto model = mlp(3);
+  model->set_backend("cuda");
+  Trainer trainer(model, loss::cross_entropy(), optim::adam({}));
+  const Batches data = batches(8, kMlpInput, 2);
+  trainer.step(data.x[0], data.y[0]);
+  const std::map<std::string, Tensor> before = model->state_dict();
+  Tensor bad = data.x[1].clone();
+  bad.data_as<float>()[37] = NAN;
+  trainer.context().set_check_numerics(true);
+  const std::string m = expect_throw<ValueError>("anomaly step", [&] { trainer.step(bad, data.y[1]); },
+                                                 "' (forward pass) produced NaN in output 0");
+  expect(m.find("check_numerics: node ") == 0 && m.find("on cuda:0") != std::string::npos, "message: ", m);
+  for (const auto& [name, t] : model->state_dict())
+    expect(relative_error(floats(t), doubles(before.at(name))) == 0, name, " changed in the failed step");
+  expect(std::isfinite(trainer.step(data.x[1], data.y[1])), "a clean step after the anomaly is not finite");
+  Context ctx;
+  ctx.set_check_numerics(true);
+  expect_throw<ValueError>("anomaly predict", [&] { model->predict(std::vector<Tensor>{bad}, &ctx); },
+                           "produced NaN");
+  return m;
+}
+
+// ---- host-side checks (no device needed)
+std::string trainer_without_device() {
+  if (device_count() > 0) return "a device is present: the device tests train on it";
+  auto model = mlp(1);
+  model->set_backend("cuda");
+  Trainer trainer(model, loss::cross_entropy(), optim::adam({}));  // constructing needs no device
+  const Batches data = batches(1, kMlpInput, 1);
+  expect_throw<ValueError>("predict", [&] { model->predict(data.x[0]); },
+                           "plan: backend 'cuda' needs a CUDA device for cuda:0");
+  return expect_throw<ValueError>("step", [&] { trainer.step(data.x[0], data.y[0]); },
+                                  "plan: backend 'cuda' needs a CUDA device for cuda:0");
+}
+
+std::string unsupported_on_device() {
+  auto model = mlp(1);
+  model->set_backend("cuda");
+  const std::string m = expect_throw<ValueError>(
+      "rmsprop", [&] { Trainer(model, loss::cross_entropy(), optim::rmsprop({})); },
+      "Trainer: optimizer RMSprop has no update on the device (backend 'cuda', cuda:0)");
+  expect_throw<ValueError>("adagrad", [&] { Trainer(model, loss::cross_entropy(), optim::adagrad({})); },
+                           "optimizer Adagrad has no update on the device");
+  TrainerOptions clip;
+  clip.clip_grad_norm = 1.0;
+  expect_throw<ValueError>("clip", [&] { Trainer(model, loss::cross_entropy(), optim::adam({}), clip); },
+                           "clip_grad_norm (1) is not implemented for backend 'cuda'");
+  TrainerOptions graph;
+  graph.cuda_graph = true;
+  graph.skip_nonfinite = true;
+  expect_throw<ValueError>("graph + skip", [&] { Trainer(model, loss::cross_entropy(), optim::adam({}), graph); },
+                           "cuda_graph replays the optimizer in the same graph as the backward pass");
+  // Host backends of a CUDA build keep every optimizer and option.
+  model->set_backend("eigen");
+  Trainer host(model, loss::cross_entropy(), optim::rmsprop({}), clip);
+  const Batches data = batches(2, kMlpInput, 1);
+  expect(std::isfinite(host.step(data.x[0], data.y[0])), "host step with RMSprop");
+  return m;
+}
+
+}  // namespace
+
+void add_core_train_host_tests(std::vector<TestCase>& out) {
+  out.push_back({"core_trainer_without_device", [](Env&) { return trainer_without_device(); }});
+  out.push_back({"core_trainer_unsupported", [](Env&) { return unsupported_on_device(); }});
+}
+
+void add_core_train_device_tests(std::vector<TestCase>& out) {
+  out.push_back({"core_trainer_mlp_vs_eigen",
+                 [](Env&) { return training_vs_eigen(mlp, kMlpInput, {kAdam, kAdamW, kSgd}); }});
+  out.push_back({"core_trainer_cnn_vs_eigen", [](Env&) { return training_vs_eigen(cnn, kCnnInput, {kAdam}); }});
+  out.push_back({"core_trainer_bn_cnn_vs_eigen", [](Env&) { return training_vs_eigen(bn_cnn, kCnnInput, {kAdam}); }});
+  out.push_back({"core_trainer_anomaly", [](Env&) { return anomaly_on_device(); }});
+}
+
+}  // namespace treadle::cuda::test
