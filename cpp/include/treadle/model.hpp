@@ -139,14 +139,13 @@ class TREADLE_API Model {
     void* params = nullptr;
     void* grads = nullptr;
   };
-  // The device copies, current for work enqueued on `stream` (a cudaStream_t) from now on: waits for
-  // another stream that used them last, uploads host values written since, zeroes the gradients
-  // after zero_grad(). Creates the copies on first use (ValueError without a device).
+  // The device copies, current for work enqueued on `stream` (a cudaStream_t) from now on: the
+  // stream waits for the last use's work, host values written since are uploaded, the gradients
+  // zeroed after zero_grad(). Creates the copies on first use (ValueError without a device).
   DeviceBuffers device_buffers(void* stream);
-  // Work enqueued on `stream` writes the device copies: the host's are stale until read.
+  // Marks the end of a use whose work is enqueued on `stream` (the next use waits for it); `params`
+  // / `grads`: that work writes them, so the host's copies are stale until read.
   void device_written(void* stream, bool params, bool grads);
-  // Waits for `stream` if it used the copies last and forgets it (before the stream goes away).
-  void device_release_stream(void* stream);
   // cudaMalloc calls made for the device copies and predictions' inputs: constant once steady.
   uint64_t device_allocations() const;
 #endif

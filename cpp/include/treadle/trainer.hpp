@@ -176,6 +176,7 @@ class TREADLE_API Trainer {
   };
   std::unique_ptr<DeviceStep, DeviceStepDeleter> device_;
   bool on_device() const;
+  void device_wait() noexcept;  // waits for the context's stream (errors are dropped)
   // ValueError for what the device step does not do: an optimizer without a device update, options
   // that read the parameters or gradients on the host (clip_grad_norm, verify_parameters).
   void check_device_support(const char* who) const;

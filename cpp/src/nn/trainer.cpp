@@ -41,7 +41,7 @@ Trainer::Trainer(std::shared_ptr<Model> model, Loss loss, std::shared_ptr<Optimi
 
 #ifdef TREADLE_WITH_CUDA
 Trainer::~Trainer() {
-  if (device_) model_->device_release_stream(ctx_.cuda_stream());  // the stream goes with ctx_
+  if (device_) device_wait();  // the last update may still run: it ends before its buffers go
 }
 #else
 Trainer::~Trainer() = default;

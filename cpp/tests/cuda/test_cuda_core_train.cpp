@@ -58,7 +58,8 @@ std::shared_ptr<Model> cnn(uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::vector<NamedParameter> p = {{"c1.weight", weight(rng, {8, 3, 3, 3})}, {"c1.bias", weight(rng, {8})},
                                    {"c2.weight", weight(rng, {16, 8, 3, 3})},
-                                   {"fc.weight", weight(rng, {kClasses, 16 * 3 * 3})}, {"fc.bias", weight(rng, {kClasses})}};
+                                   {"fc.weight", weight(rng, {kClasses, 16 * 3 * 3})},
+                                   {"fc.bias", weight(rng, {kClasses})}};
   auto forward = [p](Graph& g, const std::vector<Value>& in) {
     auto w = [&](int k) { return g.add_parameter(p[k].second); };
     Value h = ops::max_pool(ops::relu(ops::conv(in[0], w(0), w(1), {1}, {1})), {2, 2});
@@ -75,7 +76,8 @@ std::shared_ptr<Model> bn_cnn(uint64_t seed) {
   std::vector<NamedParameter> p = {{"conv.weight", weight(rng, {8, 3, 3, 3})}, {"bn.weight", weight(rng, {8})},
                                    {"bn.bias", weight(rng, {8})}, {"fc.weight", weight(rng, {kClasses, 8 * 6 * 6})},
                                    {"fc.bias", weight(rng, {kClasses})}, {"bn.running_mean", constant({8}, 0.f)},
-                                   {"bn.running_var", constant({8}, 1.f)}, {"bn.num_batches_tracked", constant({}, 0.f)}};
+                                   {"bn.running_var", constant({8}, 1.f)},
+                                   {"bn.num_batches_tracked", constant({}, 0.f)}};
   auto forward = [p](Graph& g, const std::vector<Value>& in) {
     auto w = [&](int k) { return g.add_parameter(p[k].second); };
     Value h = ops::conv(in[0], w(0), Value(), {1}, {1});
@@ -171,8 +173,8 @@ Trained train(Builder build, const std::string& backend, const OptimizerCase& op
     r.losses.push_back(trainer.step(data.x[i], data.y[i]));
     if (backend != "cuda") continue;
     if (i == 0) r.allocations_after_first = trainer.device_allocations();
-    expect(trainer.device_allocations() == r.allocations_after_first, backend, " ", opt.name, ": step ", i + 1, " made ",
-           trainer.device_allocations() - r.allocations_after_first, " device allocation(s) after step 1");
+    expect(trainer.device_allocations() == r.allocations_after_first, backend, " ", opt.name, ": step ", i + 1,
+           " made ", trainer.device_allocations() - r.allocations_after_first, " device allocation(s) after step 1");
   }
   r.params = r.model->state_dict();  // read back from the device
   for (auto& [name, t] : trainer.optimizer().state()) r.optimizer_state.push_back(t.clone());

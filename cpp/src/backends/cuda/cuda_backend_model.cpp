@@ -24,30 +24,31 @@
 namespace treadle {
 
 // Destroyed in reverse order: buffers back to the allocator, the allocator frees the device memory
-// (cudaFree waits for the device), then the copy stream goes.
+// (cudaFree waits for the device), then the event and the copy stream go.
+//
+// Streams are ordered through `used`, an event recorded after the work of every use: the next use,
+// on whatever stream, waits for it first. No stream handle is kept, so a stream (a context) that is
+// gone leaves nothing dangling here.
 struct Model::DeviceMirror {
   enum class Side : uint8_t { both, host, device };
-  explicit DeviceMirror(std::size_t bytes) : alloc(kDevice), bytes(bytes) {}
-
   static constexpr int kDevice = 0;
-  std::unique_ptr<cuda::CudaStream> copy_stream;  // for copies when no user stream is current
+  explicit DeviceMirror(std::size_t bytes) : copy_stream(kDevice), used(false), alloc(kDevice), bytes(bytes) {}
+
+  cuda::CudaStream copy_stream;  // for the copies back to the host
+  cuda::CudaEvent used;
+  bool recorded = false;
   cuda::CachingDeviceAllocator alloc;
   cuda::DeviceBuffer params, grads;
   std::size_t bytes;
   Side params_at = Side::host, grads_at = Side::host;
-  bool zero_grads = false;         // the host zeroed its gradients; the device copy still has to
-  cudaStream_t stream = nullptr;   // the stream that used the copies last (its work may be pending)
+  bool zero_grads = false;  // the host zeroed its gradients; the device copy still has to be
   std::mutex mu;
 
-  cudaStream_t any_stream() {
-    if (stream) return stream;
-    if (!copy_stream) copy_stream = std::make_unique<cuda::CudaStream>(kDevice);
-    return copy_stream->get();
+  void wait_on(cudaStream_t s) {
+    if (recorded) TREADLE_CUDA_CHECK(cudaStreamWaitEvent(s, used.get(), 0));
   }
 };
 
-// No stream wait here: the stream that used the copies last may be gone (a context destroyed), and
-// the allocator's cudaFree waits for the device anyway.
 void Model::DeviceMirrorDeleter::operator()(DeviceMirror* d) const noexcept { delete d; }
 
 Model::DeviceBuffers Model::device_buffers(void* stream_ptr) {
@@ -66,8 +67,7 @@ Model::DeviceBuffers Model::device_buffers(void* stream_ptr) {
   DeviceMirror& m = *device_;
   std::lock_guard<std::mutex> lock(m.mu);
   cuda::DeviceGuard guard(DeviceMirror::kDevice);
-  if (m.stream && m.stream != s) TREADLE_CUDA_CHECK(cudaStreamSynchronize(m.stream));
-  m.stream = s;
+  m.wait_on(s);
   if (m.params_at == DeviceMirror::Side::host) {
     cuda::copy_to_device_async(m.params.data(), flat_params_.data(), m.bytes, s);
     m.params_at = DeviceMirror::Side::both;
@@ -86,18 +86,11 @@ Model::DeviceBuffers Model::device_buffers(void* stream_ptr) {
 void Model::device_written(void* stream, bool params, bool grads) {
   if (!device_) throw_runtime_error("Model: device copies written before they were made");
   std::lock_guard<std::mutex> lock(device_->mu);
-  device_->stream = static_cast<cudaStream_t>(stream);
+  cuda::DeviceGuard guard(DeviceMirror::kDevice);
+  device_->used.record(static_cast<cudaStream_t>(stream));
+  device_->recorded = true;
   if (params) device_->params_at = DeviceMirror::Side::device;
   if (grads) device_->grads_at = DeviceMirror::Side::device;
-}
-
-void Model::device_release_stream(void* stream) {
-  if (!device_) return;
-  std::lock_guard<std::mutex> lock(device_->mu);
-  if (device_->stream != static_cast<cudaStream_t>(stream)) return;
-  cuda::DeviceGuard guard(DeviceMirror::kDevice);
-  TREADLE_CUDA_CHECK(cudaStreamSynchronize(device_->stream));
-  device_->stream = nullptr;
 }
 
 uint64_t Model::device_allocations() const { return device_ ? device_->alloc.stats().misses : 0; }
@@ -114,7 +107,8 @@ void Model::device_to_host(bool will_write) const {
   using Side = DeviceMirror::Side;
   if (m.params_at == Side::device || m.grads_at == Side::device) {
     cuda::DeviceGuard guard(DeviceMirror::kDevice);
-    const cudaStream_t s = m.any_stream();  // the writer's stream: the copies queue after its work
+    const cudaStream_t s = m.copy_stream.get();
+    m.wait_on(s);  // after the work that wrote them
     if (m.params_at == Side::device) cuda::copy_to_host(flat_params_.data(), m.params.data(), m.bytes, s);
     if (m.grads_at == Side::device) cuda::copy_to_host(flat_grads_.data(), m.grads.data(), m.bytes, s);
     if (m.params_at == Side::device) m.params_at = Side::both;
@@ -151,11 +145,16 @@ void Model::predict_on_device(const Plan& plan, std::span<void* const> inputs, c
   }
   Bindings b{d.params, dev_in, {}, {}};
   b.device = cuda::kTrainDevice;
-  cuda::run_device_steps(plan, ctx, b, 0, plan.forward_end, reinterpret_cast<cuda::NonfiniteStats*>(base));
-  for (std::size_t k = 0; k < outputs.size(); ++k)
-    cuda::copy_to_host_async(outputs[k].data(), plan.address(ctx, b, plan.outputs[k]), outputs[k].nbytes(), s);
+  try {
+    cuda::run_device_steps(plan, ctx, b, 0, plan.forward_end, reinterpret_cast<cuda::NonfiniteStats*>(base));
+    for (std::size_t k = 0; k < outputs.size(); ++k)
+      cuda::copy_to_host_async(outputs[k].data(), plan.address(ctx, b, plan.outputs[k]), outputs[k].nbytes(), s);
+  } catch (...) {
+    device_written(s, false, false);  // a later writer waits for what this prediction queued
+    throw;
+  }
+  device_written(s, false, false);
   TREADLE_CUDA_CHECK(cudaStreamSynchronize(s));
-  device_release_stream(s);  // nothing pending: the context (and its stream) may go away
 }
 
 }  // namespace treadle

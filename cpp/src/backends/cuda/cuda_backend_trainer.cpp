@@ -30,7 +30,7 @@ namespace treadle {
 struct Trainer::DeviceStep {
   enum class Side : uint8_t { both, host, device };
   static constexpr int kDevice = 0;
-  DeviceStep() : alloc(kDevice), readback(64) {}
+  explicit DeviceStep(const Optimizer& o) : hyperparameters(o.hyperparameters()), alloc(kDevice), readback(64) {}
 
   // Where upload() put the step's data on the device.
   struct Slots {
@@ -39,13 +39,17 @@ struct Trainer::DeviceStep {
     void* target = nullptr;
   };
   // Copies the update's coefficients (for a graph replay; may be null), the inputs and the target
-  // into the pinned staging buffer and uploads it with one copy on `s`.
+  // into the pinned staging buffer and uploads it with one copy on `s`. The coefficients' slot is
+  // there either way, so the first (launched) step and the captured ones use the same buffer.
+  static constexpr std::size_t kCoefficientSlot = 256;
   Slots upload(Inputs xs, const Tensor& y, const void* coefficients, std::size_t coefficient_bytes, cudaStream_t s);
   // The optimizer's state on the device: allocated once, uploaded when the host's is newer (zeros
   // after bind, a restored checkpoint) or the optimizer was re-bound (new host tensors).
   void ready_state(Optimizer& o, cudaStream_t s);
   float* state_ptr(std::size_t i) const { return i < state.size() ? state[i].ptr<float>() : nullptr; }
 
+  // The optimizer's options, asked once (a step allocates nothing on the host).
+  const std::vector<std::pair<std::string, double>> hyperparameters;
   cuda::CachingDeviceAllocator alloc;
   cuda::DeviceBuffer io;  // coefficients, inputs, target: each slot 256-byte aligned
   std::size_t io_bytes = 0;
@@ -59,7 +63,7 @@ struct Trainer::DeviceStep {
   // change (a grown arena, re-made model copies) captures again.
   struct Graph {
     std::shared_ptr<const Plan> plan;
-    std::vector<const void*> pointers;
+    std::array<const void*, 7> pointers{};
     cuda::GraphExec exec;
   };
   std::vector<Graph> graphs;
@@ -69,8 +73,11 @@ void Trainer::DeviceStepDeleter::operator()(DeviceStep* d) const noexcept { dele
 
 Trainer::DeviceStep::Slots Trainer::DeviceStep::upload(Inputs xs, const Tensor& y, const void* coefficients,
                                                        std::size_t coefficient_bytes, cudaStream_t s) {
+  static_assert(sizeof(cuda::AdamCoefficients) <= kCoefficientSlot);
+  static_assert(sizeof(cuda::SgdCoefficients) <= kCoefficientSlot);
+  if (coefficient_bytes > kCoefficientSlot) throw_runtime_error("Trainer: ", coefficient_bytes, " coefficient bytes");
   std::array<std::size_t, kMaxInputs + 1> offset{};
-  std::size_t total = cuda::align256(coefficient_bytes);
+  std::size_t total = kCoefficientSlot;
   for (std::size_t i = 0; i <= xs.size(); ++i) {
     offset[i] = total;
     total += cuda::align256(i < xs.size() ? xs[i].nbytes() : y.nbytes());
@@ -118,10 +125,12 @@ void Trainer::DeviceStep::ready_state(Optimizer& o, cudaStream_t s) {
 
 namespace {
 
-double hyperparameter(const Optimizer& o, const std::string& name) {
-  for (const auto& [key, value] : o.hyperparameters())
+using Hyperparameters = std::vector<std::pair<std::string, double>>;
+
+double hyperparameter(const Hyperparameters& hp, const char* name) {
+  for (const auto& [key, value] : hp)
     if (key == name) return value;
-  throw_runtime_error("Trainer: optimizer ", o.name(), " reports no hyper-parameter '", name, "'");
+  throw_runtime_error("Trainer: the optimizer reports no hyper-parameter '", name, "'");
 }
 
 // The coefficients of update `t` (the count including it) at learning rate `lr`: SGD's or Adam's.
@@ -133,16 +142,16 @@ struct UpdateCoefficients {
   std::size_t bytes() const { return sgd ? sizeof(sgd_k) : sizeof(adam_k); }
 };
 
-UpdateCoefficients update_coefficients(const Optimizer& o, double lr, int64_t t) {
+UpdateCoefficients update_coefficients(const Optimizer& o, const Hyperparameters& hp, double lr, int64_t t) {
   UpdateCoefficients k;
   k.sgd = o.name() == "SGD";
   if (k.sgd)
-    k.sgd_k = cuda::sgd_coefficients(lr, hyperparameter(o, "momentum"), hyperparameter(o, "dampening"),
-                                     hyperparameter(o, "weight_decay"), hyperparameter(o, "nesterov") != 0, t);
+    k.sgd_k = cuda::sgd_coefficients(lr, hyperparameter(hp, "momentum"), hyperparameter(hp, "dampening"),
+                                     hyperparameter(hp, "weight_decay"), hyperparameter(hp, "nesterov") != 0, t);
   else
-    k.adam_k = cuda::adam_coefficients(lr, hyperparameter(o, "beta1"), hyperparameter(o, "beta2"),
-                                       hyperparameter(o, "eps"), hyperparameter(o, "weight_decay"), t,
-                                       o.name() == "AdamW", hyperparameter(o, "amsgrad") != 0);
+    k.adam_k = cuda::adam_coefficients(lr, hyperparameter(hp, "beta1"), hyperparameter(hp, "beta2"),
+                                       hyperparameter(hp, "eps"), hyperparameter(hp, "weight_decay"), t,
+                                       o.name() == "AdamW", hyperparameter(hp, "amsgrad") != 0);
   return k;
 }
 
@@ -179,7 +188,9 @@ bool Trainer::on_device() const { return model_->backend() == "cuda"; }
 
 void Trainer::check_device_support(const char* who) const {
   const std::string name = optimizer_->name();
-  if ((name != "SGD" && name != "Adam" && name != "AdamW") || optimizer_->hyperparameters().empty())
+  const bool has_update = name == "SGD" || name == "Adam" || name == "AdamW";
+  // After the first device step the optimizer (fixed for a trainer) was checked already.
+  if (!has_update || (!device_ && optimizer_->hyperparameters().empty()))
     throw_value_error(who, ": optimizer ", name, " has no update on the device (backend 'cuda', ",
                       device_name(cuda::kTrainDevice), "); the device trainer runs SGD, Adam and AdamW (amsgrad ",
                       "included): use one of those, or a CPU backend");
@@ -199,12 +210,19 @@ void Trainer::check_device_support(const char* who) const {
                       "); turn those off, or cuda_graph off");
 }
 
+void Trainer::device_wait() noexcept {
+  try {
+    cudaStreamSynchronize(static_cast<cudaStream_t>(ctx_.cuda_stream()));
+  } catch (...) {  // a context that cannot make its stream has nothing queued
+  }
+}
+
 uint64_t Trainer::device_allocations() const {
   return ctx_.device_allocations() + (device_ ? device_->alloc.stats().misses : 0) + model_->device_allocations();
 }
 
 Trainer::DeviceStep& Trainer::device_step() {
-  if (!device_) device_.reset(new DeviceStep());
+  if (!device_) device_.reset(new DeviceStep(*optimizer_));
   return *device_;
 }
 
@@ -254,7 +272,7 @@ void Trainer::device_update() {
   d.ready_state(*optimizer_, s);
   const int64_t t = optimizer_->step_count() + 1;
   // The schedule's rate before this update, as the host's optimizer_->step(..., current_lr(), ...).
-  const UpdateCoefficients k = update_coefficients(*optimizer_, current_lr(), t);
+  const UpdateCoefficients k = update_coefficients(*optimizer_, d.hyperparameters, current_lr(), t);
   enqueue_update(k, nullptr, p, g, {d.state_ptr(0), d.state_ptr(1), d.state_ptr(2)}, n, s);
   optimizer_->set_step_count(t);
   d.state_at = DeviceStep::Side::device;
@@ -285,12 +303,12 @@ double Trainer::device_graph_step(Inputs xs, const Tensor& y) {
   const Model::DeviceBuffers mb = model_->device_buffers(s);  // enqueues the gradients' zeroing
   d.ready_state(*optimizer_, s);
   const int64_t t = optimizer_->step_count() + 1;
-  const UpdateCoefficients k = update_coefficients(*optimizer_, current_lr(), t);
+  const UpdateCoefficients k = update_coefficients(*optimizer_, d.hyperparameters, current_lr(), t);
   const DeviceStep::Slots slots = d.upload(xs, y, k.data(), k.bytes(), s);
   const Bindings b = device_bindings(mb.params, {slots.inputs.data(), xs.size()}, &slots.target);
   pending_.reset();
   end_tasked_step();
-  const std::vector<const void*> pointers = {ctx_.device_arena(p->arena_bytes()), mb.params, mb.grads, d.io.data(),
+  const std::array<const void*, 7> pointers = {ctx_.device_arena(p->arena_bytes()), mb.params, mb.grads, d.io.data(),
                                              d.state_ptr(0), d.state_ptr(1), d.state_ptr(2)};
   DeviceStep::Graph& graph = *it;
   if (!graph.exec.valid() || graph.pointers != pointers) {
