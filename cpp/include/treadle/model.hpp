@@ -166,6 +166,7 @@ class TREADLE_API Model {
   };
   std::unique_ptr<DeviceMirror, DeviceMirrorDeleter> device_;
   void device_zero_grad();
+  void make_device_copies(void* stream);
 #else
   void host_access() const {}
 #endif

@@ -51,19 +51,24 @@ struct Model::DeviceMirror {
 
 void Model::DeviceMirrorDeleter::operator()(DeviceMirror* d) const noexcept { delete d; }
 
+void Model::make_device_copies(void* stream) {
+  std::lock_guard<std::mutex> lock(mutex_);  // concurrent first predictions make them once
+  if (device_) return;
+  require_cuda_device(cuda::kTrainDevice);
+  if (dtype_ != DType::f32)
+    throw_type_error("Model: backend 'cuda' runs float32 models on ", device_name(cuda::kTrainDevice), ", got ",
+                     dtype_name(dtype_), " parameters");
+  cuda::DeviceGuard guard(DeviceMirror::kDevice);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  auto m = std::unique_ptr<DeviceMirror, DeviceMirrorDeleter>(new DeviceMirror(flat_params_.nbytes()));
+  m->params = m->alloc.buffer(std::max<std::size_t>(m->bytes, 1), s);
+  m->grads = m->alloc.buffer(std::max<std::size_t>(m->bytes, 1), s);
+  device_ = std::move(m);  // both sides marked "host": the next step uploads
+}
+
 Model::DeviceBuffers Model::device_buffers(void* stream_ptr) {
   const cudaStream_t s = static_cast<cudaStream_t>(stream_ptr);
-  if (!device_) {
-    require_cuda_device(cuda::kTrainDevice);
-    if (dtype_ != DType::f32)
-      throw_type_error("Model: backend 'cuda' runs float32 models on ", device_name(cuda::kTrainDevice), ", got ",
-                       dtype_name(dtype_), " parameters");
-    cuda::DeviceGuard guard(DeviceMirror::kDevice);
-    auto m = std::unique_ptr<DeviceMirror, DeviceMirrorDeleter>(new DeviceMirror(flat_params_.nbytes()));
-    m->params = m->alloc.buffer(std::max<std::size_t>(m->bytes, 1), s);
-    m->grads = m->alloc.buffer(std::max<std::size_t>(m->bytes, 1), s);
-    device_ = std::move(m);
-  }
+  if (!device_) make_device_copies(s);
   DeviceMirror& m = *device_;
   std::lock_guard<std::mutex> lock(m.mu);
   cuda::DeviceGuard guard(DeviceMirror::kDevice);
