@@ -5,7 +5,8 @@
 #   2. run it: every kernel against float64 host references, the allocator, the status paths
 #   3. libtreadle itself with TREADLE_WITH_CUDA=ON and test_cuda inside that build, run with
 #      --only core_: the core's training plans (MLP, CNN, CNN with batch norm) compiled for "cuda"
-#      against the same plans on Eigen (needs Eigen: skipped when CMake cannot find it)
+#      against the same plans on Eigen, and the C++ Trainer / Model::predict on "cuda" (with and
+#      without CUDA graphs) against training on Eigen (needs Eigen: skipped when CMake cannot find it)
 #   4. test_cuda --bench: kernel timings (JSON)
 #   5. the same operations in torch on the GPU, when torch with CUDA is importable (else skipped)
 #   6. compute-sanitizer memcheck of the tests, when the tool is present (time-boxed)
@@ -76,8 +77,9 @@ else
 fi
 
 # ---- 3. libtreadle with CUDA and the core's plans on the device (needs Eigen: the whole library)
-# Right after the kernel tests: the core_* tests (training plans compiled for "cuda" against Eigen)
-# are the check of the backend inside the core; the timings, torch and memcheck get what is left.
+# Right after the kernel tests: the core_* tests (training plans compiled for "cuda" against Eigen,
+# core_trainer_*: 20-step trainings through the Trainer on "cuda" against Eigen) are the check of the
+# backend inside the core; the timings, torch and memcheck get what is left.
 if [ "$(left)" -gt 90 ]; then
   t0=$(date +%s)
   if timeout $(($(left) - 60)) bash -c "cmake -S . -B build/gpu-check-full -G Ninja -DCMAKE_BUILD_TYPE=Release \

@@ -54,12 +54,13 @@ void Plan::check_run(const Context& ctx, const Bindings& b) const {
   if (!(b.device == device_))
     throw_value_error("plan: compiled for ", device_name(device_), " but run with bindings on ", device_name(b.device),
                       device_.kind == DeviceKind::cuda
-                          ? " (the trainer and Model::predict do not move data to the device yet: a device plan "
-                            "runs only with device memory bound)"
+                          ? " (a device plan runs only with device memory bound; the Trainer and Model::predict "
+                            "upload host data themselves)"
                           : "");
   if (device_.kind == DeviceKind::cuda && ctx.check_numerics())
     throw_value_error("plan: check_numerics reads outputs on the host and is not available for ",
-                      device_name(device_), " plans yet");
+                      device_name(device_), " plans run directly (the Trainer and Model::predict check them on ",
+                      "the device)");
 }
 
 namespace cuda {
