@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
 #include <mutex>
 
 #include "backends/cuda/cuda_backend.hpp"
@@ -131,24 +132,25 @@ void Model::predict_on_device(const Plan& plan, std::span<void* const> inputs, c
   const DeviceBuffers d = device_buffers(s);
   cuda::DeviceGuard guard(DeviceMirror::kDevice);
   // One block for the inputs and the anomaly counter, from the model's allocator: a cached block
-  // after the first prediction on this stream.
+  // after the first prediction on this stream. predict_into allows at most 8 inputs.
+  constexpr std::size_t kMaxInputs = 8;
+  if (inputs.size() > kMaxInputs) throw_value_error("predict: at most ", kMaxInputs, " inputs");
+  std::array<std::size_t, kMaxInputs> offsets{}, bytes{};
   std::size_t total = cuda::align256(sizeof(cuda::NonfiniteStats));
-  std::vector<std::size_t> offsets;
   for (std::size_t i = 0; i < inputs.size(); ++i) {
-    offsets.push_back(total);
     const ValueInfo& info = plan.graph.info(plan.inputs[i]);
-    total += cuda::align256(static_cast<std::size_t>(shape_numel(info.shape)) * dtype_size(info.dtype));
+    offsets[i] = total;
+    bytes[i] = static_cast<std::size_t>(shape_numel(info.shape)) * dtype_size(info.dtype);
+    total += cuda::align256(bytes[i]);
   }
   cuda::DeviceBuffer block = device_->alloc.buffer(total, s);
   auto* base = static_cast<char*>(block.data());
-  std::vector<void*> dev_in(inputs.size());
+  std::array<void*, kMaxInputs> dev_in{};
   for (std::size_t i = 0; i < inputs.size(); ++i) {
-    const ValueInfo& info = plan.graph.info(plan.inputs[i]);
     dev_in[i] = base + offsets[i];
-    cuda::copy_to_device_async(dev_in[i], inputs[i], static_cast<std::size_t>(shape_numel(info.shape)) *
-                                                         dtype_size(info.dtype), s);
+    cuda::copy_to_device_async(dev_in[i], inputs[i], bytes[i], s);
   }
-  Bindings b{d.params, dev_in, {}, {}};
+  Bindings b{d.params, std::span<void* const>(dev_in.data(), inputs.size()), {}, {}};
   b.device = cuda::kTrainDevice;
   try {
     cuda::run_device_steps(plan, ctx, b, 0, plan.forward_end, reinterpret_cast<cuda::NonfiniteStats*>(base));
