@@ -14,6 +14,7 @@
 #include "backends/cuda/lt_gemm.hpp"
 #include "test_cuda_common.hpp"
 #include "test_cuda_cudnn.hpp"
+#include "test_cuda_train.hpp"
 #ifdef TREADLE_CUDA_TEST_CORE
 #include "test_cuda_core.hpp"
 #endif
@@ -122,7 +123,8 @@ int main(int argc, char** argv) {
                                       {"conv2d_validation", [](Env&) { return conv_validation(); }},
                                       {"pool_norm_validation", [](Env&) { return pool_norm_validation(); }},
                                       {"loss_scaler_logic", [](Env&) { return loss_scaler_logic(); }},
-                                      {"rnn_validation", [](Env&) { return rnn_validation(); }}};
+                                      {"rnn_validation", [](Env&) { return rnn_validation(); }},
+                                      {"step_kernel_validation", [](Env&) { return train_kernel_validation(); }}};
 #ifdef TREADLE_CUDA_TEST_CORE
   add_core_host_tests(host_tests);
   add_core_train_host_tests(host_tests);
@@ -156,6 +158,7 @@ int main(int argc, char** argv) {
     add_loss_scale_tests(tests);
     add_rnn_tests(tests);
     add_cnn_tests(tests);
+    add_train_kernel_tests(tests);
 #ifdef TREADLE_CUDA_TEST_CORE
     add_core_device_tests(tests);
     add_core_train_device_tests(tests);
