@@ -247,6 +247,7 @@ std::string anomaly_on_device() {
   const Batches data = batches(8, kMlpInput, 2);
   trainer.step(data.x[0], data.y[0]);
   const std::map<std::string, Tensor> before = model->state_dict();
+  const Tensor predicted_before = model->predict(data.x[0]);  // from the device's parameters
   Tensor bad = data.x[1].clone();
   bad.data_as<float>()[37] = NAN;
   trainer.context().set_check_numerics(true);
@@ -255,6 +256,9 @@ std::string anomaly_on_device() {
   expect(m.find("check_numerics: node ") == 0 && m.find("on cuda:0") != std::string::npos, "message: ", m);
   for (const auto& [name, t] : model->state_dict())
     expect(relative_error(floats(t), doubles(before.at(name))) == 0, name, " changed in the failed step");
+  // Not bitwise: cuBLASLt may split a product's reduction; an update would move it by ~1e-3.
+  expect(relative_error(floats(model->predict(data.x[0])), doubles(predicted_before)) <= 1e-6,
+         "the device's parameters changed in the failed step");
   expect(std::isfinite(trainer.step(data.x[1], data.y[1])), "a clean step after the anomaly is not finite");
   Context ctx;
   ctx.set_check_numerics(true);
