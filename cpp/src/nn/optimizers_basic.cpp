@@ -129,8 +129,8 @@ class Adam final : public detail::FusedOptimizer<Adam> {
   std::string name() const override { return decoupled_ ? "AdamW" : "Adam"; }
 #ifdef TREADLE_WITH_CUDA
   std::vector<std::pair<std::string, double>> hyperparameters() const override {
-    return {{"beta1", o_.beta1}, {"beta2", o_.beta2},           {"eps", o_.eps},
-            {"weight_decay", o_.weight_decay}, {"amsgrad", o_.amsgrad ? 1.0 : 0.0}};
+    return {{"beta1", o_.beta1}, {"beta2", o_.beta2}, {"eps", o_.eps}, {"weight_decay", o_.weight_decay},
+            {"amsgrad", o_.amsgrad ? 1.0 : 0.0}};
   }
 #endif
 
