@@ -276,6 +276,7 @@ std::string trainer_without_device() {
   const Batches data = batches(1, kMlpInput, 1);
   expect_throw<ValueError>("predict", [&] { model->predict(data.x[0]); },
                            "plan: backend 'cuda' needs a CUDA device for cuda:0");
+  expect_throw<ValueError>("update", [&] { trainer.update(); }, "backend 'cuda' needs a CUDA device for cuda:0");
   return expect_throw<ValueError>("step", [&] { trainer.step(data.x[0], data.y[0]); },
                                   "plan: backend 'cuda' needs a CUDA device for cuda:0");
 }

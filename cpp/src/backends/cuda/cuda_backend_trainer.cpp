@@ -222,7 +222,10 @@ uint64_t Trainer::device_allocations() const {
 }
 
 Trainer::DeviceStep& Trainer::device_step() {
-  if (!device_) device_.reset(new DeviceStep(*optimizer_));
+  if (!device_) {
+    require_cuda_device(cuda::kTrainDevice);  // a ValueError naming the device, before any CUDA call
+    device_.reset(new DeviceStep(*optimizer_));
+  }
   return *device_;
 }
 
