@@ -116,10 +116,10 @@ class TREADLE_API Trainer {
 #ifdef TREADLE_WITH_CUDA
   // Backend "cuda" (CUDA builds; docs/cuda.md): step, compute_gradients, evaluate and update run on
   // cuda:0 with the model's device copies (Model::device_buffers), inputs and target uploaded once
-  // per step through pinned memory, gradients accumulated and the optimizer (SGD, Adam, AdamW,
-  // AMSGrad) run on the device, and the loss the step's one read-back. cudaMalloc calls made for
-  // this trainer's steps (its context's arena, its buffers, the model's copies): constant once
-  // steps are steady.
+  // per step through pinned memory, gradients accumulated and clipped and the optimizer (SGD, Adam,
+  // AdamW, AMSGrad) run on the device, and the loss the step's one read-back. Returns the cudaMalloc
+  // calls made for this trainer's steps (its context's arena, its buffers, the model's copies):
+  // constant once steps are steady.
   uint64_t device_allocations() const;
 #endif
 
@@ -177,8 +177,8 @@ class TREADLE_API Trainer {
   std::unique_ptr<DeviceStep, DeviceStepDeleter> device_;
   bool on_device() const;
   void device_wait() noexcept;  // waits for the context's stream (errors are dropped)
-  // ValueError for what the device step does not do: an optimizer without a device update, options
-  // that read the parameters or gradients on the host (clip_grad_norm, verify_parameters).
+  // ValueError for what the device step does not do: an optimizer without a device update,
+  // verify_parameters (checksums on the host), cuda_graph with an update that waits for a read-back.
   void check_device_support(const char* who) const;
   DeviceStep& device_step();
   double run_device_loss_plan(const Plan& p, Inputs xs, const Tensor& y, PlanMode mode);

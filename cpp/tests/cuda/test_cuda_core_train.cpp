@@ -133,6 +133,7 @@ std::vector<double> doubles(const Tensor& t) { return {t.data_as<float>(), t.dat
 struct OptimizerCase {
   const char* name;
   std::shared_ptr<Optimizer> (*make)();
+  double clip_grad_norm = 0;  // TrainerOptions::clip_grad_norm
 };
 
 const OptimizerCase kAdam{"Adam", [] { return optim::adam({}); }};
@@ -143,14 +144,17 @@ const OptimizerCase kAdamW{"AdamW+amsgrad", [] {
   o.amsgrad = true;
   return optim::adamw(o);
 }};
-const OptimizerCase kSgd{"SGD+nesterov", [] {
+std::shared_ptr<Optimizer> nesterov() {
   optim::SGDOptions o;
   o.lr = 5e-2;
   o.momentum = 0.9;
   o.weight_decay = 1e-4;
   o.nesterov = true;
   return optim::sgd(o);
-}};
+}
+const OptimizerCase kSgd{"SGD+nesterov", nesterov};
+// SGD (not Adam, which undoes a uniform scaling) with the gradients clipped to a small norm.
+const OptimizerCase kSgdClip{"SGD+clip_grad_norm 0.05", nesterov, 0.05};
 
 struct Trained {
   std::shared_ptr<Model> model;
@@ -168,6 +172,7 @@ Trained train(Builder build, const std::string& backend, const OptimizerCase& op
   r.model->set_backend(backend);
   TrainerOptions options;
   options.cuda_graph = graph;
+  options.clip_grad_norm = opt.clip_grad_norm;
   Trainer trainer(r.model, loss::cross_entropy(), opt.make(), options);
   for (int i = 0; i < kSteps; ++i) {
     r.losses.push_back(trainer.step(data.x[i], data.y[i]));
@@ -289,10 +294,10 @@ std::string unsupported_on_device() {
       "Trainer: optimizer RMSprop has no update on the device (backend 'cuda', cuda:0)");
   expect_throw<ValueError>("adagrad", [&] { Trainer(model, loss::cross_entropy(), optim::adagrad({})); },
                            "optimizer Adagrad has no update on the device");
-  TrainerOptions clip;
-  clip.clip_grad_norm = 1.0;
-  expect_throw<ValueError>("clip", [&] { Trainer(model, loss::cross_entropy(), optim::adam({}), clip); },
-                           "clip_grad_norm (1) is not implemented for backend 'cuda'");
+  TrainerOptions verify;
+  verify.verify_parameters = true;
+  expect_throw<ValueError>("verify", [&] { Trainer(model, loss::cross_entropy(), optim::adam({}), verify); },
+                           "verify_parameters is not implemented for backend 'cuda' on cuda:0");
   TrainerOptions graph;
   graph.cuda_graph = true;
   graph.skip_nonfinite = true;
@@ -300,7 +305,7 @@ std::string unsupported_on_device() {
                            "cuda_graph replays the optimizer in the same graph as the backward pass");
   // Host backends of a CUDA build keep every optimizer and option.
   model->set_backend("eigen");
-  Trainer host(model, loss::cross_entropy(), optim::rmsprop({}), clip);
+  Trainer host(model, loss::cross_entropy(), optim::rmsprop({}), verify);
   const Batches data = batches(2, kMlpInput, 1);
   expect(std::isfinite(host.step(data.x[0], data.y[0])), "host step with RMSprop");
   return m;
@@ -315,7 +320,7 @@ void add_core_train_host_tests(std::vector<TestCase>& out) {
 
 void add_core_train_device_tests(std::vector<TestCase>& out) {
   out.push_back({"core_trainer_mlp_vs_eigen",
-                 [](Env&) { return training_vs_eigen(mlp, kMlpInput, {kAdam, kAdamW, kSgd}); }});
+                 [](Env&) { return training_vs_eigen(mlp, kMlpInput, {kAdam, kAdamW, kSgd, kSgdClip}); }});
   out.push_back({"core_trainer_cnn_vs_eigen", [](Env&) { return training_vs_eigen(cnn, kCnnInput, {kAdam}); }});
   out.push_back({"core_trainer_bn_cnn_vs_eigen", [](Env&) { return training_vs_eigen(bn_cnn, kCnnInput, {kAdam}); }});
   out.push_back({"core_trainer_anomaly", [](Env&) { return anomaly_on_device(); }});

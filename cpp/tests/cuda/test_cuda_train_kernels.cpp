@@ -15,6 +15,9 @@ namespace {
 
 std::vector<double> widen(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 
+// clip_grad_norm's scratch: the partial sums (256-byte rounded), then the coefficient and the norm.
+std::size_t align_scratch(int64_t n) { return (clip_workspace_bytes(n) + 255) / 256 * 256 + 256; }
+
 bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
@@ -97,6 +100,43 @@ std::string sgd(Env& env) {
   char detail[96];
   std::snprintf(detail, sizeof(detail), "4 variants x 3 steps against host float arithmetic, rel.err %.2e", worst);
   return detail;
+}
+
+// clip_grad_norm on the device against the host's rule (optim.hpp): norm in double, the coefficient
+// in float, no scaling when it is 1, NaN gradients all NaN.
+std::string clip(Env& env) {
+  const int64_t n = 300001;
+  std::vector<float> g = uniform(env, n, -1.f, 1.f);
+  DeviceArray<char> scratch(env, align_scratch(n));
+  char* base = scratch.get();
+  const std::size_t partial = (clip_workspace_bytes(n) + 255) / 256 * 256;
+  auto* coef = reinterpret_cast<float*>(base + partial);
+  auto* norm = reinterpret_cast<double*>(base + partial + 128);
+  double sum = 0;
+  for (float v : g) sum += static_cast<double>(v) * v;
+  const double want_norm = std::sqrt(sum);
+  std::string detail;
+  for (double max_norm : {1.0, 1e6}) {
+    DeviceArray<float> dg(env, g);
+    clip_grad_norm(dg.get(), n, max_norm, base, coef, norm, env.s());
+    double got_norm = 0;
+    copy_to_host(&got_norm, norm, sizeof(got_norm), env.s());
+    expect(std::abs(got_norm - want_norm) <= 1e-12 * want_norm, "norm ", got_norm, " vs ", want_norm);
+    // From the device's norm: the same double gives the same float coefficient.
+    const float c = static_cast<float>(std::min(max_norm / (got_norm + 1e-6), 1.0));
+    std::vector<float> want = g;
+    if (c != 1.0f)
+      for (float& v : want) v = v * c;
+    const std::vector<float> got = dg.download();
+    expect(bitwise_equal(got, want), "clip to ", max_norm, ": gradients differ from the host's rule");
+    detail += (detail.empty() ? "" : ", ") + std::string(c == 1.0f ? "unclipped" : "clipped") + " bitwise";
+  }
+  std::vector<float> bad = g;
+  bad[12345] = NAN;
+  DeviceArray<float> dbad(env, bad);
+  clip_grad_norm(dbad.get(), n, 1.0, base, coef, norm, env.s());
+  for (float v : dbad.download()) expect(std::isnan(v), "a NaN gradient must make every gradient NaN");
+  return detail + "; norm within 1e-12; a NaN spreads to all " + std::to_string(n) + " gradients";
 }
 
 // adam_update_indirect / sgd_update_indirect (coefficients in device memory) against adam_update /
@@ -190,6 +230,10 @@ std::string train_kernel_validation() {
       "adam indirect null",
       [&] { adam_update_indirect(nullptr, nullptr, nullptr, nullptr, nullptr, 8, a, nullptr, nullptr); },
       "adam_update_indirect: null device pointer for 8 elements (amsgrad on)");
+  expect_throw<ValueError>("clip max_norm", [] { clip_grad_norm(nullptr, 0, -1, nullptr, nullptr, nullptr, nullptr); },
+                           "clip_grad_norm: max_norm must be >= 0, got -1");
+  expect_throw<ValueError>("clip null", [] { clip_grad_norm(nullptr, 5, 1, nullptr, nullptr, nullptr, nullptr); },
+                           "clip_grad_norm: null device pointer (5 elements)");
   expect_throw<ValueError>("capture stream 0", [] { StreamCapture c(nullptr); },
                            "StreamCapture: the legacy default stream cannot be captured");
   return "step kernels and graph capture check their arguments on the host";
@@ -198,6 +242,7 @@ std::string train_kernel_validation() {
 void add_train_kernel_tests(std::vector<TestCase>& out) {
   out.push_back({"step_accumulate_count", accumulate_and_count});
   out.push_back({"step_sgd", sgd});
+  out.push_back({"step_clip_grad_norm", clip});
   out.push_back({"step_indirect_updates", indirect_updates});
   out.push_back({"step_graph_replay", graph_replay});
 }

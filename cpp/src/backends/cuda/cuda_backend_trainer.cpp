@@ -47,6 +47,9 @@ struct Trainer::DeviceStep {
   // after bind, a restored checkpoint) or the optimizer was re-bound (new host tensors).
   void ready_state(Optimizer& o, cudaStream_t s);
   float* state_ptr(std::size_t i) const { return i < state.size() ? state[i].ptr<float>() : nullptr; }
+  // Enqueues clip_grad_norm over the first n gradients; ready_clip makes its scratch (before a capture).
+  void ready_clip(int64_t n, cudaStream_t s);
+  void clip(float* grads, int64_t n, double max_norm, cudaStream_t s);
 
   // The optimizer's options, asked once (a step allocates nothing on the host).
   const std::vector<std::pair<std::string, double>> hyperparameters;
@@ -56,6 +59,7 @@ struct Trainer::DeviceStep {
   cuda::PinnedHostBuffer staging;   // the host side of `io`
   cuda::PinnedHostBuffer readback;  // the loss and a non-finite count
   cuda::DeviceBuffer stats;         // cuda::NonfiniteStats
+  cuda::DeviceBuffer clip_scratch;  // clip_grad_norm: partial sums, then the coefficient and the norm
   std::vector<cuda::DeviceBuffer> state;  // in Optimizer::state() order
   std::vector<const void*> state_host;    // the host tensors they mirror
   Side state_at = Side::host;
@@ -64,6 +68,7 @@ struct Trainer::DeviceStep {
   struct Graph {
     std::shared_ptr<const Plan> plan;
     std::array<const void*, 7> pointers{};
+    double clip_grad_norm = 0;  // captured into the graph's kernel arguments
     cuda::GraphExec exec;
   };
   std::vector<Graph> graphs;
@@ -101,6 +106,19 @@ Trainer::DeviceStep::Slots Trainer::DeviceStep::upload(Inputs xs, const Tensor& 
   for (std::size_t i = 0; i < xs.size(); ++i) slots.inputs[i] = base + offset[i];
   slots.target = base + offset[xs.size()];
   return slots;
+}
+
+void Trainer::DeviceStep::ready_clip(int64_t n, cudaStream_t s) {
+  const std::size_t need = cuda::align256(cuda::clip_workspace_bytes(n)) + 256;
+  if (clip_scratch.bytes() < need) clip_scratch = alloc.buffer(need, s);
+}
+
+void Trainer::DeviceStep::clip(float* grads, int64_t n, double max_norm, cudaStream_t s) {
+  ready_clip(n, s);
+  const std::size_t partial = cuda::align256(cuda::clip_workspace_bytes(n));
+  char* base = clip_scratch.ptr<char>();
+  cuda::clip_grad_norm(grads, n, max_norm, base, reinterpret_cast<float*>(base + partial),
+                       reinterpret_cast<double*>(base + partial + 128), s);
 }
 
 void Trainer::DeviceStep::ready_state(Optimizer& o, cudaStream_t s) {
@@ -197,9 +215,6 @@ void Trainer::check_device_support(const char* who) const {
   if (model_->dtype() != DType::f32)
     throw_type_error(who, ": backend 'cuda' trains float32 models on ", device_name(cuda::kTrainDevice), ", got ",
                      dtype_name(model_->dtype()));
-  if (options_.clip_grad_norm > 0)
-    throw_value_error(who, ": clip_grad_norm (", options_.clip_grad_norm, ") is not implemented for backend 'cuda' ",
-                      "on ", device_name(cuda::kTrainDevice), "; set it to 0 or train on a CPU backend");
   if (options_.verify_parameters)
     throw_value_error(who, ": verify_parameters is not implemented for backend 'cuda' on ",
                       device_name(cuda::kTrainDevice), " (the checksums are taken on the host)");
@@ -272,6 +287,7 @@ void Trainer::device_update() {
       return;
     }
   }
+  if (options_.clip_grad_norm > 0) d.clip(static_cast<float*>(mb.grads), n, options_.clip_grad_norm, s);
   d.ready_state(*optimizer_, s);
   const int64_t t = optimizer_->step_count() + 1;
   // The schedule's rate before this update, as the host's optimizer_->step(..., current_lr(), ...).
@@ -298,7 +314,7 @@ double Trainer::device_graph_step(Inputs xs, const Tensor& y) {
   DeviceStep& d = device_step();
   auto it = std::find_if(d.graphs.begin(), d.graphs.end(), [&](const DeviceStep::Graph& g) { return g.plan == p; });
   if (it == d.graphs.end()) {
-    d.graphs.push_back(DeviceStep::Graph{p, {}, {}});
+    d.graphs.push_back(DeviceStep::Graph{p, {}, 0, {}});
     return finish_with_update(run_device_loss_plan(*p, xs, y, PlanMode::train_loss), "Trainer.step");
   }
   cuda::DeviceGuard guard(DeviceStep::kDevice);
@@ -314,15 +330,19 @@ double Trainer::device_graph_step(Inputs xs, const Tensor& y) {
   const std::array<const void*, 7> pointers = {ctx_.device_arena(p->arena_bytes()), mb.params, mb.grads, d.io.data(),
                                              d.state_ptr(0), d.state_ptr(1), d.state_ptr(2)};
   DeviceStep::Graph& graph = *it;
-  if (!graph.exec.valid() || graph.pointers != pointers) {
+  if (!graph.exec.valid() || graph.pointers != pointers || graph.clip_grad_norm != options_.clip_grad_norm) {
     graph.exec = cuda::GraphExec();
+    if (options_.clip_grad_norm > 0) d.ready_clip(model_->num_trainable(), s);  // no allocation in a capture
     cuda::StreamCapture capture(s);
     p->run(ctx_, b, 0, p->num_steps());
     enqueue_accumulate(*p, ctx_, b, mb.grads, s);
+    if (options_.clip_grad_norm > 0)
+      d.clip(static_cast<float*>(mb.grads), model_->num_trainable(), options_.clip_grad_norm, s);
     enqueue_update(k, slots.coefficients, static_cast<float*>(mb.params), static_cast<const float*>(mb.grads),
                    {d.state_ptr(0), d.state_ptr(1), d.state_ptr(2)}, model_->num_trainable(), s);
     graph.exec = cuda::GraphExec(capture.finish("Trainer.step"), "Trainer.step");
     graph.pointers = pointers;
+    graph.clip_grad_norm = options_.clip_grad_norm;
   } else {
     ctx_.next_rng_counter();  // as the run a replay stands for (no device kernel draws random numbers)
   }

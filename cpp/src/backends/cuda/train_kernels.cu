@@ -46,6 +46,48 @@ __global__ void nonfinite_kernel(const float* __restrict__ x, int64_t n, Nonfini
 }
 
 // One element of SGD (both launch forms).
+// Clipping: each of up to kClipBlocks blocks sums the squares of one contiguous chunk in double;
+// one block then adds the partial sums in chunk order. The chunking depends on n only.
+constexpr int64_t kClipBlocks = 1024;
+constexpr int kClipThreads = 256;
+
+int64_t clip_chunk(int64_t n) {
+  const int64_t chunk = (n + kClipBlocks - 1) / kClipBlocks;
+  return chunk < 1 ? 1 : chunk;
+}
+
+__global__ void clip_partials_kernel(const float* __restrict__ g, int64_t n, int64_t chunk,
+                                     double* __restrict__ partial) {
+  __shared__ double smem[32];
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * chunk;
+  const int64_t e = b + chunk < n ? b + chunk : n;
+  double s = 0;
+  for (int64_t i = b + threadIdx.x; i < e; i += blockDim.x) s += static_cast<double>(g[i]) * g[i];
+  s = block_reduce(s, SumOp{}, 0.0, smem);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+__global__ void clip_coefficient_kernel(const double* __restrict__ partial, int blocks, double max_norm,
+                                        float* __restrict__ coef, double* __restrict__ norm) {
+  __shared__ double smem[32];
+  double s = 0;
+  for (int i = threadIdx.x; i < blocks; i += blockDim.x) s += partial[i];
+  s = block_reduce(s, SumOp{}, 0.0, smem);
+  if (threadIdx.x == 0) {
+    const double total_norm = sqrt(s);
+    const double c = max_norm / (total_norm + 1e-6);
+    *coef = static_cast<float>(1.0 < c ? 1.0 : c);  // std::min(c, 1.0): a NaN c stays NaN
+    *norm = total_norm;
+  }
+}
+
+__global__ void clip_scale_kernel(float* __restrict__ g, int64_t n, const float* __restrict__ coef) {
+  const float c = *coef;
+  if (c == 1.0f) return;  // as the host: a NaN coefficient fails this test and scales
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) g[i] = g[i] * c;
+}
+
 template <bool kDecay, bool kMomentum, bool kNesterov>
 __device__ __forceinline__ void sgd_element(float* __restrict__ p, const float* __restrict__ g,
                                             float* __restrict__ buf, int64_t i, const SgdCoefficients& k) {
@@ -127,6 +169,29 @@ void nonfinite_stats(const float* x, int64_t n, NonfiniteStats* out, cudaStream_
   if (n == 0) return;
   nonfinite_kernel<<<element_blocks(n), kElementThreads, 0, stream>>>(x, n, out);
   check_launch("nonfinite_stats");
+}
+
+std::size_t clip_workspace_bytes(int64_t n) {
+  const int64_t blocks = n <= 0 ? 1 : (n + clip_chunk(n) - 1) / clip_chunk(n);
+  return static_cast<std::size_t>(blocks) * sizeof(double);
+}
+
+void clip_grad_norm(float* grads, int64_t n, double max_norm, void* partial, float* coef, double* norm,
+                    cudaStream_t stream) {
+  if (!(max_norm >= 0)) throw_value_error("clip_grad_norm: max_norm must be >= 0, got ", max_norm);
+  if (n < 0) throw_value_error("clip_grad_norm: negative element count ", n);
+  if (partial == nullptr || coef == nullptr || norm == nullptr || (n > 0 && grads == nullptr))
+    throw_value_error("clip_grad_norm: null device pointer (", n, " elements)");
+  const int64_t chunk = clip_chunk(n);
+  const int blocks = static_cast<int>(n == 0 ? 0 : (n + chunk - 1) / chunk);
+  auto* parts = static_cast<double*>(partial);
+  if (blocks > 0) clip_partials_kernel<<<blocks, kClipThreads, 0, stream>>>(grads, n, chunk, parts);
+  check_launch("clip_grad_norm (partial sums)");
+  clip_coefficient_kernel<<<1, 1024, 0, stream>>>(parts, blocks, max_norm, coef, norm);
+  check_launch("clip_grad_norm (coefficient)");
+  if (n == 0) return;
+  clip_scale_kernel<<<element_blocks(n), kElementThreads, 0, stream>>>(grads, n, coef);
+  check_launch("clip_grad_norm (scale)");
 }
 
 SgdCoefficients sgd_coefficients(double lr, double momentum, double dampening, double weight_decay, bool nesterov,

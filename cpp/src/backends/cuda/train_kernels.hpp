@@ -6,6 +6,7 @@
 // deterministic, no allocation. No CUDA syntax here: includable from the core's .cpp files.
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "backends/cuda/cuda_kernels.hpp"
@@ -24,6 +25,16 @@ struct NonfiniteStats {
 // Resets *out and counts x[0, n) into it; the host reads `count` (8 bytes) after the stream, and
 // `first` only when count is not 0.
 void nonfinite_stats(const float* x, int64_t n, NonfiniteStats* out, cudaStream_t stream);
+
+// Gradient clipping by the global L2 norm, as clip_grad_norm (treadle/optim.hpp, torch's
+// clip_grad_norm_): norm = sqrt(sum g^2) summed in double in a fixed order (deterministic), coef =
+// min(max_norm / (norm + 1e-6), 1) in double then float, g *= coef unless coef is 1 (a NaN norm gives
+// NaN gradients, as torch). Everything stays on the device: `coef` (float) and `norm` (double) are
+// written to device memory, nothing is read back (a CUDA graph can hold it). `partial` is scratch of
+// clip_workspace_bytes(n).
+std::size_t clip_workspace_bytes(int64_t n);
+void clip_grad_norm(float* grads, int64_t n, double max_norm, void* partial, float* coef, double* norm,
+                    cudaStream_t stream);
 
 // SGD with momentum, dampening, Nesterov and coupled weight decay, torch.optim.SGD's single-tensor
 // formula as the CPU optimizer's fused pass: d = g + wd * p; buf = first ? d : mom * buf + keep * d;
