@@ -14,6 +14,7 @@
 #include "treadle/model.hpp"
 #include "treadle/nn_conv.hpp"
 #include "treadle/nn_layers.hpp"
+#include "treadle/nn_recurrent.hpp"
 
 namespace treadle::cuda::test {
 namespace {
@@ -97,6 +98,32 @@ std::shared_ptr<Model> bn_cnn(uint64_t seed) {
 
 const Shape kCnnInput{4, 3, 12, 12};
 
+// LSTM (biases) -> GRU (no bias) -> flatten -> linear on (kBatch, kSteps, kFeatures), batch_first:
+// both recurrent layers run as forward/backward pairs on cuDNN, its weight and reserve spaces in
+// each layer's `saved` value (cuda_backend_rnn.cpp).
+constexpr int64_t kSteps = 6, kHidden = 32;
+const Shape kRnnInput{kBatch, kSteps, kFeatures};
+
+std::shared_ptr<Model> rnn_net(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const int64_t H = kHidden;
+  std::vector<NamedParameter> p = {{"lstm.w_ih", param(rng, {4 * H, kFeatures})}, {"lstm.w_hh", param(rng, {4 * H, H})},
+                                   {"lstm.b_ih", param(rng, {4 * H})},           {"lstm.b_hh", param(rng, {4 * H})},
+                                   {"gru.w_ih", param(rng, {3 * H, H})},         {"gru.w_hh", param(rng, {3 * H, H})},
+                                   {"fc.weight", param(rng, {kClasses, kSteps * H})}, {"fc.bias", param(rng, {kClasses})}};
+  auto forward = [p](Graph& g, const std::vector<Value>& in) {
+    auto w = [&](int k) { return g.add_parameter(p[k].second); };
+    auto zeros = [&](int64_t n) {
+      return g.apply1("constant", {}, {{"shape", Shape{n, kHidden}}, {"value", 0.0}, {"dtype", std::string("float32")}});
+    };
+    const int64_t n = in[0].dim(0);
+    Value h = ops::recurrent_layer("lstm", in[0], zeros(n), zeros(n), w(0), w(1), w(2), w(3), Value(), true).output;
+    h = ops::recurrent_layer("gru", h, zeros(n), Value(), w(4), w(5), Value(), Value(), Value(), true).output;
+    return std::vector<Value>{ops::linear(ops::flatten(h), w(6), w(7))};
+  };
+  return std::make_shared<Model>(forward, p);
+}
+
 PlanKey training_key(const std::string& backend, const Loss& loss, const Shape& x = {kBatch, kFeatures}) {
   PlanKey key;
   key.input_shapes = {x};
@@ -126,6 +153,8 @@ std::string cuda_plan_without_device() {
   expect_throw<ValueError>("cnn on cuda", [&] { cnn(1)->plan(training_key("cuda", loss, kCnnInput), &loss); },
                            "plan: backend 'cuda' needs a CUDA device for cuda:0");
   expect_throw<ValueError>("bn cnn on cuda", [&] { bn_cnn(1)->plan(training_key("cuda", loss, kCnnInput), &loss); },
+                           "plan: backend 'cuda' needs a CUDA device for cuda:0");
+  expect_throw<ValueError>("lstm/gru on cuda", [&] { rnn_net(1)->plan(training_key("cuda", loss, kRnnInput), &loss); },
                            "plan: backend 'cuda' needs a CUDA device for cuda:0");
   return expect_throw<ValueError>("mlp on cuda", [&] { mlp(1)->plan(training_key("cuda", loss), &loss); },
                                   "plan: backend 'cuda' needs a CUDA device for cuda:0");
@@ -273,6 +302,7 @@ void add_core_device_tests(std::vector<TestCase>& out) {
   out.push_back({"core_cnn_plan_vs_eigen", [](Env& env) { return plan_vs_eigen(env, *cnn(11), kCnnInput, 5); }});
   out.push_back({"core_bn_cnn_plan_vs_eigen",
                  [](Env& env) { return plan_vs_eigen(env, *bn_cnn(13), kCnnInput, 5); }});
+  out.push_back({"core_rnn_plan_vs_eigen", [](Env& env) { return plan_vs_eigen(env, *rnn_net(17), kRnnInput, 8); }});
 }
 
 }  // namespace treadle::cuda::test

@@ -25,9 +25,11 @@ struct OpEntry {
   bool deterministic = true;
 };
 
-// The MLP family (cuda_backend_ops.cpp) and the convolution / pooling family (cuda_backend_cnn.cpp).
+// The MLP family (cuda_backend_ops.cpp), the convolution / pooling family (cuda_backend_cnn.cpp).
 std::vector<OpEntry> op_entries();
 std::vector<OpEntry> cnn_op_entries();
+// LSTM and GRU layers and their backward ops (cuda_backend_rnn.cpp).
+std::vector<OpEntry> rnn_op_entries();
 
 // Where a product that a fused activation reads back sits in a node's workspace: after the
 // product's own scratch, 256-byte aligned (the workspace base is 64-byte aligned in the arena).

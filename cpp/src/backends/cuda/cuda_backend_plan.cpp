@@ -39,9 +39,15 @@ void Plan::select_device_kernels(bool deterministic) {
   require_cuda_device(device_);
   for (PlanStep& s : steps) {
     if (!s.kernel) continue;
-    PreparedNode prepared = cuda.prepare(graph, graph.nodes()[s.node]);
+    const Node& node = graph.nodes()[s.node];
+    PreparedNode prepared = cuda.prepare(graph, node);
     s.state = std::move(prepared.state);
     s.workspace = prepared.workspace;  // the op's own workspace is the reference kernels' scratch
+    for (const auto& [k, bytes] : prepared.opaque_outputs) {  // cuDNN's spaces in a recurrent layer's `saved`
+      ValueInfo& v = graph.values()[node.outputs.at(k)];
+      v.layout_owner = cuda.name();
+      v.layout_bytes = static_cast<int64_t>(bytes);
+    }
   }
 }
 
