@@ -10,6 +10,7 @@
 #include "backends/cuda/cuda_backend.hpp"
 #include "core/plan.hpp"
 #include "test_cuda_core.hpp"
+#include "test_cuda_core_models.hpp"
 #include "treadle/loss.hpp"
 #include "treadle/model.hpp"
 #include "treadle/nn_conv.hpp"
@@ -51,51 +52,6 @@ std::shared_ptr<Model> mlp(uint64_t seed) {
   return std::make_shared<Model>(forward, p);
 }
 
-// A conv -> relu -> max pool -> conv -> tanh -> average pool -> linear network on (4, 3, 12, 12).
-std::shared_ptr<Model> cnn(uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<NamedParameter> p = {{"c1.weight", param(rng, {8, 3, 3, 3})},
-                                   {"c1.bias", param(rng, {8})},
-                                   {"c2.weight", param(rng, {16, 8, 3, 3})},
-                                   {"fc.weight", param(rng, {kClasses, 16 * 3 * 3})},
-                                   {"fc.bias", param(rng, {kClasses})}};
-  auto forward = [p](Graph& g, const std::vector<Value>& in) {
-    auto w = [&](int k) { return g.add_parameter(p[k].second); };
-    Value h = ops::max_pool(ops::relu(ops::conv(in[0], w(0), w(1), {1}, {1})), {2, 2});
-    h = ops::avg_pool(ops::tanh(ops::conv(h, w(2), Value(), {1}, {1})), {2, 2});
-    return std::vector<Value>{ops::linear(ops::flatten(h), w(3), w(4))};
-  };
-  return std::make_shared<Model>(forward, p);
-}
-
-// conv (no bias) -> batch norm (affine, running statistics with momentum 0.1) -> relu -> max pool
-// -> linear, on (4, 3, 12, 12): the running statistics and the batch counter are updated in place
-// in the parameter buffer by both plans.
-std::shared_ptr<Model> bn_cnn(uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  auto state = [](const Shape& shape, float value) {
-    Tensor t(shape, DType::f32);
-    for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = value;
-    return std::make_shared<Parameter>(t, false);
-  };
-  std::vector<NamedParameter> p = {{"conv.weight", param(rng, {8, 3, 3, 3})},
-                                   {"bn.weight", param(rng, {8})},
-                                   {"bn.bias", param(rng, {8})},
-                                   {"fc.weight", param(rng, {kClasses, 8 * 6 * 6})},
-                                   {"fc.bias", param(rng, {kClasses})},
-                                   {"bn.running_mean", state({8}, 0.f)},
-                                   {"bn.running_var", state({8}, 1.f)},
-                                   {"bn.num_batches_tracked", state({}, 0.f)}};
-  auto forward = [p](Graph& g, const std::vector<Value>& in) {
-    auto w = [&](int k) { return g.add_parameter(p[k].second); };
-    Value h = ops::conv(in[0], w(0), Value(), {1}, {1});
-    h = ops::batch_norm(h, w(5), w(6), w(1), w(2), w(7), g.training(), 0.1, 1e-5);
-    h = ops::max_pool(ops::relu(h), {2, 2});
-    return std::vector<Value>{ops::linear(ops::flatten(h), w(3), w(4))};
-  };
-  return std::make_shared<Model>(forward, p);
-}
-
 const Shape kCnnInput{4, 3, 12, 12};
 
 // LSTM (biases) -> GRU (no bias) -> flatten -> linear on (kBatch, kSteps, kFeatures), batch_first:
@@ -107,14 +63,19 @@ const Shape kRnnInput{kBatch, kSteps, kFeatures};
 std::shared_ptr<Model> rnn_net(uint64_t seed) {
   std::mt19937_64 rng(seed);
   const int64_t H = kHidden;
-  std::vector<NamedParameter> p = {{"lstm.w_ih", param(rng, {4 * H, kFeatures})}, {"lstm.w_hh", param(rng, {4 * H, H})},
-                                   {"lstm.b_ih", param(rng, {4 * H})},           {"lstm.b_hh", param(rng, {4 * H})},
-                                   {"gru.w_ih", param(rng, {3 * H, H})},         {"gru.w_hh", param(rng, {3 * H, H})},
-                                   {"fc.weight", param(rng, {kClasses, kSteps * H})}, {"fc.bias", param(rng, {kClasses})}};
+  std::vector<NamedParameter> p = {{"lstm.w_ih", param(rng, {4 * H, kFeatures})},
+                                   {"lstm.w_hh", param(rng, {4 * H, H})},
+                                   {"lstm.b_ih", param(rng, {4 * H})},
+                                   {"lstm.b_hh", param(rng, {4 * H})},
+                                   {"gru.w_ih", param(rng, {3 * H, H})},
+                                   {"gru.w_hh", param(rng, {3 * H, H})},
+                                   {"fc.weight", param(rng, {kClasses, kSteps * H})},
+                                   {"fc.bias", param(rng, {kClasses})}};
   auto forward = [p](Graph& g, const std::vector<Value>& in) {
     auto w = [&](int k) { return g.add_parameter(p[k].second); };
     auto zeros = [&](int64_t n) {
-      return g.apply1("constant", {}, {{"shape", Shape{n, kHidden}}, {"value", 0.0}, {"dtype", std::string("float32")}});
+      const Attrs attrs{{"shape", Shape{n, kHidden}}, {"value", 0.0}, {"dtype", std::string("float32")}};
+      return g.apply1("constant", {}, attrs);
     };
     const int64_t n = in[0].dim(0);
     Value h = ops::recurrent_layer("lstm", in[0], zeros(n), zeros(n), w(0), w(1), w(2), w(3), Value(), true).output;
@@ -150,9 +111,11 @@ std::vector<int64_t> labels(std::mt19937_64& rng, int64_t n) {
 std::string cuda_plan_without_device() {
   if (device_count() > 0) return "a device is present: the device tests compile cuda plans";
   Loss loss = loss::cross_entropy();
-  expect_throw<ValueError>("cnn on cuda", [&] { cnn(1)->plan(training_key("cuda", loss, kCnnInput), &loss); },
+  expect_throw<ValueError>("cnn on cuda",
+                           [&] { small_cnn(1)->plan(training_key("cuda", loss, kCnnInput), &loss); },
                            "plan: backend 'cuda' needs a CUDA device for cuda:0");
-  expect_throw<ValueError>("bn cnn on cuda", [&] { bn_cnn(1)->plan(training_key("cuda", loss, kCnnInput), &loss); },
+  expect_throw<ValueError>("bn cnn on cuda",
+                           [&] { batch_norm_cnn(1)->plan(training_key("cuda", loss, kCnnInput), &loss); },
                            "plan: backend 'cuda' needs a CUDA device for cuda:0");
   expect_throw<ValueError>("lstm/gru on cuda", [&] { rnn_net(1)->plan(training_key("cuda", loss, kRnnInput), &loss); },
                            "plan: backend 'cuda' needs a CUDA device for cuda:0");
@@ -299,9 +262,9 @@ void add_core_host_tests(std::vector<TestCase>& out) {
 void add_core_device_tests(std::vector<TestCase>& out) {
   out.push_back({"core_mlp_plan_vs_eigen",
                  [](Env& env) { return plan_vs_eigen(env, *mlp(7), {kBatch, kFeatures}, 10); }});
-  out.push_back({"core_cnn_plan_vs_eigen", [](Env& env) { return plan_vs_eigen(env, *cnn(11), kCnnInput, 5); }});
+  out.push_back({"core_cnn_plan_vs_eigen", [](Env& env) { return plan_vs_eigen(env, *small_cnn(11), kCnnInput, 5); }});
   out.push_back({"core_bn_cnn_plan_vs_eigen",
-                 [](Env& env) { return plan_vs_eigen(env, *bn_cnn(13), kCnnInput, 5); }});
+                 [](Env& env) { return plan_vs_eigen(env, *batch_norm_cnn(13), kCnnInput, 5); }});
   out.push_back({"core_rnn_plan_vs_eigen", [](Env& env) { return plan_vs_eigen(env, *rnn_net(17), kRnnInput, 8); }});
 }
 

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "test_cuda_core.hpp"
+#include "test_cuda_core_models.hpp"
 #include "treadle/loss.hpp"
 #include "treadle/model.hpp"
 #include "treadle/nn_conv.hpp"
@@ -23,17 +24,7 @@ constexpr int kSteps = 20;
 constexpr int64_t kClasses = 10;
 
 std::shared_ptr<Parameter> weight(std::mt19937_64& rng, const Shape& shape) {
-  Tensor t(shape, DType::f32);
-  const double bound = 1.0 / std::sqrt(static_cast<double>(shape_numel(shape) / shape[0]));
-  std::uniform_real_distribution<float> d(static_cast<float>(-bound), static_cast<float>(bound));
-  for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = d(rng);
-  return std::make_shared<Parameter>(t);
-}
-
-std::shared_ptr<Parameter> constant(const Shape& shape, float value) {
-  Tensor t(shape, DType::f32);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = value;
-  return std::make_shared<Parameter>(t, false);
+  return uniform_parameter(rng, shape);
 }
 
 using Builder = std::shared_ptr<Model> (*)(uint64_t seed);
@@ -49,41 +40,6 @@ std::shared_ptr<Model> mlp(uint64_t seed) {
     Value h = ops::relu(ops::linear(in[0], w(0), w(1)));
     h = ops::tanh(ops::linear(h, w(2), w(3)));
     return std::vector<Value>{ops::linear(h, w(4), w(5))};
-  };
-  return std::make_shared<Model>(forward, p);
-}
-
-// x (4, 3, 12, 12) -> conv 8 3x3 + relu -> max pool 2 -> conv 16 3x3 + tanh -> avg pool 2 -> linear 10.
-std::shared_ptr<Model> cnn(uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<NamedParameter> p = {{"c1.weight", weight(rng, {8, 3, 3, 3})}, {"c1.bias", weight(rng, {8})},
-                                   {"c2.weight", weight(rng, {16, 8, 3, 3})},
-                                   {"fc.weight", weight(rng, {kClasses, 16 * 3 * 3})},
-                                   {"fc.bias", weight(rng, {kClasses})}};
-  auto forward = [p](Graph& g, const std::vector<Value>& in) {
-    auto w = [&](int k) { return g.add_parameter(p[k].second); };
-    Value h = ops::max_pool(ops::relu(ops::conv(in[0], w(0), w(1), {1}, {1})), {2, 2});
-    h = ops::avg_pool(ops::tanh(ops::conv(h, w(2), Value(), {1}, {1})), {2, 2});
-    return std::vector<Value>{ops::linear(ops::flatten(h), w(3), w(4))};
-  };
-  return std::make_shared<Model>(forward, p);
-}
-
-// conv 8 3x3 (no bias) -> batch norm (running statistics in the parameter buffer) -> relu -> max
-// pool 2 -> linear 10.
-std::shared_ptr<Model> bn_cnn(uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<NamedParameter> p = {{"conv.weight", weight(rng, {8, 3, 3, 3})}, {"bn.weight", weight(rng, {8})},
-                                   {"bn.bias", weight(rng, {8})}, {"fc.weight", weight(rng, {kClasses, 8 * 6 * 6})},
-                                   {"fc.bias", weight(rng, {kClasses})}, {"bn.running_mean", constant({8}, 0.f)},
-                                   {"bn.running_var", constant({8}, 1.f)},
-                                   {"bn.num_batches_tracked", constant({}, 0.f)}};
-  auto forward = [p](Graph& g, const std::vector<Value>& in) {
-    auto w = [&](int k) { return g.add_parameter(p[k].second); };
-    Value h = ops::conv(in[0], w(0), Value(), {1}, {1});
-    h = ops::batch_norm(h, w(5), w(6), w(1), w(2), w(7), g.training(), 0.1, 1e-5);
-    h = ops::max_pool(ops::relu(h), {2, 2});
-    return std::vector<Value>{ops::linear(ops::flatten(h), w(3), w(4))};
   };
   return std::make_shared<Model>(forward, p);
 }
@@ -321,8 +277,10 @@ void add_core_train_host_tests(std::vector<TestCase>& out) {
 void add_core_train_device_tests(std::vector<TestCase>& out) {
   out.push_back({"core_trainer_mlp_vs_eigen",
                  [](Env&) { return training_vs_eigen(mlp, kMlpInput, {kAdam, kAdamW, kSgd, kSgdClip}); }});
-  out.push_back({"core_trainer_cnn_vs_eigen", [](Env&) { return training_vs_eigen(cnn, kCnnInput, {kAdam}); }});
-  out.push_back({"core_trainer_bn_cnn_vs_eigen", [](Env&) { return training_vs_eigen(bn_cnn, kCnnInput, {kAdam}); }});
+  out.push_back({"core_trainer_cnn_vs_eigen",
+                 [](Env&) { return training_vs_eigen(small_cnn, kCnnInput, {kAdam}); }});
+  out.push_back({"core_trainer_bn_cnn_vs_eigen",
+                 [](Env&) { return training_vs_eigen(batch_norm_cnn, kCnnInput, {kAdam}); }});
   out.push_back({"core_trainer_anomaly", [](Env&) { return anomaly_on_device(); }});
 }
 

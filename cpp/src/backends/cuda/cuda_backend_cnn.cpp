@@ -30,11 +30,6 @@
 namespace treadle::cuda {
 namespace {
 
-cudaStream_t stream_of(const KernelArgs& a) { return static_cast<cudaStream_t>(a.stream); }
-const float* in_f(const KernelArgs& a, int k) { return static_cast<const float*>(a.in[k].data); }
-float* out_f(const KernelArgs& a, int k = 0) { return static_cast<float*>(a.out[k].data); }
-const Shape& shape_of(const Graph& g, int value) { return g.info(value).shape; }
-const std::string& op_name(const Node& node) { return OpRegistry::instance().at(node.op).name; }
 
 bool float32_operands(const Graph& g, const Node& node) {
   for (const std::vector<int>* list : {&node.inputs, &node.outputs})

@@ -12,6 +12,7 @@
 
 #include "backends/cuda/cuda_backend_kernels.hpp"
 #include "backends/kernel.hpp"
+#include "core/op_registry.hpp"
 
 namespace treadle::cuda {
 
@@ -24,6 +25,13 @@ struct OpEntry {
   // since the heuristic's algorithm may split K and reduce with atomics.
   bool deterministic = true;
 };
+
+// What every adapter reads: the context's stream, float operands, shapes and the op's name.
+inline cudaStream_t stream_of(const KernelArgs& a) { return static_cast<cudaStream_t>(a.stream); }
+inline const float* in_f(const KernelArgs& a, int k) { return static_cast<const float*>(a.in[k].data); }
+inline float* out_f(const KernelArgs& a, int k = 0) { return static_cast<float*>(a.out[k].data); }
+inline const Shape& shape_of(const Graph& g, int value) { return g.info(value).shape; }
+inline const std::string& op_name(const Node& node) { return OpRegistry::instance().at(node.op).name; }
 
 // The MLP family (cuda_backend_ops.cpp), the convolution / pooling family (cuda_backend_cnn.cpp).
 std::vector<OpEntry> op_entries();

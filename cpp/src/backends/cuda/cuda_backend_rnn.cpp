@@ -21,15 +21,13 @@
 namespace treadle::cuda {
 namespace {
 
-cudaStream_t stream_of(const KernelArgs& a) { return static_cast<cudaStream_t>(a.stream); }
-const float* in_f(const KernelArgs& a, int k) { return k < 0 ? nullptr : static_cast<const float*>(a.in[k].data); }
-float* out_f(const KernelArgs& a, int k) { return k < 0 ? nullptr : static_cast<float*>(a.out[k].data); }
+// An optional operand: null when the slot is absent (-1).
+const float* opt_in(const KernelArgs& a, int k) { return k < 0 ? nullptr : in_f(a, k); }
+float* opt_out(const KernelArgs& a, int k) { return k < 0 ? nullptr : out_f(a, k); }
 
 std::size_t align256(std::size_t n) { return (n + 255) / 256 * 256; }
 
-const std::string& name_of(const Node& node) { return OpRegistry::instance().at(node.op).name; }
-
-rnn::Cell cell_of(const Node& node) { return name_of(node).starts_with("gru") ? rnn::Cell::gru : rnn::Cell::lstm; }
+rnn::Cell cell_of(const Node& node) { return op_name(node).starts_with("gru") ? rnn::Cell::gru : rnn::Cell::lstm; }
 
 // The cuDNN layer of a forward (backward = false) or backward node, when this backend can run it.
 std::optional<RnnConfig> config_of(const Graph& g, const Node& node, bool backward) {
@@ -86,16 +84,16 @@ bool accepts_forward(const Graph& g, const Node& node) {
   const ValueInfo& info = g.info(saved);
   if (!info.read) return true;
   if (info.host_read) return false;
-  const std::string backward = name_of(node) + "_backward";
+  const std::string backward = op_name(node) + "_backward";
   for (const Node& other : g.nodes())
     for (int in : other.inputs)
-      if (in == saved && name_of(other) != backward) return false;
+      if (in == saved && op_name(other) != backward) return false;
   return true;
 }
 
 PreparedNode prepare_forward(const Graph& g, const Node& node) {
   const std::optional<RnnConfig> c = config_of(g, node, false);
-  if (!c) throw_runtime_error(name_of(node), ": no cuDNN layer at prepare time");
+  if (!c) throw_runtime_error(op_name(node), ": no cuDNN layer at prepare time");
   auto s = std::make_shared<RnnState>(*c);
   s->reserve_offset = align256(s->rnn.weight_space_bytes());
   const std::size_t spaces = s->reserve_offset + align256(s->rnn.reserve_bytes());
@@ -118,9 +116,9 @@ void forward_kernel(const KernelArgs& a) {
   const rnn::ForwardSlots f = rnn::forward_slots(ci, a.num_in);
   cudnnHandle_t h = cudnn_handle(stream_of(a));
   char* spaces = static_cast<char*>(s.in_saved ? a.out[a.num_out - 1].data : a.workspace);
-  s.rnn.pack_weights(h, in_f(a, f.w_ih), in_f(a, f.w_hh), in_f(a, f.b_ih), in_f(a, f.b_hh), spaces);
-  s.rnn.forward_training(h, in_f(a, f.x), in_f(a, f.h0), in_f(a, f.c0), spaces, out_f(a, 0), out_f(a, 1),
-                         ci.has_cell_state ? out_f(a, 2) : nullptr, static_cast<char*>(a.workspace) + s.work_offset,
+  s.rnn.pack_weights(h, opt_in(a, f.w_ih), opt_in(a, f.w_hh), opt_in(a, f.b_ih), opt_in(a, f.b_hh), spaces);
+  s.rnn.forward_training(h, opt_in(a, f.x), opt_in(a, f.h0), opt_in(a, f.c0), spaces, opt_out(a, 0), opt_out(a, 1),
+                         ci.has_cell_state ? opt_out(a, 2) : nullptr, static_cast<char*>(a.workspace) + s.work_offset,
                          spaces + s.reserve_offset);
 }
 
@@ -130,7 +128,7 @@ bool accepts_backward(const Graph& g, const Node& node) { return config_of(g, no
 
 PreparedNode prepare_backward(const Graph& g, const Node& node) {
   const std::optional<RnnConfig> c = config_of(g, node, true);
-  if (!c) throw_runtime_error(name_of(node), ": no cuDNN layer at prepare time");
+  if (!c) throw_runtime_error(op_name(node), ": no cuDNN layer at prepare time");
   auto s = std::make_shared<RnnState>(*c);
   s->reserve_offset = align256(s->rnn.weight_space_bytes());
   s->dweights_offset = align256(s->rnn.workspace_bytes());
@@ -149,10 +147,11 @@ void backward_kernel(const KernelArgs& a) {
   void* reserve = spaces + s.reserve_offset;
   void* work = a.workspace;
   void* dweights = static_cast<char*>(a.workspace) + s.dweights_offset;
-  s.rnn.backward_data(h, in_f(a, b.y), in_f(a, b.dy), in_f(a, b.dh_n), in_f(a, b.dc_n), in_f(a, b.h0),
-                      in_f(a, b.c0), spaces, out_f(a, b.dx), out_f(a, b.dh0), out_f(a, b.dc0), work, reserve);
-  s.rnn.backward_weights(h, in_f(a, b.x), in_f(a, b.h0), in_f(a, b.y), dweights, false, work, reserve);
-  s.rnn.unpack_weight_grads(h, dweights, out_f(a, b.dw_ih), out_f(a, b.dw_hh), out_f(a, b.db_ih), out_f(a, b.db_hh));
+  s.rnn.backward_data(h, opt_in(a, b.y), opt_in(a, b.dy), opt_in(a, b.dh_n), opt_in(a, b.dc_n), opt_in(a, b.h0),
+                      opt_in(a, b.c0), spaces, opt_out(a, b.dx), opt_out(a, b.dh0), opt_out(a, b.dc0), work, reserve);
+  s.rnn.backward_weights(h, opt_in(a, b.x), opt_in(a, b.h0), opt_in(a, b.y), dweights, false, work, reserve);
+  s.rnn.unpack_weight_grads(h, dweights, opt_out(a, b.dw_ih), opt_out(a, b.dw_hh), opt_out(a, b.db_ih),
+                            opt_out(a, b.db_hh));
 }
 
 }  // namespace
