@@ -50,3 +50,14 @@ def test_onednn_lists_its_families_in_float32():
 def test_unknown_backend_is_a_value_error_naming_the_known_ones():
     with pytest.raises(ValueError, match=r"unknown backend 'tpu' \(available: .*eigen\)"):
         tl.backend_ops("tpu")
+
+
+@pytest.mark.skipif("cuda" in tl.backends(), reason="this build has the CUDA backend")
+def test_cuda_in_a_build_without_it_says_how_to_get_it():
+    model = tl.nn.Sequential(tl.nn.Linear(3, 2))
+    with pytest.raises(ValueError, match=r"unknown backend 'cuda': this build has no CUDA support "
+                                         r"\(configure with -DTREADLE_WITH_CUDA=ON\); available: .*eigen"):
+        model.set_backend("cuda")
+    np.testing.assert_array_equal(model.predict(np.zeros((4, 3), np.float32)).shape, (4, 2))  # unchanged
+    with pytest.raises(ValueError, match="this build has no CUDA support"):
+        tl.backend_ops("cuda")
