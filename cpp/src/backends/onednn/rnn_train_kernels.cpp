@@ -31,10 +31,10 @@ using dnnl::memory;
 using rnn::Cell;
 
 // Where oneDNN beats Eigen (bench/onednn_rnn.py, T 16, I = H, one core, CPU time; docs/onednn_ops.md):
-// - the training pair (forward + backward): LSTM from H 128 (1.13-1.18x) or from N 32 and H 32
-//   (1.04-1.10x), where Eigen wins below (0.7-0.9x at H 16, 0.8-1.0x at N 2-8 and H 32-64); GRU
-//   from H 128 and N 8 (1.06-1.16x), Eigen winning or tying below;
-// - GRU inference from H 64 (1.07-1.35x; 0.8-1.1x below).
+// - the training pair (forward + backward): LSTM from H 128 or from N 32 and H 32 (1.04-1.23x),
+//   where oneDNN loses below (0.61-0.90x at H 16, 0.73-0.98x at N 2-8 and H 32-64); GRU from H 128
+//   and N 8 (1.05-1.19x), oneDNN losing or tying below (0.58-1.01x);
+// - GRU inference from H 64 (1.06-1.37x; 0.8-1.1x below).
 // One sample is never taken: Eigen's matrix-vector steps win there.
 bool pays_off(const Layer& l, bool inference) {
   if (l.N < 2) return false;
