@@ -61,3 +61,12 @@ def test_cuda_in_a_build_without_it_says_how_to_get_it():
     np.testing.assert_array_equal(model.predict(np.zeros((4, 3), np.float32)).shape, (4, 2))  # unchanged
     with pytest.raises(ValueError, match="this build has no CUDA support"):
         tl.backend_ops("cuda")
+
+
+@pytest.mark.skipif("cuda" in tl.backends(), reason="this build has the CUDA backend")
+def test_cuda_graph_option_in_a_build_without_cuda_is_a_value_error():
+    model = tl.nn.Sequential(tl.nn.Linear(3, 2))
+    with pytest.raises(ValueError, match=r"cuda_graph=True needs a build with the CUDA backend .*this build has .*eigen"):
+        tl.Trainer(model, tl.loss.MSE(), tl.optim.SGD(lr=0.1), cuda_graph=True)
+    trainer = tl.Trainer(model, tl.loss.MSE(), tl.optim.SGD(lr=0.1), cuda_graph=False)
+    assert np.isfinite(trainer.step(np.ones((4, 3), np.float32), np.zeros((4, 2), np.float32)))

@@ -43,7 +43,11 @@ void bind_train(py::module_& m) {
       .def_readwrite("check_finite", &TrainerOptions::check_finite)
       .def_readwrite("skip_nonfinite", &TrainerOptions::skip_nonfinite)
       .def_readwrite("verify_parameters", &TrainerOptions::verify_parameters)
-      .def_readwrite("memory_budget", &TrainerOptions::memory_budget);
+      .def_readwrite("memory_budget", &TrainerOptions::memory_budget)
+#ifdef TREADLE_WITH_CUDA
+      .def_readwrite("cuda_graph", &TrainerOptions::cuda_graph)  // backend "cuda": steps as CUDA graphs
+#endif
+      ;
 
   py::class_<StepTask>(m, "StepTask")
       .def_readonly("name", &StepTask::name)

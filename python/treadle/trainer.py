@@ -20,12 +20,21 @@ class Trainer:
     tensors changed outside an update, `memory_budget` (bytes) refuses an input signature whose
     parameters + gradients + optimizer state + activations exceed it, and `detect_anomaly` names the
     first node that produces NaN/Inf.
+
+    With backend "cuda" (a build with CUDA; docs/cuda.md) the step runs on the GPU, and
+    `cuda_graph=True` captures it once per input signature and replays it.
     """
 
     def __init__(self, model, loss, optimizer, schedule=None, clip_grad_norm=None, check_finite=False, seed=0,
                  executor=None, skip_nonfinite=False, verify_parameters=False, memory_budget=None,
-                 detect_anomaly=False):
+                 detect_anomaly=False, cuda_graph=False):
         options = _core.TrainerOptions()
+        if cuda_graph:
+            if not hasattr(options, "cuda_graph"):
+                raise ValueError("Trainer: cuda_graph=True needs a build with the CUDA backend "
+                                 "(configure with -DTREADLE_WITH_CUDA=ON); this build has "
+                                 f"{', '.join(_core.backends())}")
+            options.cuda_graph = True
         if clip_grad_norm is not None:
             if clip_grad_norm <= 0:
                 raise ValueError(f"Trainer: clip_grad_norm must be positive, got {clip_grad_norm}")
