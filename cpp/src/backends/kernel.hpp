@@ -91,6 +91,10 @@ class Backend {
   virtual std::vector<OpSupport> supported_ops() const = 0;
 };
 
+// Whether `value` is read by nodes of op `op` only, and not by the host: a forward may then write it
+// in its backend's own layout for that backward op (PreparedNode::opaque_outputs).
+bool read_only_by(const Graph& g, int value, const std::string& op);
+
 // Backends in priority order (fastest first; the Eigen reference last).
 const std::vector<const Backend*>& available_backends();
 const Backend* backend_by_name(const std::string& name);  // throws ValueError listing the known names

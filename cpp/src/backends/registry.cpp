@@ -35,6 +35,15 @@ std::vector<OpSupport> KernelTable::list() const {
   return ops;
 }
 
+bool read_only_by(const Graph& g, int value, const std::string& op) {
+  if (g.info(value).host_read) return false;
+  const OpRegistry& reg = OpRegistry::instance();
+  for (const Node& node : g.nodes())
+    for (int in : node.inputs)
+      if (in == value && reg.at(node.op).name != op) return false;
+  return true;
+}
+
 const std::vector<const Backend*>& available_backends() {
   static const std::vector<const Backend*> backends = {
 #ifdef TREADLE_WITH_CUDA

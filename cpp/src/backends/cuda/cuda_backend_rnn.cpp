@@ -82,13 +82,7 @@ bool accepts_forward(const Graph& g, const Node& node) {
   if (!config_of(g, node, false)) return false;
   const int saved = node.outputs.back();
   const ValueInfo& info = g.info(saved);
-  if (!info.read) return true;
-  if (info.host_read) return false;
-  const std::string backward = op_name(node) + "_backward";
-  for (const Node& other : g.nodes())
-    for (int in : other.inputs)
-      if (in == saved && op_name(other) != backward) return false;
-  return true;
+  return !info.read || read_only_by(g, saved, op_name(node) + "_backward");
 }
 
 PreparedNode prepare_forward(const Graph& g, const Node& node) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "backends/onednn/onednn_common.hpp"
@@ -66,9 +67,11 @@ struct Layer {
   }
 };
 
-}  // namespace treadle::onednn::rnn_common
-
-namespace treadle::onednn::rnn_common {
+// The cell of an lstm_layer / gru_layer node or of its backward op.
+rnn::Cell cell_of(const Node& node);
+// The layer of a forward node or (backward = true) of a backward node: float32, no `lengths` input;
+// std::nullopt otherwise. Where oneDNN pays off is each kernel's own decision.
+std::optional<Layer> layer_of_node(const Graph& g, const Node& node, bool backward);
 
 // LSTM and GRU layers in training plans (rnn_train_kernels.cpp): the forward, taken when its
 // `saved` feeds only the layer's backward op, and the backward, taken exactly when its forward was.

@@ -40,18 +40,9 @@ rnn::ForwardSlots lstm_slots(const Node& node) {
 constexpr int64_t kMinSamples = 2;
 constexpr int64_t kMinMacs = int64_t{1} << 18;
 std::optional<Layer> layer_of(const Graph& g, const Node& node) {
-  Layer l;
-  const rnn::ForwardSlots sl = lstm_slots(node);
-  if (!sl.valid || sl.lengths >= 0 || !all_f32(g, node)) return std::nullopt;
   if (g.info(node.outputs.back()).read) return std::nullopt;  // `saved` is needed: training
-  l.batch_first = node.attrs.i_or("batch_first", 0) != 0;
-  l.reverse = node.attrs.i_or("reverse", 0) != 0;
-  const Shape& x = in_shape(g, node, sl.x);
-  l.T = l.batch_first ? x[1] : x[0];
-  l.N = l.batch_first ? x[0] : x[1];
-  l.I = x[2];
-  l.H = in_shape(g, node, sl.w_hh)[1];
-  if (l.N < kMinSamples || l.T * l.N * 4 * l.H * (l.I + l.H) < kMinMacs) return std::nullopt;
+  const std::optional<Layer> l = layer_of_node(g, node, false);
+  if (!l || l->N < kMinSamples || l->T * l->N * 4 * l->H * (l->I + l->H) < kMinMacs) return std::nullopt;
   return l;
 }
 

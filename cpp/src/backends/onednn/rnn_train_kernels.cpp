@@ -45,42 +45,6 @@ bool pays_off(const Layer& l, bool inference) {
 // oneDNN's GRU gate g is PyTorch's gate kGruGate[g] (u = z, r, n); the permutation is its own inverse.
 constexpr int kGruGate[3] = {1, 0, 2};
 
-Cell cell_of(const Node& node) {
-  const std::string& name = op_name(node);
-  return name.rfind("gru_layer", 0) == 0 ? Cell::gru : Cell::lstm;
-}
-
-// The layer of a forward node or (backward = true) of a backward node, when oneDNN may take it.
-std::optional<Layer> train_layer(const Graph& g, const Node& node, bool backward) {
-  const Cell cell = cell_of(node);
-  const rnn::CellInfo ci = rnn::cell_info(cell);
-  const int num_in = static_cast<int>(node.inputs.size());
-  int x = 0, w_hh = 0, lengths = -1;
-  if (backward) {
-    const rnn::BackwardSlots s = rnn::backward_slots(ci, num_in);
-    if (!s.valid) return std::nullopt;
-    w_hh = s.w_hh;
-    lengths = s.lengths;
-  } else {
-    const rnn::ForwardSlots s = rnn::forward_slots(ci, num_in);
-    if (!s.valid) return std::nullopt;
-    w_hh = s.w_hh;
-    lengths = s.lengths;
-  }
-  if (lengths >= 0 || !all_f32(g, node)) return std::nullopt;
-  Layer l;
-  l.cell = cell;
-  l.G = ci.gates;
-  l.batch_first = node.attrs.i_or("batch_first", 0) != 0;
-  l.reverse = node.attrs.i_or("reverse", 0) != 0;
-  const Shape& xs = in_shape(g, node, x);
-  l.T = l.batch_first ? xs[1] : xs[0];
-  l.N = l.batch_first ? xs[0] : xs[1];
-  l.I = xs[2];
-  l.H = in_shape(g, node, w_hh)[1];
-  return l;
-}
-
 // The forward_training and backward descriptors for a piece of `n` samples.
 struct PiecePds {
   dnnl::primitive_desc fwd, bwd;
@@ -171,7 +135,7 @@ std::size_t max_scratch(std::initializer_list<const PooledPrimitive*> ps) {
 }
 
 PreparedNode prepare_train(const Graph& g, const Node& node, bool backward) {
-  const std::optional<Layer> l = train_layer(g, node, backward);
+  const std::optional<Layer> l = layer_of_node(g, node, backward);
   if (!l) throw_runtime_error("onednn: ", op_name(node), " is no longer supported at prepare time");
   auto s = std::make_shared<TrainState>();
   s->layer = *l;
@@ -427,7 +391,7 @@ void train_backward(const KernelArgs& a) {
 // reads (inference) when oneDNN has its forward_inference primitive. (LSTM inference has its own
 // kernel, rnn_kernels.cpp, on oneDNN's optimised inference implementation.)
 bool takes_forward(const Graph& g, const Node& node) {
-  const std::optional<Layer> l = train_layer(g, node, false);
+  const std::optional<Layer> l = layer_of_node(g, node, false);
   if (!l) return false;
   const int saved = node.outputs.back();
   const ValueInfo& info = g.info(saved);
@@ -437,11 +401,7 @@ bool takes_forward(const Graph& g, const Node& node) {
       if (n > 0 && !piece_pds(*l, n, true)) return false;
     return true;
   }
-  if (info.host_read) return false;
-  const std::string backward = op_name(node) + "_backward";
-  for (const Node& other : g.nodes())
-    for (int in : other.inputs)
-      if (in == saved && op_name(other) != backward) return false;
+  if (!read_only_by(g, saved, op_name(node) + "_backward")) return false;
   for (int64_t n : l->piece_sizes())
     if (n > 0 && !piece_pds(*l, n)) return false;
   return true;
