@@ -8,10 +8,12 @@
 //
 // No CUDA header here: the core's plan.cpp and registry.cpp include it.
 #include <string>
+#include <vector>
 
 #include "backends/kernel.hpp"
 #include "treadle/context.hpp"
 #include "treadle/export.hpp"
+#include "treadle/tensor.hpp"
 
 namespace treadle {
 
@@ -38,6 +40,12 @@ TREADLE_API void* plan_value_address(const Plan& plan, Context& ctx, const Bindi
 TREADLE_API Device plan_device_of(const Plan& plan);
 // The plan's steps, one line each, with the backend of every node (Plan::describe).
 TREADLE_API std::string describe_plan(const Plan& plan);
+
+// run_op's device half: uploads `inputs` and the gradient `seeds` (host tensors, contiguous), runs
+// the device plan on the context's stream and returns the plan values `values` as host tensors (an
+// undefined tensor where an id is negative). Synchronises the stream once.
+std::vector<Tensor> run_on_device(const Plan& plan, Context& ctx, const std::vector<Tensor>& inputs,
+                                  const std::vector<Tensor>& seeds, const std::vector<int>& values);
 
 }  // namespace cuda
 }  // namespace treadle
