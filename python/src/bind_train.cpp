@@ -24,16 +24,16 @@ std::vector<Tensor> model_inputs(const py::handle& x, const char* what) {
   std::vector<Tensor> out;
   if (py::isinstance<py::list>(x) || py::isinstance<py::tuple>(x)) {
     const bool borrowed = py::isinstance<py::tuple>(x);
-    for (auto item : x) out.push_back(tensor_from_numpy(item, what, false, borrowed));
+    for (auto item : x) out.push_back(tensor_from_array(item, what, false, borrowed));
     if (out.empty()) throw_value_error(what, ": no inputs given");
   } else {
-    out.push_back(tensor_from_numpy(x, what, false, /*borrowed=*/true));
+    out.push_back(tensor_from_array(x, what, false, /*borrowed=*/true));
   }
   return out;
 }
 
 // The target, borrowed like an input array.
-Tensor target_of(const py::handle& y, const char* what) { return tensor_from_numpy(y, what, false, true); }
+Tensor target_of(const py::handle& y, const char* what) { return tensor_from_array(y, what, false, true); }
 }  // namespace
 
 void bind_train(py::module_& m) {

@@ -138,7 +138,11 @@ class Module:
         return self._model
 
     def predict(self, x, out=None, context=None):
-        """Inference (eval mode) on a numpy batch; safe to call from many threads at once."""
+        """Inference (eval mode) on a numpy batch; safe to call from many threads at once.
+
+        On backend "cuda", `x` and `out` may be CUDA arrays (CuPy, torch CUDA tensors): the batch is
+        copied on the device, and the result written into `out` there (without `out`, a numpy array
+        is returned)."""
         model = self._model  # the compiled model, looked up inline: this is the batch-1 hot path
         if model is None:
             model = self._compiled()

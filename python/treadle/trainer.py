@@ -22,7 +22,9 @@ class Trainer:
     first node that produces NaN/Inf.
 
     With backend "cuda" (a build with CUDA; docs/cuda.md) the step runs on the GPU, and
-    `cuda_graph=True` captures it once per input signature and replays it.
+    `cuda_graph=True` captures it once per input signature and replays it. Inputs and targets may
+    then also be CUDA arrays (CuPy, torch CUDA tensors: anything with `__cuda_array_interface__`),
+    copied on the device instead of uploaded; a CPU model refuses them with TypeError.
     """
 
     def __init__(self, model, loss, optimizer, schedule=None, clip_grad_norm=None, check_finite=False, seed=0,

@@ -158,7 +158,7 @@ class TREADLE_API Model {
   void host_access() const {
     if (device_) device_to_host(true);
   }
-  void predict_on_device(const Plan& plan, std::span<void* const> inputs, const std::vector<Tensor>& outputs,
+  void predict_on_device(const Plan& plan, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
                          Context& ctx);
   struct DeviceMirror;
   struct DeviceMirrorDeleter {

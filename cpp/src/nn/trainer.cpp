@@ -49,6 +49,17 @@ Trainer::~Trainer() = default;
 
 void Trainer::check_input(const Tensor& t, const char* what) const {
   if (!t.defined()) throw_value_error("Trainer: ", what, " is undefined");
+  if (!t.is_cpu()) {  // device memory: read by a model on backend "cuda" only, and on the device
+#ifdef TREADLE_WITH_CUDA
+    if (!on_device())
+#endif
+      throw_type_error("Trainer: ", what, " is on ", device_name(t.device()), " but the model runs on the CPU (backend '",
+                       model_->backend(), "'); call model.set_backend('cuda') or pass host arrays");
+    if (options_.check_finite)
+      throw_value_error("Trainer: check_finite reads the ", what, " on the host, which is on ", device_name(t.device()),
+                        "; pass host arrays or turn check_finite off");
+    return;
+  }
   if (options_.check_finite && !tensor_finite(t)) throw_value_error("Trainer: ", what, " contains NaN or Inf");
 }
 
