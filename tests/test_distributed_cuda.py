@@ -198,7 +198,7 @@ def test_gpu_check_program_skips_without_gpu_and_its_harness_holds(cuda_mpi_bin)
     for n in (1, 2):
         rc, out = _launch(n, exe, "--backend", "eigen")
         assert rc == 0 and "FAIL" not in out, out[-4000:]
-        assert f"dp cuda checks ({n} ranks): {1 if n == 1 else 3} passed, 0 failed" in out, out
+        assert f"dp cuda checks ({n} ranks): {2 if n == 1 else 3} passed, 0 failed" in out, out
 
 
 # -- Python ----------------------------------------------------------------------------------------------

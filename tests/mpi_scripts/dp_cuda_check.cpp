@@ -1,5 +1,5 @@
 // DataParallel over models on backend "cuda", for the GPU script (tools/gpu_dp_check.sh):
-//   mpiexec -n 1 dp_cuda_check   transport "nccl" (one rank, one GPU) and "mpi"
+//   mpiexec -n 1 dp_cuda_check   transport "nccl" (one rank, one GPU) and "mpi" (MLP, BatchNorm MLP)
 //   mpiexec -n 2 dp_cuda_check   transport "mpi" with two processes sharing the GPU; "auto" must
 //                                choose "mpi" there and "nccl" must be refused on every rank
 // Each case trains a small MLP data-parallel on "cuda" for kSteps steps (shards of uneven size) and
@@ -243,6 +243,7 @@ int main(int argc, char** argv) {
                                                           : "the models are not on backend 'cuda'");
     }
     cases.push_back({"mpi_sgd", "mpi", "", false, false, BufferSync::root, {24}});
+    cases.push_back({"mpi_batchnorm_root", "mpi", "", false, true, BufferSync::root, {24}});
   } else {
     std::vector<int64_t> shards;
     for (int r = 0; r < g_size; ++r) shards.push_back(20 - 8 * (r % 2));  // uneven: 20, 12, 20, ...
