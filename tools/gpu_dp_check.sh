@@ -78,6 +78,9 @@ if timeout 300 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTREA
     -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DPython3_EXECUTABLE="$PYTHON" "${LAUNCH[@]}" >>"$LOG" 2>&1 &&
    timeout 300 cmake --build "$BUILD" -j"$JOBS" --target dp_cuda_check dp_transport_check >>"$LOG" 2>&1; then
   say "PASS build of dp_cuda_check and dp_transport_check (NCCL $NCCL, $(($(date +%s) - t0)) s)"
+elif grep -q "treadle::distributed is not built" "$LOG"; then
+  say "SKIP data-parallel checks: CMake's FindMPI did not find the MPI of $(command -v mpicc) (see dp_build.log)"
+  exit 0
 else
   say "FAIL build (NCCL $NCCL): see dp_build.log"
   tail -30 "$LOG"
