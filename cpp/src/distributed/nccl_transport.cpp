@@ -163,13 +163,17 @@ void DataParallel::allreduce_on_device(double weight) {
   ncclComm_t comm = nccl_->comm;
   ncclRedOp_t op = ncclSum;
   float w = static_cast<float>(weight);  // as the host path, which multiplies float32 gradients by float32(w)
-  if (weight != 1.0)
-    check_nccl(ncclRedOpCreatePreMulSum(&op, &w, ncclFloat, ncclScalarHostImmediate, comm),
-               "ncclRedOpCreatePreMulSum", comm);
-  const ncclResult_t rc = ncclAllReduce(d.grads, d.grads, n, ncclFloat, op, comm, static_cast<cudaStream_t>(stream));
-  if (weight != 1.0) ncclRedOpDestroy(op, comm);  // allowed once the call that used it has returned
-  model.device_written(stream, false, true);     // the update (queued next on the stream) reads them
+  const bool weighted = weight != 1.0;
+  ncclResult_t made = ncclSuccess, rc = ncclSuccess, freed = ncclSuccess;
+  if (weighted) made = ncclRedOpCreatePreMulSum(&op, &w, ncclFloat, ncclScalarHostImmediate, comm);
+  if (made == ncclSuccess) {
+    rc = ncclAllReduce(d.grads, d.grads, n, ncclFloat, op, comm, static_cast<cudaStream_t>(stream));
+    if (weighted) freed = ncclRedOpDestroy(op, comm);  // allowed once the call that used it has returned
+  }
+  model.device_written(stream, false, true);  // the update (queued next on the stream) reads them
+  check_nccl(made, "ncclRedOpCreatePreMulSum", comm);
   check_nccl(rc, "ncclAllReduce", comm);
+  check_nccl(freed, "ncclRedOpDestroy", comm);
 }
 
 void DataParallel::sync_buffers_on_device() {
