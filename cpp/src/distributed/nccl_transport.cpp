@@ -89,6 +89,29 @@ class CurrentDevice {
   int previous_ = -1;
 };
 
+// The NCCL communicator over `comm`: the root's unique id (or its failure) to every rank over MPI,
+// then every rank joins with cuda:0. Null, with `error` set, where this rank's join failed.
+ncclComm_t join_nccl(MPI_Comm comm, int rank, int size, int root, std::string& error) {
+  struct {
+    int32_t status = ncclSuccess;
+    ncclUniqueId id{};
+  } hello;
+  if (rank == root) hello.status = ncclGetUniqueId(&hello.id);
+  check_mpi_call(MPI_Bcast(&hello, sizeof hello, MPI_BYTE, root, comm), "MPI_Bcast");
+  if (hello.status != ncclSuccess)  // the same message on every rank
+    throw_runtime_error("DataParallel: ncclGetUniqueId failed on root rank ", root, ": ",
+                        ncclGetErrorString(static_cast<ncclResult_t>(hello.status)));
+  ncclComm_t nccl = nullptr;
+  ncclResult_t rc;
+  {
+    CurrentDevice on_device0;
+    rc = ncclCommInitRank(&nccl, size, hello.id, rank);
+  }
+  if (rc == ncclSuccess) return nccl;
+  error = nccl_message(rc, "ncclCommInitRank", nccl);
+  return nullptr;
+}
+
 }  // namespace
 
 struct DataParallel::Nccl {
@@ -124,32 +147,14 @@ void DataParallel::choose_transport(const std::string& requested) {
     throw_value_error("DataParallel: transport 'nccl' needs one GPU per process, but ranks ", first, " and ", second,
                       " share the GPU at PCI bus ", all[first].bus_id,
                       "; processes sharing a GPU must use transport 'mpi'");
-  // The communicator: the root's unique id (or its failure) to every rank, then all join.
-  struct {
-    int32_t status = ncclSuccess;
-    ncclUniqueId id{};
-  } hello;
-  if (rank_ == root_) hello.status = ncclGetUniqueId(&hello.id);
-  check_mpi_call(MPI_Bcast(&hello, sizeof hello, MPI_BYTE, root_, comm_), "MPI_Bcast");
-  if (hello.status != ncclSuccess)
-    throw_runtime_error("DataParallel: ncclGetUniqueId failed on root rank ", root_, ": ",
-                        ncclGetErrorString(static_cast<ncclResult_t>(hello.status)));
   auto nccl = std::unique_ptr<Nccl, NcclDeleter>(new Nccl);
-  ncclResult_t rc;
-  {
-    CurrentDevice on_device0;
-    rc = ncclCommInitRank(&nccl->comm, size_, hello.id, rank_);
-  }
-  if (rc != ncclSuccess) {
-    error = nccl_message(rc, "ncclCommInitRank", nccl->comm);
-    nccl->comm = nullptr;
-  }
+  nccl->comm = join_nccl(comm_, rank_, size_, root_, error);
   // Agree, so that no rank trains on a communicator its peers failed to join.
-  int failed = rc == ncclSuccess ? 0 : 1;
+  int failed = nccl->comm ? 0 : 1;
   check_mpi_call(MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_SUM, comm_), "MPI_Allreduce");
   if (failed) {
     if (nccl->comm) ncclCommAbort(nccl->comm), nccl->comm = nullptr;
-    throw_runtime_error(failure_message(rc == ncclSuccess ? std::string() : error, "DataParallel"));
+    throw_runtime_error(failure_message(error, "DataParallel"));
   }
   nccl_ = std::move(nccl);
   transport_ = "nccl";
