@@ -70,7 +70,9 @@ def _configure_and_build(build, options, targets, timeout):
     if shutil.which("ninja") and not os.path.exists(os.path.join(build, "CMakeCache.txt")):
         configure += ["-G", "Ninja"]
     if shutil.which("ccache"):
-        configure += ["-DCMAKE_CXX_COMPILER_LAUNCHER=ccache", "-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache"]
+        configure.append("-DCMAKE_CXX_COMPILER_LAUNCHER=ccache")
+        if "-DTREADLE_WITH_CUDA=ON" in options:
+            configure.append("-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache")
     proc = subprocess.run(configure, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, "cmake configure failed:\n" + proc.stdout[-3000:] + proc.stderr[-3000:]
     if "treadle::distributed is not built" in proc.stderr:
