@@ -225,8 +225,9 @@ void backward_kernel(const KernelArgs& a) {
 }
 
 // ---- What a bidirectional or stacked module (nn::Recurrent) puts around its layers: `concat` of
-// the two directions' outputs (and final states), its gradient `slice`, and `add` where a value
-// feeds both directions (the gradients' sum). Float32, same-shape `add` only (no broadcasting).
+// the two directions' outputs (and final states), its gradient `slice`, `slice` / `slice_backward`
+// for one layer's state out of h_n, and `add` where a value feeds both directions (the gradients'
+// sum). Float32, same-shape `add` only (no broadcasting). Plain stream-ordered copies: capturable.
 
 bool all_f32(const Graph& g, const Node& node) {
   for (int v : node.inputs)
@@ -280,6 +281,16 @@ void slice_kernel(const KernelArgs& a) {
             stream_of(a));
 }
 
+// dx zero, then dy into [start, stop) along the axis: the gradient of a slice (h_n of one direction).
+void slice_backward_kernel(const KernelArgs& a) {
+  const int axis = static_cast<int>(a.attrs().i("axis"));
+  const AxisView out = axis_view(*a.out[0].shape, axis);
+  const int64_t start = a.attrs().i("start"), len = a.attrs().i("stop") - start;
+  fill_zero_async(out_f(a), static_cast<std::size_t>(a.out[0].numel) * sizeof(float), stream_of(a));
+  copy_rows(out_f(a) + start * out.inner, out.len * out.inner, in_f(a, 0), len * out.inner, len * out.inner, out.outer,
+            stream_of(a));
+}
+
 bool accepts_add(const Graph& g, const Node& node) {
   return all_f32(g, node) && shape_of(g, node.inputs[0]) == shape_of(g, node.inputs[1]);
 }
@@ -302,6 +313,7 @@ std::vector<OpEntry> rnn_op_entries() {
   }
   entries.push_back({"concat", &all_f32, nullptr, &concat_kernel});
   entries.push_back({"slice", &all_f32, nullptr, &slice_kernel});
+  entries.push_back({"slice_backward", &all_f32, nullptr, &slice_backward_kernel});
   entries.push_back({"add", &accepts_add, nullptr, &add_kernel});
   return entries;
 }
