@@ -5,6 +5,7 @@
 // with host memory bound.
 #include <cstring>
 #include <memory>
+#include <sstream>
 #include <string>
 
 #include "backends/cuda/cuda_backend.hpp"
@@ -123,6 +124,49 @@ std::vector<int64_t> labels(std::mt19937_64& rng, int64_t n) {
 }
 
 // ---- host-side checks
+// Nodes of `op` in a plan, and how many of them are reversed layers / take sequence lengths.
+struct OpCount {
+  int nodes = 0, reversed = 0, with_lengths = 0;
+};
+
+// The op names come from describe_plan's lines ("<node> <op> [<backend>] ..."): the registry is
+// internal to libtreadle.
+OpCount count_op(const Plan& plan, const std::string& op) {
+  OpCount c;
+  std::istringstream lines(describe_plan(plan));
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::istringstream fields(line);
+    int id = -1;
+    std::string name;
+    if (!(fields >> id >> name) || name != op) continue;
+    const Node& node = plan.graph.nodes().at(id);
+    ++c.nodes;
+    c.reversed += node.attrs.i_or("reverse", 0) != 0;
+    for (int v : node.inputs) c.with_lengths += plan.graph.info(v).dtype == DType::i64;
+  }
+  return c;
+}
+
+// What the two recurrent models' training plans hold (so that getting past the coverage pass on
+// "cuda" means covering these): reversed layers, lengths, concat, slice, slice_backward, add.
+std::string recurrent_plans_hold(const Loss& loss) {
+  auto bi = bidirectional_lstm(1)->plan(training_key("eigen", loss, kBiLstmInput), &loss);
+  const OpCount l = count_op(*bi, "lstm_layer"), lb = count_op(*bi, "lstm_layer_backward");
+  expect(l.nodes == 4 && l.reversed == 2 && lb.nodes == 4 && lb.reversed == 2, "bidirectional LSTM: ", l.nodes,
+         " layers (", l.reversed, " reversed), ", lb.nodes, " backward (", lb.reversed, " reversed)");
+  expect(count_op(*bi, "concat").nodes >= 1 && count_op(*bi, "slice").nodes >= 2 && count_op(*bi, "add").nodes >= 2,
+         "bidirectional LSTM: expected concat, slice and add nodes");
+  auto var = variable_length_gru(1)->plan(key_with_lengths("eigen", loss, kVarGruInput), &loss);
+  const OpCount g = count_op(*var, "gru_layer"), gb = count_op(*var, "gru_layer_backward");
+  expect(g.nodes == 2 && g.reversed == 1 && g.with_lengths == 2 && gb.nodes == 2 && gb.with_lengths == 2,
+         "variable-length GRU: ", g.nodes, " layers (", g.reversed, " reversed, ", g.with_lengths, " with lengths), ",
+         gb.nodes, " backward (", gb.with_lengths, " with lengths)");
+  expect(count_op(*var, "slice_backward").nodes == 2, "variable-length GRU: expected 2 slice_backward nodes");
+  return "; the recurrent plans hold 4 LSTM layers (2 reversed), 2 GRU layers with lengths (1 reversed), concat, "
+         "slice, slice_backward, add";
+}
+
 // Kernel coverage is checked for every node before the device is required, so reaching the
 // missing-device error shows that every node of both training plans has a CUDA kernel.
 std::string cuda_plan_without_device() {
@@ -143,7 +187,8 @@ std::string cuda_plan_without_device() {
                            [&] { variable_length_gru(1)->plan(key_with_lengths("cuda", loss, kVarGruInput), &loss); },
                            "plan: backend 'cuda' needs a CUDA device for cuda:0");
   return expect_throw<ValueError>("mlp on cuda", [&] { mlp(1)->plan(training_key("cuda", loss), &loss); },
-                                  "plan: backend 'cuda' needs a CUDA device for cuda:0");
+                                  "plan: backend 'cuda' needs a CUDA device for cuda:0") +
+         recurrent_plans_hold(loss);
 }
 
 // Checked before the device is needed, so the same error with and without one.

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "backends/cuda/cuda_graph.hpp"
+#include "backends/cuda/cuda_kernels.hpp"
 #include "backends/cuda/cudnn_rnn.hpp"
 #include "test_cuda_cudnn.hpp"
 
@@ -207,7 +208,9 @@ struct RnnBuffers {
         reserve(env.alloc.buffer(std::max<std::size_t>(rnn.reserve_bytes(), 256), env.s())) {
     if (!lengths.empty()) host_lengths = lengths;
   }
-  RnnLengths lengths() const { return host_lengths.empty() ? RnnLengths{} : RnnLengths{host_lengths.data(), len.get()}; }
+  RnnLengths lengths() const {
+    return host_lengths.empty() ? RnnLengths{} : RnnLengths{host_lengths.data(), len.get()};
+  }
   DeviceArray<float> x, w_ih, w_hh, dy, b_ih, b_hh, h0, c0, dh_n, dc_n, y, h_n, c_n, dx, dh0, dc0, dw_ih, dw_hh, db_ih,
       db_hh;
   DeviceArray<int32_t> len;
@@ -253,7 +256,8 @@ double check_rnn(Env& env, cudnnHandle_t dnn, const RnnCase& k) {
   // Packing then unpacking the weights themselves must give them back bit for bit.
   rnn.unpack_weight_grads(dnn, b.space.data(), b.dw_ih.get(), b.dw_hh.get(), c.bias ? b.db_ih.get() : nullptr,
                           c.bias ? b.db_hh.get() : nullptr);
-  expect(b.dw_ih.download() == d.w_ih && b.dw_hh.download() == d.w_hh, k.name, ": weight pack/unpack round trip differs");
+  expect(b.dw_ih.download() == d.w_ih && b.dw_hh.download() == d.w_hh, k.name,
+         ": weight pack/unpack round trip differs");
   run_layer(dnn, rnn, d, b, false);
   const RnnRef r = rnn_reference(c, d, lengths);
   const std::string what = detail::concat(rnn_cell_name(c.cell), " ", k.name);
@@ -337,8 +341,9 @@ std::string rnn_graph_capture(Env& env) {
   CudnnHandle dnn(env.s());
   std::string detail;
   double worst = 0;
-  for (const RnnCase& k : {RnnCase{"reversed LSTM", rnn_cfg(RnnCell::lstm, 6, 4, 8, 16, false, true, kRev), true, 0},
-                           RnnCase{"lengths GRU", rnn_cfg(RnnCell::gru, 6, 4, 8, 16, true, true, false, kVar), true, 0}}) {
+  const RnnCase cases[] = {{"reversed LSTM", rnn_cfg(RnnCell::lstm, 6, 4, 8, 16, false, true, kRev), true, 0},
+                           {"lengths GRU", rnn_cfg(RnnCell::gru, 6, 4, 8, 16, true, true, false, kVar), true, 0}};
+  for (const RnnCase& k : cases) {
     const RnnConfig& c = k.c;
     RnnData d = make_data(env, c, true);
     const std::vector<int32_t> lengths = case_lengths(c);
@@ -389,7 +394,25 @@ std::string rnn_validation() {
                            "rnn_cudnn: x (T, N, F) (65536, 1024, 64, 1) has more than 2^31 - 1 elements");
   expect_throw<ValueError>("handle", [] { CudnnRnn(nullptr, rnn_cfg(RnnCell::lstm, 5, 2, 3, 4, false, true)); },
                            "rnn_cudnn: null cuDNN handle");
-  return "sizes, 32-bit limits, null handle";
+  // The sequence kernels check their arguments before any launch.
+  float buf[4] = {};
+  expect_throw<ValueError>("sequence_copy sizes",
+                           [&] { sequence_copy(buf, buf + 2, 0, 1, 1, nullptr, false, true, nullptr); },
+                           "sequence_copy: expected T, N, W >= 1, got (0, 1, 1)");
+  expect_throw<ValueError>("sequence_copy in place",
+                           [&] { sequence_copy(buf, buf, 1, 1, 1, nullptr, false, true, nullptr); },
+                           "sequence_copy: src and dst must not overlap");
+  expect_throw<ValueError>("sequence_copy null",
+                           [&] { sequence_copy(nullptr, buf, 1, 1, 1, nullptr, true, false, nullptr); },
+                           "sequence_copy: null device pointer");
+  expect_throw<ValueError>("zero padding without lengths",
+                           [&] { sequence_zero_padding(buf, 2, 2, 1, nullptr, false, nullptr); },
+                           "sequence_zero_padding: null device pointer");
+  int64_t l64 = 1;
+  int32_t l32 = 0;
+  expect_throw<ValueError>("lengths_to_int32", [&] { lengths_to_int32(&l64, &l32, 0, nullptr); },
+                           "lengths_to_int32: expected n >= 1, got 0");
+  return "sizes, 32-bit limits, null handle; sequence kernels' arguments";
 }
 
 void add_rnn_tests(std::vector<TestCase>& out) {
