@@ -298,6 +298,7 @@ bool accepts_add(const Graph& g, const Node& node) {
 // y = a, then y += b (the plan never gives `add` its output in place of an input).
 void add_kernel(const KernelArgs& a) {
   const int64_t n = a.out[0].numel;
+  if (n == 0) return;
   copy_device_to_device_async(out_f(a), in_f(a, 0), static_cast<std::size_t>(n) * sizeof(float), stream_of(a));
   add_into(out_f(a), in_f(a, 1), n, stream_of(a));
 }
