@@ -10,7 +10,9 @@
 // from the host and every call can be captured in a CUDA graph. A layer built with
 // `variable_lengths` may be given per-call lengths in [1, T] (cuDNN's padded layouts): y is zero
 // past each length, h_n / c_n are the states after each sequence's last valid step, dy past a
-// length is ignored and dx is zero there, as the core's `lengths` input defines them.
+// length is ignored and dx is zero there, as the core's `lengths` input defines them. The caller
+// gives them on the host (descriptors) and on the device; the layer copies neither, so these calls
+// can be captured too, with the lengths then frozen into the graph.
 // `reverse` (the core's attribute, a bidirectional module's second half): each sequence runs from
 // its last valid step back to step 0. cuDNN has no such single direction; the layer reverses each
 // sequence within its length into the workspace (sequence_copy), runs the forward direction on it
