@@ -12,7 +12,7 @@
 // past each length, h_n / c_n are the states after each sequence's last valid step, dy past a
 // length is ignored and dx is zero there, as the core's `lengths` input defines them. The caller
 // gives them on the host (descriptors) and on the device; the layer copies neither, so these calls
-// can be captured too, with the lengths then frozen into the graph.
+// can be captured too; the host lengths are then frozen into the graph (replay with the same ones).
 // `reverse` (the core's attribute, a bidirectional module's second half): each sequence runs from
 // its last valid step back to step 0. cuDNN has no such single direction; the layer reverses each
 // sequence within its length into the workspace (sequence_copy), runs the forward direction on it
