@@ -399,3 +399,32 @@ def test_training_in_fp16_follows_float32():
     np.testing.assert_allclose(scaled, f32, rtol=5e-4)
     assert not np.array_equal(scaled, h16)
     assert trainer.skipped_steps == 0 and trainer.loss_scale == 65536.0 and trainer.steps == 80
+
+
+def test_c_api_accepts_fp16():
+    """treadle_model_set_precision(model, "fp16") through the library this Python module loaded."""
+    import ctypes
+
+    libs = [line.split()[-1] for line in open("/proc/self/maps") if "libtreadle.so" in line]
+    if not libs:
+        pytest.skip("the core is linked statically into the Python module")
+    lib = ctypes.CDLL(libs[0])
+    lib.treadle_last_error.restype = ctypes.c_char_p
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    desc = b'{"type":"Sequential","layers":[{"type":"Linear","config":{"in_features":3,"out_features":2}}]}'
+    model, model64 = ptr(), ptr()
+    assert lib.treadle_model_from_json(desc, 0, ctypes.c_uint64(0), ctypes.byref(model)) == 0, lib.treadle_last_error()
+    x = (np.arange(12, dtype=F32).reshape(4, 3) - 5.5) / 3.7
+    shape = (ctypes.c_int64 * 2)(4, 3)
+    y32, y16 = np.zeros((4, 2), F32), np.zeros((4, 2), F32)
+    assert lib.treadle_model_predict(model, x.ctypes.data_as(ptr), 2, shape, y32.ctypes.data_as(ptr), i64(8)) == 0
+    assert lib.treadle_model_set_precision(model, b"fp16") == 0, lib.treadle_last_error()
+    assert lib.treadle_model_predict(model, x.ctypes.data_as(ptr), 2, shape, y16.ctypes.data_as(ptr), i64(8)) == 0
+    assert 0 < rel_err(y16, y32) < 3e-3
+    assert lib.treadle_model_set_precision(model, b"fp8") == 1  # TREADLE_ERROR_VALUE
+    assert b"expected 'float32', 'bf16' or 'fp16'" in lib.treadle_last_error()
+    assert lib.treadle_model_from_json(desc, 1, ctypes.c_uint64(0), ctypes.byref(model64)) == 0
+    assert lib.treadle_model_set_precision(model64, b"fp16") == 2  # TREADLE_ERROR_TYPE
+    assert b"precision 'fp16' needs a float32 model" in lib.treadle_last_error()
+    lib.treadle_model_free(model)
+    lib.treadle_model_free(model64)
