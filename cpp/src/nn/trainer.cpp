@@ -156,7 +156,10 @@ double Trainer::run_loss_plan(Inputs xs, const Tensor& y, PlanMode mode) {
 
 double Trainer::step(Inputs xs, const Tensor& y) {
 #ifdef TREADLE_WITH_CUDA
-  if (options_.cuda_graph && on_device()) return device_graph_step(xs, y);
+  if (options_.cuda_graph && on_device()) {
+    if (scaler_) throw_value_error("Trainer.step: loss_scaling is not implemented for backend 'cuda' yet");
+    return device_graph_step(xs, y);
+  }
 #endif
   zero_grad();
   return finish_with_update(run_loss_plan(xs, y, PlanMode::train_loss), "Trainer.step");
