@@ -3,10 +3,35 @@
 #include <functional>
 
 #include "core/plan.hpp"
+#ifdef TREADLE_WITH_CUDA
+#include "backends/cuda/cuda_backend.hpp"
+#endif
 #include "treadle/error.hpp"
 #include "treadle/testing.hpp"
 
 namespace treadle {
+
+#ifdef TREADLE_WITH_CUDA
+namespace {
+
+// A plan compiled for "cuda": host tensors in, host tensors out (the op suite runs unchanged).
+OpRunResult run_on_device(const Plan& plan, const std::vector<Tensor>& inputs, const std::vector<Tensor>& seeds,
+                          const std::vector<Value>& outs, bool backward, uint64_t seed) {
+  std::vector<int> ids;
+  for (const Value& v : outs) ids.push_back(v.id());
+  if (backward) ids.insert(ids.end(), plan.input_grads.begin(), plan.input_grads.end());
+  Context ctx(nullptr, seed);
+  std::vector<Tensor> got = cuda::run_on_device(plan, ctx, inputs, seeds, ids);
+  OpRunResult result;
+  result.plan = plan.describe();
+  result.outputs.assign(got.begin(), got.begin() + static_cast<std::ptrdiff_t>(outs.size()));
+  result.input_grads.assign(got.begin() + static_cast<std::ptrdiff_t>(outs.size()), got.end());
+  if (!backward) result.input_grads.resize(inputs.size());
+  return result;
+}
+
+}  // namespace
+#endif
 
 OpRunResult run_op(const std::string& op, const std::vector<Tensor>& inputs, const Attrs& attrs,
                    const std::vector<Tensor>& grad_outputs, const std::string& backend, bool training,
@@ -45,6 +70,9 @@ OpRunResult run_op(const std::string& op, const std::vector<Tensor>& inputs, con
     plan.input_grads = build_backward(g, plan.forward_end, seeds, plan.inputs);
   }
   plan.finalize({}, backend);
+#ifdef TREADLE_WITH_CUDA
+  if (plan.device().kind == DeviceKind::cuda) return run_on_device(plan, held, seed_tensors, outs, backward, seed);
+#endif
 
   ChunkingExecutor chunking(workers);
   Context ctx(workers > 1 ? &chunking : nullptr, seed);
