@@ -23,20 +23,20 @@ inline constexpr const char* kPrecisionAttr = "precision";
 // How a node's product reads its two matrix operands.
 enum class OperandRounding : uint8_t { none, bf16, fp16 };
 
-inline OperandRounding operand_rounding(const Attrs& attrs) {
+inline OperandRounding rounding_of(const Attrs& attrs) {
   if (!attrs.has(kPrecisionAttr)) return OperandRounding::none;
   const std::string& p = attrs.s(kPrecisionAttr);
   return p == "bf16" ? OperandRounding::bf16 : p == "fp16" ? OperandRounding::fp16 : OperandRounding::none;
 }
 
 // True when the node computes its product from bf16-rounded operands.
-inline bool is_bf16_compute(const Attrs& attrs) { return operand_rounding(attrs) == OperandRounding::bf16; }
+inline bool is_bf16_compute(const Attrs& attrs) { return rounding_of(attrs) == OperandRounding::bf16; }
 // True when the node computes its product from fp16-rounded operands.
-inline bool is_fp16_compute(const Attrs& attrs) { return operand_rounding(attrs) == OperandRounding::fp16; }
+inline bool is_fp16_compute(const Attrs& attrs) { return rounding_of(attrs) == OperandRounding::fp16; }
 // True for either mixed precision: the reference path rounds copies of the operands.
-inline bool has_rounded_operands(const Attrs& attrs) { return operand_rounding(attrs) != OperandRounding::none; }
+inline bool has_rounded_operands(const Attrs& attrs) { return rounding_of(attrs) != OperandRounding::none; }
 // "bf16", "fp16", or nullptr for a float32 product (plan listings).
-inline const char* rounding_name(OperandRounding r) {
+inline const char* rounding_label(OperandRounding r) {
   return r == OperandRounding::bf16 ? "bf16" : r == OperandRounding::fp16 ? "fp16" : nullptr;
 }
 

@@ -18,7 +18,7 @@ std::pair<const T*, const T*> product_operands(const KernelArgs& a) {
   const T* p0 = a.in[0].ptr<T>();
   const T* p1 = a.in[1].ptr<T>();
   if constexpr (std::is_same_v<T, float>) {
-    const OperandRounding rounding = operand_rounding(a.attrs());
+    const OperandRounding rounding = rounding_of(a.attrs());
     if (rounding != OperandRounding::none) {
       float* c0 = static_cast<float*>(a.workspace);
       char* ws = static_cast<char*>(a.workspace);
