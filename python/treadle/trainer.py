@@ -88,7 +88,8 @@ class Trainer:
         self._native.zero_grad()
 
     def update(self):
-        """Gradient clipping (if set) and one optimizer step at the scheduled learning rate."""
+        """Gradient clipping (if set) and one optimizer step at the scheduled learning rate. With
+        loss scaling the gradients are unscaled first, and a non-finite one skips the step."""
         self._native.update()
 
     def begin_step(self, x, y, depth=1):
