@@ -112,6 +112,8 @@ class DataParallel:
         items.append(("optimizer state", tuple((k, v.size) for k, v in sorted(opt.state().items()))))
         items.append(("schedule", repr(self.trainer.schedule)))
         items.append(("clip_grad_norm", self.trainer._native.clip_grad_norm))
+        s = self.trainer._native.loss_scaling
+        items.append(("loss scaling", (s.mode, s.init_scale, s.growth_factor, s.backoff_factor, s.growth_interval)))
         return items
 
     def _non_trained_index(self):
@@ -165,6 +167,10 @@ class DataParallel:
             comm.Bcast(state[name], root=root)
         step_count = comm.bcast(opt.step_count, root=root)
         opt.load_state(state, step_count)
+        # The dynamic loss scale: every rank then takes the same skip decisions on the summed gradients.
+        native = self.trainer._native
+        scale, tracker = comm.bcast((native.loss_scale, native.loss_scale_growth_tracker), root=root)
+        native.set_loss_scale_state(scale, tracker)
 
     # -- stepping ---------------------------------------------------------------------------------
     def step(self, x, y):

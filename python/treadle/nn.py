@@ -207,8 +207,10 @@ class Module:
         self._compiled().fusion = bool(on)
 
     def set_precision(self, name):
-        """Compute precision of the matrix products: "float32" (default) or "bf16" (operands rounded
-        to bfloat16, float32 accumulation; parameters stay float32). Float32 models only."""
+        """Compute precision of the matrix products and convolutions: "float32" (default), "bf16" or
+        "fp16" (operands rounded to bfloat16 or IEEE half, float32 accumulation; parameters stay
+        float32). Float32 models only. Training in fp16 usually needs loss scaling
+        (``tl.Trainer(..., loss_scale="dynamic")``)."""
         self._compiled().set_precision(name)
         return self
 

@@ -71,6 +71,12 @@ Items setup_items(Trainer& t, BufferSync buffers, const std::string& transport) 
   clip.precision(17);
   clip << t.options().clip_grad_norm;
   items.emplace_back("clip_grad_norm", clip.str());
+  const LossScaling& ls = t.options().loss_scaling;
+  std::ostringstream scaling;
+  scaling.precision(17);
+  scaling << static_cast<int>(ls.mode) << " " << ls.init_scale << " " << ls.growth_factor << " " << ls.backoff_factor
+          << " " << ls.growth_interval;
+  items.emplace_back("loss scaling", scaling.str());
   items.emplace_back("buffers", buffer_sync_name(buffers));
   items.emplace_back("transport", transport);
   return items;
@@ -277,6 +283,12 @@ void DataParallel::broadcast_state() {
   int64_t steps = opt.step_count();
   check_mpi(MPI_Bcast(&steps, 1, MPI_INT64_T, root_, comm_), "MPI_Bcast");
   opt.set_step_count(steps);
+  // The dynamic loss scale: every rank then takes the same skip decisions on the summed gradients.
+  double scale = trainer_.loss_scale();
+  int64_t tracker = trainer_.loss_scale_growth_tracker();
+  check_mpi(MPI_Bcast(&scale, 1, MPI_DOUBLE, root_, comm_), "MPI_Bcast");
+  check_mpi(MPI_Bcast(&tracker, 1, MPI_INT64_T, root_, comm_), "MPI_Bcast");
+  trainer_.set_loss_scale_state(scale, tracker);
 }
 
 double DataParallel::step(const Tensor& x, const Tensor& y) {
