@@ -227,6 +227,9 @@ class TREADLE_API Trainer {
   DeviceStep& device_step();
   double run_device_loss_plan(const Plan& p, Inputs xs, const Tensor& y, PlanMode mode);
   double device_graph_step(Inputs xs, const Tensor& y);
+  // Loss scaling on the device: unscales the n gradients in place and applies the host rule to the
+  // non-finite flag read back; false when the update is to be skipped.
+  bool device_unscale_and_check(float* grads, int64_t n, void* stream);
   void device_update();
   // Copies the optimizer's device-newer state back; `will_write`: upload it before the next update.
   void device_optimizer_to_host(bool will_write);

@@ -139,10 +139,7 @@ double Trainer::run_loss_plan(Inputs xs, const Tensor& y, PlanMode mode) {
   const ValueInfo& out = p->graph.info(p->outputs.at(0));
   loss_.check_target(out.shape, out.dtype, y);  // e.g. class indices in range, before any compute
 #ifdef TREADLE_WITH_CUDA
-  if (p->device().kind == DeviceKind::cuda) {
-    if (scaler_) throw_value_error("Trainer: loss_scaling is not implemented for backend 'cuda' yet");
-    return run_device_loss_plan(*p, xs, y, mode);
-  }
+  if (p->device().kind == DeviceKind::cuda) return run_device_loss_plan(*p, xs, y, mode);
 #endif
   std::array<Tensor, kMaxInputs> x_copies;  // only for non-contiguous inputs
   std::array<void*, kMaxInputs> in_ptr{};
@@ -167,10 +164,7 @@ double Trainer::run_loss_plan(Inputs xs, const Tensor& y, PlanMode mode) {
 
 double Trainer::step(Inputs xs, const Tensor& y) {
 #ifdef TREADLE_WITH_CUDA
-  if (options_.cuda_graph && on_device()) {
-    if (scaler_) throw_value_error("Trainer.step: loss_scaling is not implemented for backend 'cuda' yet");
-    return device_graph_step(xs, y);
-  }
+  if (options_.cuda_graph && on_device()) return device_graph_step(xs, y);
 #endif
   zero_grad();
   return finish_with_update(run_loss_plan(xs, y, PlanMode::train_loss), "Trainer.step");
@@ -307,7 +301,6 @@ void Trainer::update() {
                      model_->num_trainable(), " trainable values) since the optimizer was bound (",
                      dtype_name(optimizer_->dtype()), ", ", optimizer_->numel(), "); create a new optimizer");
 #ifdef TREADLE_WITH_CUDA
-  if (on_device() && scaler_) throw_value_error("Trainer.update: loss_scaling is not implemented for backend 'cuda' yet");
   if (on_device()) return device_update();
   if (device_) device_optimizer_to_host(true);  // back from the device: the host state is updated now
 #endif

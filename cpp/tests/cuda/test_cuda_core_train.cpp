@@ -303,6 +303,45 @@ std::string trainer_without_device() {
                                   "plan: backend 'cuda' needs a CUDA device for cuda:0");
 }
 
+// fp16 products with dynamic loss scaling whose first steps overflow (the scaled loss gradient is
+// beyond fp16's range): the device trainer skips the same steps, follows the same scales and ends
+// with the parameters of the Eigen run.
+std::string loss_scaling_vs_eigen() {
+  const Batches data = batches(5, kMlpInput, kSteps);
+  struct Run {
+    std::vector<double> losses;
+    std::vector<float> scales;
+    int64_t skipped = 0;
+    std::map<std::string, Tensor> params;
+  };
+  auto run = [&](const std::string& backend) {
+    auto model = mlp(21);
+    model->set_precision("fp16");
+    model->set_backend(backend);
+    TrainerOptions options;
+    options.loss_scaling = LossScaling::dynamic(16777216.0, 2.0, 0.5, 4);  // 2^24
+    Trainer trainer(model, loss::cross_entropy(), optim::adam({}), options);
+    Run r;
+    for (int i = 0; i < kSteps; ++i) {
+      r.losses.push_back(trainer.step(data.x[i], data.y[i]));
+      r.scales.push_back(trainer.loss_scale());
+    }
+    r.skipped = trainer.skipped_steps();
+    r.params = model->state_dict();
+    return r;
+  };
+  const Run ref = run("eigen"), dev = run("cuda");
+  expect(ref.skipped > 0 && ref.skipped < kSteps, "the reference skipped ", ref.skipped, " of ", kSteps, " steps");
+  expect(dev.skipped == ref.skipped, "skipped steps: device ", dev.skipped, ", Eigen ", ref.skipped);
+  for (int i = 0; i < kSteps; ++i)
+    expect(dev.scales[i] == ref.scales[i], "scale after step ", i + 1, ": device ", dev.scales[i], ", Eigen ",
+           ref.scales[i]);
+  std::string detail = compare("losses", std::vector<float>(dev.losses.begin(), dev.losses.end()), ref.losses, 1e-3);
+  for (const auto& [name, t] : ref.params) compare(name, floats(dev.params.at(name)), doubles(t), 1e-3);
+  return detail + "; " + std::to_string(ref.skipped) + " steps skipped on both, final scale " +
+         std::to_string(ref.scales.back());
+}
+
 std::string unsupported_on_device() {
   auto model = mlp(1);
   model->set_backend("cuda");
@@ -320,6 +359,12 @@ std::string unsupported_on_device() {
   graph.skip_nonfinite = true;
   expect_throw<ValueError>("graph + skip", [&] { Trainer(model, loss::cross_entropy(), optim::adam({}), graph); },
                            "cuda_graph replays the optimizer in the same graph as the backward pass");
+  TrainerOptions scaled_graph;
+  scaled_graph.cuda_graph = true;
+  scaled_graph.loss_scaling = LossScaling::dynamic();
+  expect_throw<ValueError>(
+      "graph + loss scaling", [&] { Trainer(model, loss::cross_entropy(), optim::adam({}), scaled_graph); },
+      "cannot wait for the non-finite check of loss scaling");
   // Host backends of a CUDA build keep every optimizer and option.
   model->set_backend("eigen");
   Trainer host(model, loss::cross_entropy(), optim::rmsprop({}), verify);
@@ -344,6 +389,7 @@ void add_core_train_device_tests(std::vector<TestCase>& out) {
   out.push_back({"core_trainer_bn_cnn_vs_eigen",
                  [](Env&) { return training_vs_eigen(batch_norm_cnn, kCnnInput, {kAdam}); }});
   out.push_back({"core_trainer_anomaly", [](Env&) { return anomaly_on_device(); }});
+  out.push_back({"core_trainer_loss_scaling_vs_eigen", [](Env&) { return loss_scaling_vs_eigen(); }});
   // Reversed layers, concat / slice / add, captured as CUDA graphs (full lengths: nothing read back).
   out.push_back({"core_trainer_bilstm_vs_eigen",
                  [](Env&) { return training_vs_eigen(bidirectional_lstm, kBiLstmInput, {kAdam}); }});

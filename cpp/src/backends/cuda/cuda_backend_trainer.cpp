@@ -21,7 +21,9 @@
 #include "backends/cuda/cuda_stream.hpp"
 #include "backends/cuda/device_allocator.hpp"
 #include "backends/cuda/device_copy.hpp"
+#include "backends/cuda/loss_scale.hpp"
 #include "core/plan.hpp"
+#include "nn/loss_scaler.hpp"
 #include "treadle/error.hpp"
 #include "treadle/trainer.hpp"
 
@@ -60,6 +62,7 @@ struct Trainer::DeviceStep {
   cuda::PinnedHostBuffer staging;   // the host side of `io`
   cuda::PinnedHostBuffer readback;  // the loss and a non-finite count
   cuda::DeviceBuffer stats;         // cuda::NonfiniteStats
+  cuda::DeviceBuffer scaling;       // loss scaling: the unscaling factor (float), the non-finite flag (int32)
   cuda::DeviceBuffer clip_scratch;  // clip_grad_norm: partial sums, then the coefficient and the norm
   std::vector<cuda::DeviceBuffer> state;  // in Optimizer::state() order
   std::vector<const void*> state_host;    // the host tensors they mirror
@@ -201,8 +204,9 @@ void enqueue_accumulate(const Plan& p, Context& ctx, const Bindings& b, void* gr
                    static_cast<const float*>(p.address(ctx, b, value)), shape_numel(p.graph.info(value).shape), s);
 }
 
-Bindings device_bindings(void* params, std::span<void* const> inputs, void* const* target) {
-  Bindings b{params, inputs, std::span<void* const>(target, 1), {}};
+// `seed`: the loss gradient's seed (loss scaling: the scale, on the device), or null for 1.
+Bindings device_bindings(void* params, std::span<void* const> inputs, void* const* target, void* const* seed = nullptr) {
+  Bindings b{params, inputs, std::span<void* const>(target, 1), std::span<void* const>(seed, seed ? 1 : 0)};
   b.device = cuda::kTrainDevice;
   return b;
 }
@@ -225,6 +229,10 @@ void Trainer::check_device_support(const char* who) const {
   if (options_.verify_parameters)
     throw_value_error(who, ": verify_parameters is not implemented for backend 'cuda' on ",
                       device_name(cuda::kTrainDevice), " (the checksums are taken on the host)");
+  if (options_.cuda_graph && options_.loss_scaling.mode != LossScaling::Mode::off)
+    throw_value_error(who, ": cuda_graph replays the optimizer in the same graph as the backward pass, so the ",
+                      "update cannot wait for the non-finite check of loss scaling; turn loss_scaling or ",
+                      "cuda_graph off");
   if (options_.cuda_graph && (options_.skip_nonfinite || options_.check_finite))
     throw_value_error(who, ": cuda_graph replays the optimizer in the same graph as the backward pass, so the ",
                       "update cannot wait for the loss or gradients read back (skip_nonfinite ",
@@ -258,8 +266,13 @@ double Trainer::run_device_loss_plan(const Plan& p, Inputs xs, const Tensor& y, 
   const cudaStream_t s = static_cast<cudaStream_t>(ctx_.cuda_stream());
   const Model::DeviceBuffers mb = model_->device_buffers(s);
   if (!d.stats.data()) d.stats = d.alloc.buffer(sizeof(cuda::NonfiniteStats), s);
-  const DeviceStep::Slots slots = d.upload(xs, y, nullptr, 0, s);
-  const Bindings b = device_bindings(mb.params, {slots.inputs.data(), xs.size()}, &slots.target);
+  // Loss scaling seeds the backward with the scale: it travels in the (otherwise unused) coefficient
+  // slot of the step's one upload.
+  const float seed = loss_scale();
+  const bool seeded = !p.seeds.empty();
+  const DeviceStep::Slots slots = d.upload(xs, y, seeded ? &seed : nullptr, seeded ? sizeof seed : 0, s);
+  const Bindings b = device_bindings(mb.params, {slots.inputs.data(), xs.size()}, &slots.target,
+                                     seeded ? &slots.coefficients : nullptr);
 
   pending_.reset();  // this run reuses the context's activation memory: a pending backward is void
   end_tasked_step();
@@ -288,6 +301,10 @@ void Trainer::device_update() {
   auto* p = static_cast<float*>(mb.params);
   const auto* g = static_cast<const float*>(mb.grads);
   const int64_t n = model_->num_trainable();
+  if (scaler_ && !device_unscale_and_check(static_cast<float*>(mb.grads), n, s)) {
+    model_->device_written(s, false, true);
+    return;
+  }
   if (options_.skip_nonfinite) {  // all gradients finite <=> the host's finite global norm, for float32
     cuda::nonfinite_stats(g, n, d.stats.ptr<cuda::NonfiniteStats>(), s);
     auto* count = d.readback.ptr<unsigned long long>() + 1;
@@ -307,6 +324,29 @@ void Trainer::device_update() {
   optimizer_->set_step_count(t);
   d.state_at = DeviceStep::Side::device;
   model_->device_written(s, true, false);
+}
+
+// Loss scaling on the device: the gradients multiplied by the host scaler's 1/scale in place, the
+// non-finite flag read back (the update waits for it anyway), and the host rule deciding; a skipped
+// step leaves the unscaled gradients, as the host path does.
+bool Trainer::device_unscale_and_check(float* grads, int64_t n, void* stream) {
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  DeviceStep& d = *device_;
+  if (!d.scaling.data()) d.scaling = d.alloc.buffer(2 * sizeof(float), s);
+  auto* inv = d.scaling.ptr<float>();
+  auto* flag = reinterpret_cast<int32_t*>(inv + 1);
+  auto* staged = reinterpret_cast<char*>(d.readback.data()) + 32;  // after the loss and the count
+  const float inv_scale = scaler_->inv_scale();
+  std::memcpy(staged, &inv_scale, sizeof inv_scale);
+  cuda::copy_to_device_async(inv, staged, sizeof inv_scale, s);
+  cuda::clear_nonfinite_flag(flag, s);
+  cuda::scale_gradients(grads, grads, n, inv, cuda::ScaleDirection::multiply, flag, s);
+  auto* found = reinterpret_cast<int32_t*>(staged + 8);
+  cuda::copy_to_host_async(found, flag, sizeof *found, s);
+  TREADLE_CUDA_CHECK(cudaStreamSynchronize(s));
+  if (scaler_->update(*found != 0)) return true;
+  ++skipped_;
+  return false;
 }
 
 // step() as one graph launch. The first step of a signature runs as launched kernels: it creates
