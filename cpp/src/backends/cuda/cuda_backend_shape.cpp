@@ -1,0 +1,182 @@
+// Op adapters of the CUDA backend for shape, attention-building and embedding ops
+// (shape_kernels.hpp, lt_bmm.hpp):
+//   slice, slice_backward, concat, permute -> copy kernels, any dtype (they only move elements)
+//   bmm                                    -> LtBmm (strided-batched cuBLASLt, f32 or bf16 operands)
+//   causal_mask                            -> a fill (float32)
+//   embedding, embedding_backward          -> a row gather, and a per-row gather of the gradient
+//                                             (float32 table, int64 or int32 indices)
+// reshape and flatten never reach a backend: the plan makes them views of their input
+// (OpDef::view_of) and runs no kernel for them.
+#include <memory>
+#include <string>
+
+#include "backends/cuda/cuda_backend_ops.hpp"
+#include "backends/cuda/lt_bmm.hpp"
+#include "backends/cuda/shape_kernels.hpp"
+#include "core/op_registry.hpp"
+#include "ops/precision.hpp"
+
+namespace treadle::cuda {
+namespace {
+
+bool float32_node(const Graph& g, const Node& node) {
+  for (const std::vector<int>* list : {&node.inputs, &node.outputs})
+    for (int v : *list)
+      if (is_floating(g.info(v).dtype) && g.info(v).dtype != DType::f32) return false;
+  return !node.outputs.empty() && shape_numel(shape_of(g, node.outputs[0])) > 0;
+}
+
+template <typename T>
+PreparedNode with_state(std::shared_ptr<T> state, std::size_t workspace = 0) {
+  PreparedNode p;
+  p.state = std::move(state);
+  p.workspace = workspace;
+  return p;
+}
+
+template <typename T>
+const T& state_of(const KernelArgs& a) {
+  return *static_cast<const T*>(a.state);
+}
+
+std::size_t element_bytes(const TensorRef& t) { return dtype_size(t.dtype); }
+
+// ---- slice / slice_backward / concat: (outer, axis, inner) around attribute "axis" of `s`.
+struct AxisView {
+  int64_t outer = 1, inner = 1;
+  int axis = 0;
+};
+
+AxisView axis_view(const Shape& s, int axis) {
+  AxisView v;
+  v.axis = axis;
+  for (int d = 0; d < static_cast<int>(s.size()); ++d) {
+    if (d < axis) v.outer *= s[d];
+    if (d > axis) v.inner *= s[d];
+  }
+  return v;
+}
+
+// Copies move bytes of every dtype, empty tensors included (the kernels then do nothing).
+bool accepts_copy(const Graph&, const Node&) { return true; }
+
+PreparedNode prepare_axis_view(const Graph& g, const Node& node) {
+  // slice_backward's full shape is its output; slice's and concat's come from input 0 / the output.
+  const bool backward = op_name(node) == "slice_backward";
+  const Shape& s = shape_of(g, backward ? node.outputs[0] : node.inputs[0]);
+  return with_state(std::make_shared<AxisView>(axis_view(s, static_cast<int>(node.attrs.i("axis")))));
+}
+
+void slice_kernel(const KernelArgs& a) {
+  const AxisView& v = state_of<AxisView>(a);
+  slice_copy(a.in[0].data, a.out[0].data, v.outer, a.in[0].dim(v.axis), v.inner, a.attrs().i("start"),
+             a.out[0].dim(v.axis), element_bytes(a.in[0]), stream_of(a));
+}
+
+void slice_backward_kernel(const KernelArgs& a) {
+  const AxisView& v = state_of<AxisView>(a);
+  slice_backward_copy(a.in[0].data, a.out[0].data, v.outer, a.out[0].dim(v.axis), v.inner, a.attrs().i("start"),
+                      a.in[0].dim(v.axis), element_bytes(a.in[0]), stream_of(a));
+}
+
+// One launch per input, each into its range of the output's axis.
+void concat_kernel(const KernelArgs& a) {
+  const AxisView& v = state_of<AxisView>(a);
+  const int64_t out_axis = a.out[0].dim(v.axis);
+  int64_t offset = 0;
+  for (int k = 0; k < a.num_in; ++k) {
+    const int64_t part = a.in[k].dim(v.axis);
+    concat_part(a.in[k].data, a.out[0].data, v.outer, part, v.inner, out_axis, offset, element_bytes(a.out[0]),
+                stream_of(a));
+    offset += part;
+  }
+}
+
+// ---- permute (attribute dims, non-negative after the op's check)
+bool accepts_permute(const Graph& g, const Node& node) {
+  return shape_of(g, node.inputs[0]).size() <= static_cast<std::size_t>(kMaxPermuteDims);
+}
+
+PreparedNode prepare_permute(const Graph& g, const Node& node) {
+  const Shape& x = shape_of(g, node.inputs[0]);
+  const std::vector<int64_t>& dims = node.attrs.ints("dims");
+  const int nd = static_cast<int>(x.size());
+  int64_t strides[kMaxPermuteDims] = {};  // x's row-major strides
+  int64_t stride = 1;
+  for (int d = nd - 1; d >= 0; --d) {
+    strides[d] = stride;
+    stride *= x[d];
+  }
+  auto p = std::make_shared<PermuteShape>();
+  p->ndim = nd;
+  for (int k = 0; k < nd; ++k) {
+    p->out_dims[k] = x[dims[k]];
+    p->in_strides[k] = strides[dims[k]];
+  }
+  return with_state(std::move(p));
+}
+
+void permute_kernel(const KernelArgs& a) {
+  permute_copy(a.in[0].data, a.out[0].data, state_of<PermuteShape>(a), a.out[0].numel, element_bytes(a.in[0]),
+               stream_of(a));
+}
+
+// ---- causal_mask (no inputs; float32 output)
+bool accepts_causal_mask(const Graph& g, const Node& node) {
+  return g.info(node.outputs[0]).dtype == DType::f32;
+}
+
+void causal_mask_kernel(const KernelArgs& a) { causal_mask_fill(out_f(a), a.out[0].dim(0), a.out[0].dim(1), stream_of(a)); }
+
+// ---- bmm: a (B, ., .), b (B, ., .) -> c (B, M, N), precision "bf16" as exact bf16 operands
+PreparedNode prepare_bmm(const Graph& g, const Node& node) {
+  const Shape &a = shape_of(g, node.inputs[0]), &b = shape_of(g, node.inputs[1]);
+  BmmConfig c;
+  c.trans_a = node.attrs.i_or("trans_a", 0) != 0;
+  c.trans_b = node.attrs.i_or("trans_b", 0) != 0;
+  c.batch = a[0];
+  c.m = c.trans_a ? a[2] : a[1];
+  c.k = c.trans_a ? a[1] : a[2];
+  c.n = c.trans_b ? b[1] : b[2];
+  c.math = is_bf16_compute(node.attrs) ? MathMode::bf16_operands : MathMode::f32;
+  auto s = std::make_shared<LtBmm>(lt_handle(), c);
+  const std::size_t ws = s->workspace_bytes();
+  return with_state(std::move(s), ws);
+}
+
+void bmm_kernel(const KernelArgs& a) {
+  state_of<LtBmm>(a).run(in_f(a, 0), in_f(a, 1), out_f(a), a.workspace, stream_of(a));
+}
+
+// ---- embedding: (weight (num, dim), indices) -> y; embedding_backward: (dy, indices) -> dweight
+bool accepts_embedding(const Graph& g, const Node& node) {
+  const DType idx = g.info(node.inputs[1]).dtype;
+  return float32_node(g, node) && (idx == DType::i64 || idx == DType::i32);
+}
+
+void embedding_kernel(const KernelArgs& a) {
+  embedding_forward(in_f(a, 0), a.in[1].data, a.in[1].dtype == DType::i64, out_f(a), a.in[1].numel, a.in[0].dim(0),
+                    a.in[0].dim(1), stream_of(a));
+}
+
+void embedding_backward_kernel(const KernelArgs& a) {
+  embedding_backward(in_f(a, 0), a.in[1].data, a.in[1].dtype == DType::i64, out_f(a), a.in[1].numel, a.out[0].dim(0),
+                     a.out[0].dim(1), a.attrs().i_or("padding_idx", -1), stream_of(a));
+}
+
+}  // namespace
+
+std::vector<OpEntry> shape_op_entries() {
+  return {
+      {"slice", accepts_copy, prepare_axis_view, slice_kernel},
+      {"slice_backward", accepts_copy, prepare_axis_view, slice_backward_kernel},
+      {"concat", accepts_copy, prepare_axis_view, concat_kernel},
+      {"permute", accepts_permute, prepare_permute, permute_kernel},
+      {"causal_mask", accepts_causal_mask, nullptr, causal_mask_kernel},
+      {"bmm", float32_node, prepare_bmm, bmm_kernel, false},
+      {"embedding", accepts_embedding, nullptr, embedding_kernel},
+      {"embedding_backward", accepts_embedding, nullptr, embedding_backward_kernel},
+  };
+}
+
+}  // namespace treadle::cuda
