@@ -5,6 +5,8 @@
 //   causal_mask                            -> a fill (float32)
 //   embedding, embedding_backward          -> a row gather, and a per-row gather of the gradient
 //                                             (float32 table, int64 or int32 indices)
+//   adaptive_avg_pool[_backward], upsample2d[_backward], output_transform[_backward]
+//                                          -> resample_kernels.hpp (float32)
 // reshape and flatten never reach a backend: the plan makes them views of their input
 // (OpDef::view_of) and runs no kernel for them.
 #include <memory>
@@ -12,6 +14,7 @@
 
 #include "backends/cuda/cuda_backend_ops.hpp"
 #include "backends/cuda/lt_bmm.hpp"
+#include "backends/cuda/resample_kernels.hpp"
 #include "backends/cuda/shape_kernels.hpp"
 #include "core/op_registry.hpp"
 #include "ops/precision.hpp"
@@ -164,6 +167,87 @@ void embedding_backward_kernel(const KernelArgs& a) {
                      a.out[0].dim(1), a.attrs().i_or("padding_idx", -1), stream_of(a));
 }
 
+// ---- adaptive_avg_pool: x (N, C, *spatial) -> y (N, C, *output_size), 1 to 3 spatial dims stored
+// as 3 with unit leading sizes; the backward's pooled input is its output.
+PreparedNode prepare_adaptive(const Graph& g, const Node& node) {
+  const bool backward = op_name(node) == "adaptive_avg_pool_backward";
+  const Shape& x = shape_of(g, backward ? node.outputs[0] : node.inputs[0]);
+  const Shape& y = shape_of(g, backward ? node.inputs[0] : node.outputs[0]);
+  auto s = std::make_shared<AdaptivePoolShape>();
+  s->planes = x[0] * x[1];
+  const int nd = static_cast<int>(x.size()) - 2;
+  for (int i = 0; i < nd; ++i) {
+    s->in[3 - nd + i] = x[2 + i];
+    s->out[3 - nd + i] = y[2 + i];
+  }
+  return with_state(std::move(s));
+}
+
+void adaptive_kernel(const KernelArgs& a) {
+  adaptive_avg_pool_forward(in_f(a, 0), out_f(a), state_of<AdaptivePoolShape>(a), stream_of(a));
+}
+
+void adaptive_backward_kernel(const KernelArgs& a) {
+  adaptive_avg_pool_backward(in_f(a, 0), out_f(a), state_of<AdaptivePoolShape>(a), stream_of(a));
+}
+
+// ---- upsample2d: x (N, C, H, W) -> (N, C, size); the backward's x is its output. The taps live in
+// the workspace.
+PreparedNode prepare_upsample(const Graph& g, const Node& node) {
+  const bool backward = op_name(node) == "upsample2d_backward";
+  const Shape& x = shape_of(g, backward ? node.outputs[0] : node.inputs[0]);
+  const Shape& size = node.attrs.ints("size");
+  auto s = std::make_shared<UpsampleShape>();
+  s->planes = x[0] * x[1];
+  s->in_h = x[2];
+  s->in_w = x[3];
+  s->out_h = size[0];
+  s->out_w = size[1];
+  s->bilinear = node.attrs.s("mode") == "bilinear";
+  s->align_corners = node.attrs.i_or("align_corners", 0) != 0;
+  s->scale_h = node.attrs.f_or("scale_h", 0.0);
+  s->scale_w = node.attrs.f_or("scale_w", 0.0);
+  const std::size_t ws = upsample_workspace_bytes(*s);
+  return with_state(std::move(s), ws);
+}
+
+void upsample_kernel(const KernelArgs& a) {
+  upsample2d_forward(in_f(a, 0), out_f(a), state_of<UpsampleShape>(a), a.workspace, stream_of(a));
+}
+
+void upsample_backward_kernel(const KernelArgs& a) {
+  upsample2d_backward(in_f(a, 0), out_f(a), state_of<UpsampleShape>(a), a.workspace, stream_of(a));
+}
+
+// ---- output_transform: (x, scale, shift) -> y; backward (dy, x, scale, shift) -> (dx, dscale, dshift)
+bool accepts_output_transform(const Graph& g, const Node& node) {
+  return float32_node(g, node) && node.attrs.ints("activations").size() <= kMaxOutputActivations;
+}
+
+PreparedNode prepare_output_transform(const Graph& g, const Node& node) {
+  const int k = op_name(node) == "output_transform" ? 0 : 1;  // x's position
+  const Shape& x = shape_of(g, node.inputs[k]);
+  auto s = std::make_shared<OutputTransformShape>();
+  s->d = x.back();
+  s->rows = shape_numel(x) / s->d;
+  s->scale_len = shape_numel(shape_of(g, node.inputs[k + 1]));
+  s->shift_len = shape_numel(shape_of(g, node.inputs[k + 2]));
+  const std::vector<int64_t>& acts = node.attrs.ints("activations");
+  s->num_acts = static_cast<int>(acts.size());
+  for (std::size_t j = 0; j < acts.size(); ++j) s->acts[j] = static_cast<int8_t>(acts[j]);
+  return with_state(std::move(s));
+}
+
+void output_transform_kernel(const KernelArgs& a) {
+  output_transform_forward(in_f(a, 0), in_f(a, 1), in_f(a, 2), out_f(a), state_of<OutputTransformShape>(a),
+                           stream_of(a));
+}
+
+void output_transform_backward_kernel(const KernelArgs& a) {
+  output_transform_backward(in_f(a, 0), in_f(a, 1), in_f(a, 2), out_f(a, 0), out_f(a, 1), out_f(a, 2),
+                            state_of<OutputTransformShape>(a), stream_of(a));
+}
+
 }  // namespace
 
 std::vector<OpEntry> shape_op_entries() {
@@ -176,6 +260,13 @@ std::vector<OpEntry> shape_op_entries() {
       {"bmm", float32_node, prepare_bmm, bmm_kernel, false},
       {"embedding", accepts_embedding, nullptr, embedding_kernel},
       {"embedding_backward", accepts_embedding, nullptr, embedding_backward_kernel},
+      {"adaptive_avg_pool", float32_node, prepare_adaptive, adaptive_kernel},
+      {"adaptive_avg_pool_backward", float32_node, prepare_adaptive, adaptive_backward_kernel},
+      {"upsample2d", float32_node, prepare_upsample, upsample_kernel},
+      {"upsample2d_backward", float32_node, prepare_upsample, upsample_backward_kernel},
+      {"output_transform", accepts_output_transform, prepare_output_transform, output_transform_kernel},
+      {"output_transform_backward", accepts_output_transform, prepare_output_transform,
+       output_transform_backward_kernel},
   };
 }
 
