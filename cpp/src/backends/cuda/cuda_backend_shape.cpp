@@ -1,7 +1,7 @@
 // Op adapters of the CUDA backend for shape, attention-building and embedding ops
 // (shape_kernels.hpp, lt_bmm.hpp):
 //   slice, slice_backward, concat, permute -> copy kernels, any dtype (they only move elements)
-//   bmm                                    -> LtBmm (strided-batched cuBLASLt, f32 or bf16 operands)
+//   bmm                                    -> LtBmm (strided-batched cuBLASLt, f32, bf16 or fp16 operands)
 //   causal_mask                            -> a fill (float32)
 //   embedding, embedding_backward          -> a row gather, and a per-row gather of the gradient
 //                                             (float32 table, int64 or int32 indices)
@@ -17,7 +17,6 @@
 #include "backends/cuda/resample_kernels.hpp"
 #include "backends/cuda/shape_kernels.hpp"
 #include "core/op_registry.hpp"
-#include "ops/precision.hpp"
 
 namespace treadle::cuda {
 namespace {
@@ -131,7 +130,7 @@ bool accepts_causal_mask(const Graph& g, const Node& node) {
 
 void causal_mask_kernel(const KernelArgs& a) { causal_mask_fill(out_f(a), a.out[0].dim(0), a.out[0].dim(1), stream_of(a)); }
 
-// ---- bmm: a (B, ., .), b (B, ., .) -> c (B, M, N), precision "bf16" as exact bf16 operands
+// ---- bmm: a (B, ., .), b (B, ., .) -> c (B, M, N), precision "bf16" / "fp16" as exact 16-bit operands
 PreparedNode prepare_bmm(const Graph& g, const Node& node) {
   const Shape &a = shape_of(g, node.inputs[0]), &b = shape_of(g, node.inputs[1]);
   BmmConfig c;
@@ -141,7 +140,10 @@ PreparedNode prepare_bmm(const Graph& g, const Node& node) {
   c.m = c.trans_a ? a[2] : a[1];
   c.k = c.trans_a ? a[1] : a[2];
   c.n = c.trans_b ? b[1] : b[2];
-  c.math = is_bf16_compute(node.attrs) ? MathMode::bf16_operands : MathMode::f32;
+  const OperandRounding r = operand_rounding(node.attrs);
+  c.math = r == OperandRounding::bf16   ? MathMode::bf16_operands
+           : r == OperandRounding::fp16 ? MathMode::fp16_operands
+                                        : MathMode::f32;
   auto s = std::make_shared<LtBmm>(lt_handle(), c);
   const std::size_t ws = s->workspace_bytes();
   return with_state(std::move(s), ws);

@@ -12,7 +12,7 @@ uint32_t stride_alignment(int64_t elements, std::size_t bytes) {
   const auto stride = static_cast<uint64_t>(elements) * bytes;
   for (uint32_t a : {16u, 8u, 4u})
     if (stride % a == 0) return a;
-  return static_cast<uint32_t>(bytes);  // bf16 strides of odd length: 2 bytes
+  return static_cast<uint32_t>(bytes);  // 16-bit operands' strides of odd length: 2 bytes
 }
 
 void init_layout(cublasLtMatrixLayoutOpaque_t& l, cudaDataType_t type, uint64_t rows, uint64_t cols, int64_t batch,
@@ -53,7 +53,7 @@ LtBmm::LtBmm(cublasLtHandle_t handle, const BmmConfig& c) : config_(c) {
   const cublasOperation_t ta = c.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, tb = c.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const auto m = static_cast<uint64_t>(c.n), n = static_cast<uint64_t>(c.m), k = static_cast<uint64_t>(c.k);
   const cudaDataType_t ab = operand_type(c.math);
-  const std::size_t ab_bytes = c.math == MathMode::bf16_operands ? 2 : 4;
+  const std::size_t ab_bytes = operand_type(c.math) == CUDA_R_32F ? 4 : 2;
   init_layout(a_, ab, ta == CUBLAS_OP_T ? k : m, ta == CUBLAS_OP_T ? m : k, c.batch, c.k * c.n, "bmm: layout A");
   init_layout(b_, ab, tb == CUBLAS_OP_T ? n : k, tb == CUBLAS_OP_T ? k : n, c.batch, c.m * c.k, "bmm: layout B");
   init_layout(c_, CUDA_R_32F, m, n, c.batch, c.m * c.n, "bmm: layout C");

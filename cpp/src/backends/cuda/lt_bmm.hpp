@@ -2,7 +2,8 @@
 // LtBmm: the core's bmm op as one strided-batched cuBLASLt product, prepared once per shape like
 // LtMatmul (lt_gemm.hpp): c (B, M, N) = op(a) op(b) per batch element, a stored (B, M, K), or
 // (B, K, M) when trans_a, b stored (B, K, N), or (B, N, K) when trans_b, all row-major and
-// contiguous. Math f32 (no TF32) or the exact bf16 operands of `precision: "bf16"`.
+// contiguous. Math f32 (no TF32) or the exact 16-bit operands of `precision: "bf16"` / "fp16"
+// (staged as LtMatmul stages them).
 //
 // The batch strides need not be multiples of 16 bytes (attention's per-head matrices often are
 // not): the heuristic is told the alignment every batch element really has (16, 8 or 4 bytes from
