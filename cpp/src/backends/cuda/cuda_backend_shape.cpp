@@ -3,16 +3,18 @@
 //   slice, slice_backward, concat, permute -> copy kernels, any dtype (they only move elements)
 //   bmm                                    -> LtBmm (strided-batched cuBLASLt, f32, bf16 or fp16 operands)
 //   causal_mask                            -> a fill (float32)
-//   embedding, embedding_backward          -> a row gather, and a per-row gather of the gradient
-//                                             (float32 table, int64 or int32 indices)
+//   embedding, embedding_backward          -> a row gather; the gradient from positions sorted by
+//                                             index (float32 table, int64 or int32 indices)
 //   adaptive_avg_pool[_backward], upsample2d[_backward], output_transform[_backward]
 //                                          -> resample_kernels.hpp (float32)
 // reshape and flatten never reach a backend: the plan makes them views of their input
 // (OpDef::view_of) and runs no kernel for them.
+#include <cstdint>
 #include <memory>
 #include <string>
 
 #include "backends/cuda/cuda_backend_ops.hpp"
+#include "backends/cuda/embedding_kernels.hpp"
 #include "backends/cuda/lt_bmm.hpp"
 #include "backends/cuda/resample_kernels.hpp"
 #include "backends/cuda/shape_kernels.hpp"
@@ -153,10 +155,12 @@ void bmm_kernel(const KernelArgs& a) {
   state_of<LtBmm>(a).run(in_f(a, 0), in_f(a, 1), out_f(a), a.workspace, stream_of(a));
 }
 
-// ---- embedding: (weight (num, dim), indices) -> y; embedding_backward: (dy, indices) -> dweight
+// ---- embedding: (weight (num, dim), indices) -> y; embedding_backward: (dy, indices) -> dweight,
+// the sorted positions and the sort's scratch in the workspace
 bool accepts_embedding(const Graph& g, const Node& node) {
   const DType idx = g.info(node.inputs[1]).dtype;
-  return float32_node(g, node) && (idx == DType::i64 || idx == DType::i32);
+  return float32_node(g, node) && (idx == DType::i64 || idx == DType::i32) &&
+         shape_numel(shape_of(g, node.inputs[1])) <= INT32_MAX;  // the gradient's sort counts in int
 }
 
 void embedding_kernel(const KernelArgs& a) {
@@ -164,9 +168,16 @@ void embedding_kernel(const KernelArgs& a) {
                     a.in[0].dim(1), stream_of(a));
 }
 
+PreparedNode prepare_embedding_backward(const Graph& g, const Node& node) {
+  const ValueInfo& idx = g.info(node.inputs[1]);
+  auto l = std::make_shared<EmbeddingGradLayout>(embedding_backward_layout(shape_numel(idx.shape), idx.dtype == DType::i64));
+  const std::size_t ws = l->total;
+  return with_state(std::move(l), ws);
+}
+
 void embedding_backward_kernel(const KernelArgs& a) {
-  embedding_backward(in_f(a, 0), a.in[1].data, a.in[1].dtype == DType::i64, out_f(a), a.in[1].numel, a.out[0].dim(0),
-                     a.out[0].dim(1), a.attrs().i_or("padding_idx", -1), stream_of(a));
+  embedding_backward(in_f(a, 0), a.in[1].data, out_f(a), a.out[0].dim(0), a.out[0].dim(1),
+                     a.attrs().i_or("padding_idx", -1), state_of<EmbeddingGradLayout>(a), a.workspace, stream_of(a));
 }
 
 // ---- adaptive_avg_pool: x (N, C, *spatial) -> y (N, C, *output_size), 1 to 3 spatial dims stored
@@ -261,7 +272,7 @@ std::vector<OpEntry> shape_op_entries() {
       {"causal_mask", accepts_causal_mask, nullptr, causal_mask_kernel},
       {"bmm", float32_node, prepare_bmm, bmm_kernel, false},
       {"embedding", accepts_embedding, nullptr, embedding_kernel},
-      {"embedding_backward", accepts_embedding, nullptr, embedding_backward_kernel},
+      {"embedding_backward", accepts_embedding, prepare_embedding_backward, embedding_backward_kernel},
       {"adaptive_avg_pool", float32_node, prepare_adaptive, adaptive_kernel},
       {"adaptive_avg_pool_backward", float32_node, prepare_adaptive, adaptive_backward_kernel},
       {"upsample2d", float32_node, prepare_upsample, upsample_kernel},

@@ -1,4 +1,4 @@
-// Copy kernels of the shape ops and embedding: one thread per output element (grid-stride, 64-bit
+// Copy kernels of the shape ops: one thread per output element (grid-stride, 64-bit
 // indices), each element read from where the reference's copy takes it. Elements move as unsigned
 // integers of their size, so every dtype (float or integer) shares one kernel per size.
 #include <cmath>
@@ -57,30 +57,6 @@ __global__ void permute_k(const E* __restrict__ x, E* __restrict__ y, PermuteSha
 
 __global__ void causal_mask_k(float* __restrict__ y, int64_t rows, int64_t cols) {
   for (int64_t i = first_index(); i < rows * cols; i += grid_stride()) y[i] = (i % cols) > (i / cols) ? -INFINITY : 0.0f;
-}
-
-template <typename I>
-__global__ void embedding_k(const float* __restrict__ w, const I* __restrict__ idx, float* __restrict__ y,
-                            int64_t n, int64_t num, int64_t dim) {
-  for (int64_t i = first_index(); i < n * dim; i += grid_stride()) {
-    const int64_t row = static_cast<int64_t>(idx[i / dim]);
-    y[i] = (row >= 0 && row < num) ? w[row * dim + i % dim] : NAN;
-  }
-}
-
-// One block per weight row r; its threads cover the columns and walk the indices in order.
-template <typename I>
-__global__ void embedding_backward_k(const float* __restrict__ dy, const I* __restrict__ idx, float* __restrict__ dw,
-                                     int64_t n, int64_t num, int64_t dim, int64_t padding) {
-  for (int64_t r = blockIdx.x; r < num; r += gridDim.x) {
-    for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {
-      float acc = 0.0f;
-      if (r != padding)
-        for (int64_t i = 0; i < n; ++i)
-          if (static_cast<int64_t>(idx[i]) == r) acc += dy[i * dim + c];
-      dw[r * dim + c] = acc;
-    }
-  }
 }
 
 // Runs launch(E{}) with E the unsigned type of `bytes`.
@@ -176,38 +152,6 @@ void causal_mask_fill(float* y, int64_t rows, int64_t cols, cudaStream_t stream)
   check_pointers("causal_mask_fill", {y});
   causal_mask_k<<<element_blocks(rows * cols), kElementThreads, 0, stream>>>(y, rows, cols);
   check_launch("causal_mask_fill");
-}
-
-void embedding_forward(const float* weight, const void* indices, bool indices_int64, float* y, int64_t n,
-                       int64_t num, int64_t dim, cudaStream_t stream) {
-  if (n < 0 || num < 1 || dim < 0)
-    throw_value_error("embedding_forward: expected n >= 0, num >= 1, dim >= 0, got (", n, ", ", num, ", ", dim, ")");
-  if (n * dim == 0) return;
-  check_pointers("embedding_forward", {weight, indices, y});
-  if (indices_int64)
-    embedding_k<<<element_blocks(n * dim), kElementThreads, 0, stream>>>(
-        weight, static_cast<const int64_t*>(indices), y, n, num, dim);
-  else
-    embedding_k<<<element_blocks(n * dim), kElementThreads, 0, stream>>>(
-        weight, static_cast<const int32_t*>(indices), y, n, num, dim);
-  check_launch("embedding_forward");
-}
-
-void embedding_backward(const float* dy, const void* indices, bool indices_int64, float* dweight, int64_t n,
-                        int64_t num, int64_t dim, int64_t padding, cudaStream_t stream) {
-  if (n < 0 || num < 1 || dim < 0)
-    throw_value_error("embedding_backward: expected n >= 0, num >= 1, dim >= 0, got (", n, ", ", num, ", ", dim, ")");
-  if (dim == 0) return;
-  check_pointers("embedding_backward", {dweight});
-  if (n > 0) check_pointers("embedding_backward", {dy, indices});
-  const int threads = reduction_threads(dim);
-  if (indices_int64)
-    embedding_backward_k<<<row_blocks(num), threads, 0, stream>>>(dy, static_cast<const int64_t*>(indices), dweight,
-                                                                  n, num, dim, padding);
-  else
-    embedding_backward_k<<<row_blocks(num), threads, 0, stream>>>(dy, static_cast<const int32_t*>(indices), dweight,
-                                                                  n, num, dim, padding);
-  check_launch("embedding_backward");
 }
 
 }  // namespace treadle::cuda

@@ -1,6 +1,6 @@
 #pragma once
 // Data-movement kernels of the core's shape and attention ops (slice, slice_backward, concat,
-// permute, causal_mask) and embedding. The copies move elements of 1, 2, 4 or 8 bytes, so they serve
+// permute, causal_mask). The copies move elements of 1, 2, 4 or 8 bytes, so they serve
 // every dtype. Same conventions as cuda_kernels.hpp: device pointers, host-side validation
 // (ValueError), the stream explicit, no allocation, no atomics.
 #include <cuda_runtime_api.h>
@@ -36,16 +36,5 @@ void permute_copy(const void* x, void* y, const PermuteShape& shape, int64_t num
 
 // causal_mask: y (rows, cols) = -inf above the diagonal (j > i), 0 elsewhere.
 void causal_mask_fill(float* y, int64_t rows, int64_t cols, cudaStream_t stream);
-
-// embedding: y (n, dim) = weight (num, dim)[indices] with int64 or int32 indices. An index outside
-// [0, num) cannot raise on the device: its output row is NaN (the host checks indices it has).
-void embedding_forward(const float* weight, const void* indices, bool indices_int64, float* y, int64_t n,
-                       int64_t num, int64_t dim, cudaStream_t stream);
-// embedding_backward: dweight (num, dim), row r = the sum, in index order, of dy's rows whose index
-// is r (zero for the padding row, padding < 0 for none; out-of-range indices add nowhere). One block
-// per weight row gathers (no scatter, no atomics), reading every index once per row: the cost grows
-// with num * n, fine for the vocabularies of the workloads here.
-void embedding_backward(const float* dy, const void* indices, bool indices_int64, float* dweight, int64_t n,
-                        int64_t num, int64_t dim, int64_t padding, cudaStream_t stream);
 
 }  // namespace treadle::cuda
