@@ -130,7 +130,9 @@ bool accepts_causal_mask(const Graph& g, const Node& node) {
   return g.info(node.outputs[0]).dtype == DType::f32;
 }
 
-void causal_mask_kernel(const KernelArgs& a) { causal_mask_fill(out_f(a), a.out[0].dim(0), a.out[0].dim(1), stream_of(a)); }
+void causal_mask_kernel(const KernelArgs& a) {
+  causal_mask_fill(out_f(a), a.out[0].dim(0), a.out[0].dim(1), stream_of(a));
+}
 
 // ---- bmm: a (B, ., .), b (B, ., .) -> c (B, M, N), precision "bf16" / "fp16" as exact 16-bit operands
 PreparedNode prepare_bmm(const Graph& g, const Node& node) {
@@ -170,7 +172,8 @@ void embedding_kernel(const KernelArgs& a) {
 
 PreparedNode prepare_embedding_backward(const Graph& g, const Node& node) {
   const ValueInfo& idx = g.info(node.inputs[1]);
-  auto l = std::make_shared<EmbeddingGradLayout>(embedding_backward_layout(shape_numel(idx.shape), idx.dtype == DType::i64));
+  auto l = std::make_shared<EmbeddingGradLayout>(
+      embedding_backward_layout(shape_numel(idx.shape), idx.dtype == DType::i64));
   const std::size_t ws = l->total;
   return with_state(std::move(l), ws);
 }

@@ -101,7 +101,8 @@ void embedding_forward(const float* weight, const void* indices, bool indices_in
   if (n < 0 || num < 1 || dim < 0)
     throw_value_error("embedding_forward: expected n >= 0, num >= 1, dim >= 0, got (", n, ", ", num, ", ", dim, ")");
   if (n * dim == 0) return;
-  if (weight == nullptr || indices == nullptr || y == nullptr) throw_value_error("embedding_forward: null device pointer");
+  if (weight == nullptr || indices == nullptr || y == nullptr)
+    throw_value_error("embedding_forward: null device pointer");
   if (indices_int64)
     embedding_k<<<element_blocks(n * dim), kElementThreads, 0, stream>>>(
         weight, static_cast<const int64_t*>(indices), y, n, num, dim);
@@ -118,9 +119,9 @@ EmbeddingGradLayout embedding_backward_layout(int64_t n, bool indices_int64) {
   l.n = n;
   l.indices_int64 = indices_int64;
   const auto count = static_cast<std::size_t>(n);
-  l.sort_scratch_bytes =
-      n > 0 ? (indices_int64 ? sort_scratch_bytes<int64_t>(static_cast<int>(n)) : sort_scratch_bytes<int32_t>(static_cast<int>(n)))
-            : 0;
+  if (n > 0)
+    l.sort_scratch_bytes = indices_int64 ? sort_scratch_bytes<int64_t>(static_cast<int>(n))
+                                         : sort_scratch_bytes<int32_t>(static_cast<int>(n));
   l.keys = 0;
   l.positions_in = align256(count * (indices_int64 ? 8 : 4));
   l.positions_out = l.positions_in + align256(count * 4);

@@ -66,7 +66,8 @@ LtBmm::LtBmm(cublasLtHandle_t handle, const BmmConfig& c) : config_(c) {
   cublasLtMatmulPreferenceOpaque_t pref;
   check_cublas(cublasLtMatmulPreferenceInit(&pref), "bmm: cublasLtMatmulPreferenceInit");
   auto set_pref = [&](cublasLtMatmulPreferenceAttributes_t attr, const void* value, std::size_t size) {
-    check_cublas(cublasLtMatmulPreferenceSetAttribute(&pref, attr, value, size), "bmm: cublasLtMatmulPreferenceSetAttribute");
+    check_cublas(cublasLtMatmulPreferenceSetAttribute(&pref, attr, value, size),
+                 "bmm: cublasLtMatmulPreferenceSetAttribute");
   };
   set_pref(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &c.workspace_limit, sizeof(c.workspace_limit));
   set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a_, sizeof(align_a_));
@@ -79,8 +80,8 @@ LtBmm::LtBmm(cublasLtHandle_t handle, const BmmConfig& c) : config_(c) {
                "bmm: cublasLtMatmulAlgoGetHeuristic");
   if (found < 1 || result.state != CUBLAS_STATUS_SUCCESS)
     throw RuntimeError(detail::concat("bmm: cuBLASLt has no algorithm for batch ", c.batch, ", m=", c.m, ", n=", c.n,
-                                      ", k=", c.k, c.trans_a ? " (a transposed)" : "", c.trans_b ? " (b transposed)" : "",
-                                      ", math ", math_name(c.math)));
+                                      ", k=", c.k, c.trans_a ? " (a transposed)" : "",
+                                      c.trans_b ? " (b transposed)" : "", ", math ", math_name(c.math)));
   algo_ = result.algo;
   gemm_workspace_ = result.workspaceSize;
   staged_ = staged_workspace(c.math, gemm_workspace_, c.batch * c.k * c.n, c.batch * c.m * c.k);

@@ -296,7 +296,8 @@ __global__ void log_softmax_backward_columns(const float* __restrict__ y, const 
 }
 
 void check_rows(const char* fn, int64_t rows, int64_t len) {
-  if (rows < 0 || len < 1) throw_value_error(fn, ": expected rows >= 0 and a row length >= 1, got (", rows, ", ", len, ")");
+  if (rows < 0 || len < 1)
+    throw_value_error(fn, ": expected rows >= 0 and a row length >= 1, got (", rows, ", ", len, ")");
 }
 
 void check_pointers(const char* fn, std::initializer_list<const void*> ptrs) {
@@ -364,7 +365,8 @@ void row_norm_backward(const float* dy, const float* x, const float* mean, const
 void group_norm_forward(const float* x, const float* weight, const float* bias, float* y, float* mean, float* rstd,
                         const GroupNormShape& s, double eps, cudaStream_t stream) {
   check_group_shape("group_norm_forward", s);
-  if ((weight == nullptr) != (bias == nullptr)) throw_value_error("group_norm_forward: give weight and bias, or neither");
+  if ((weight == nullptr) != (bias == nullptr))
+    throw_value_error("group_norm_forward: give weight and bias, or neither");
   if (s.n == 0) return;
   check_pointers("group_norm_forward", {x, y, mean, rstd});
   const int64_t len = s.channels / s.groups * s.spatial;

@@ -23,7 +23,8 @@ __global__ void adaptive_forward_k(const float* __restrict__ x, float* __restric
                                    int64_t total) {
   const int64_t iv = s.in[0] * s.in[1] * s.in[2], ov = s.out[0] * s.out[1] * s.out[2];
   for (int64_t i = first_index(); i < total; i += grid_stride()) {
-    const int64_t p = i / ov, ow = i % s.out[2], oh = (i / s.out[2]) % s.out[1], od = (i / (s.out[2] * s.out[1])) % s.out[0];
+    const int64_t p = i / ov, ow = i % s.out[2], oh = (i / s.out[2]) % s.out[1];
+    const int64_t od = (i / (s.out[2] * s.out[1])) % s.out[0];
     const int64_t d0 = window_begin(od, s.in[0], s.out[0]), d1 = window_end(od, s.in[0], s.out[0]);
     const int64_t h0 = window_begin(oh, s.in[1], s.out[1]), h1 = window_end(oh, s.in[1], s.out[1]);
     const int64_t w0 = window_begin(ow, s.in[2], s.out[2]), w1 = window_end(ow, s.in[2], s.out[2]);

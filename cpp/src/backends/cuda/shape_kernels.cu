@@ -56,7 +56,8 @@ __global__ void permute_k(const E* __restrict__ x, E* __restrict__ y, PermuteSha
 }
 
 __global__ void causal_mask_k(float* __restrict__ y, int64_t rows, int64_t cols) {
-  for (int64_t i = first_index(); i < rows * cols; i += grid_stride()) y[i] = (i % cols) > (i / cols) ? -INFINITY : 0.0f;
+  for (int64_t i = first_index(); i < rows * cols; i += grid_stride())
+    y[i] = (i % cols) > (i / cols) ? -INFINITY : 0.0f;
 }
 
 // Runs launch(E{}) with E the unsigned type of `bytes`.
