@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <array>
 #include <cstring>
 
@@ -94,13 +95,19 @@ Trainer::DeviceStep::Slots Trainer::DeviceStep::upload(Inputs xs, const Tensor& 
   }
   auto* staged = staging.ptr<char>();
   if (coefficients) std::memcpy(staged, coefficients, coefficient_bytes);
+  bool on_device[kMaxInputs + 1] = {};
   for (std::size_t i = 0; i <= xs.size(); ++i) {
     const Tensor& t = i < xs.size() ? xs[i] : y;
+    if ((on_device[i] = !t.is_cpu())) continue;  // copied on the device below
     const Tensor c = t.is_contiguous() ? t : t.clone();
     std::memcpy(staged + offset[i], c.data(), c.nbytes());
   }
   cuda::copy_to_device_async(io.data(), staged, total, s);
   auto* base = static_cast<char*>(io.data());
+  // Device arrays (the host's CuPy/torch data) go into their slots after the upload, on the same
+  // stream: the step's pointers stay the trainer's own, so a captured graph replays with them too.
+  for (std::size_t i = 0; i <= xs.size(); ++i)
+    if (on_device[i]) cuda::copy_tensor_async(base + offset[i], i < xs.size() ? xs[i] : y, s);
   Slots slots;
   slots.coefficients = base;
   for (std::size_t i = 0; i < xs.size(); ++i) slots.inputs[i] = base + offset[i];
@@ -264,6 +271,10 @@ double Trainer::run_device_loss_plan(const Plan& p, Inputs xs, const Tensor& y, 
   float* loss = d.readback.ptr<float>();
   cuda::copy_to_host_async(loss, p.address(ctx_, b, p.loss), sizeof(float), s);
   TREADLE_CUDA_CHECK(cudaStreamSynchronize(s));
+  if (!y.is_cpu() && loss_.kind == "cross_entropy" && std::isnan(*loss))  // the labels' only check
+    throw_value_error("cross_entropy: the loss is NaN: a label on ", device_name(y.device()), " outside [0, ",
+                      p.graph.info(p.outputs.at(0)).shape.back(), ") (the device kernel gives NaN for it), or NaN ",
+                      "in the model's output; the update is not applied");
   return *loss;
 }
 
@@ -307,6 +318,11 @@ double Trainer::device_graph_step(Inputs xs, const Tensor& y) {
                       "cannot; turn cuda_graph off to use it");
   for (const Tensor& x : xs) check_input(x, "input");
   check_input(y, "target");
+  if (!y.is_cpu() && loss_.kind == "cross_entropy")
+    throw_value_error("Trainer.step: cuda_graph with class labels on ", device_name(y.device()), ": a captured ",
+                      "step applies its update before the loss is read, so a label out of range (checked on the ",
+                      "host for host labels) would reach the parameters as NaN; pass the labels as a host array ",
+                      "or turn cuda_graph off");
   zero_grad();
   std::shared_ptr<const Plan> p = plan_for(PlanMode::train_loss, xs, &y, false);
   const ValueInfo& out = p->graph.info(p->outputs.at(0));
