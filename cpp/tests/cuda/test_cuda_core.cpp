@@ -200,12 +200,19 @@ std::string uncovered_op_fails_at_finalize() {
   PlanKey key = training_key("cuda", loss::cross_entropy());
   key.mode = PlanMode::train_seeded;
   key.loss_key.clear();
-  auto ln = param(rng, {kFeatures});
-  Model norm([&](Graph& g, const std::vector<Value>& in) {
-    return std::vector<Value>{ops::layer_norm(in[0], 1, g.add_parameter(ln), Value())};
-  }, {{"ln.weight", ln}});
-  const std::string m = expect_throw<ValueError>("layer_norm on cuda", [&] { norm.plan(key); },
-                                                 "layer_norm: no CUDA kernel for float32 on cuda:0");
+  // The plain (tanh) RNN layer: cuDNN could run it, but no adapter takes it.
+  auto w_ih = param(rng, {kHidden, kFeatures}), w_hh = param(rng, {kHidden, kHidden});
+  Model rnn([&](Graph& g, const std::vector<Value>& in) {
+    const Attrs zeros{{"shape", Shape{in[0].dim(0), kHidden}}, {"value", 0.0}, {"dtype", std::string("float32")}};
+    return std::vector<Value>{ops::recurrent_layer("rnn_tanh", in[0], g.apply1("constant", {}, zeros),
+                                                   Value(), g.add_parameter(w_ih), g.add_parameter(w_hh), Value(),
+                                                   Value(), Value(), true)
+                                  .output};
+  }, {{"rnn.w_ih", w_ih}, {"rnn.w_hh", w_hh}});
+  PlanKey rnn_key = key;
+  rnn_key.input_shapes = {kRnnInput};
+  const std::string m = expect_throw<ValueError>("rnn_layer on cuda", [&] { rnn.plan(rnn_key); },
+                                                 "rnn_layer: no CUDA kernel for float32 on cuda:0");
   // A covered op in a dtype the backend has no kernel for.
   auto w = std::make_shared<Parameter>(Tensor({kClasses, kFeatures}, DType::f64));
   Model wide([&](Graph& g, const std::vector<Value>& in) {

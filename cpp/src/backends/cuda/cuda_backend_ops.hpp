@@ -51,6 +51,10 @@ std::vector<OpEntry> op_entries();
 std::vector<OpEntry> cnn_op_entries();
 // LSTM and GRU layers and their backward ops (cuda_backend_rnn.cpp).
 std::vector<OpEntry> rnn_op_entries();
+// Normalisation and log_softmax (cuda_backend_norm.cpp); shape, bmm, causal mask, embedding, resampling
+// (cuda_backend_shape.cpp).
+std::vector<OpEntry> norm_op_entries();
+std::vector<OpEntry> shape_op_entries();
 
 // Where a product that a fused activation reads back sits in a node's workspace: after the
 // product's own scratch, 256-byte aligned (the workspace base is 64-byte aligned in the arena).
