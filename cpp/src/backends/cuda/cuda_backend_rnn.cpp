@@ -224,71 +224,13 @@ void backward_kernel(const KernelArgs& a) {
                             opt_out(a, b.db_hh));
 }
 
-// ---- What a bidirectional or stacked module (nn::Recurrent) puts around its layers: `concat` of
-// the two directions' outputs (and final states), its gradient `slice`, `slice` / `slice_backward`
-// for one layer's state out of h_n, and `add` where a value feeds both directions (the gradients'
-// sum). Float32, same-shape `add` only (no broadcasting). Plain stream-ordered copies: capturable.
-
+// ---- `add` where a value feeds both directions of a bidirectional module (the gradients' sum):
+// float32, same shape (no broadcasting). concat / slice / slice_backward around the layers are the
+// shape family's (cuda_backend_shape.cpp).
 bool all_f32(const Graph& g, const Node& node) {
   for (int v : node.inputs)
     if (g.info(v).dtype != DType::f32) return false;
   return true;
-}
-
-// A tensor seen as (outer, axis, inner) around `axis`.
-struct AxisView {
-  int64_t outer = 1, len = 1, inner = 1;
-};
-
-AxisView axis_view(const Shape& s, int axis) {
-  AxisView v;
-  for (int d = 0; d < static_cast<int>(s.size()); ++d) {
-    if (d < axis) v.outer *= s[d];
-    else if (d == axis) v.len = s[d];
-    else v.inner *= s[d];
-  }
-  return v;
-}
-
-// rows x width floats between row-strided buffers (strides and width in floats): one 2-d copy.
-void copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t width, int64_t rows,
-               cudaStream_t stream) {
-  if (width == 0 || rows == 0) return;
-  constexpr std::size_t f = sizeof(float);
-  check_cuda(cudaMemcpy2DAsync(dst, static_cast<std::size_t>(dst_stride) * f, src,
-                               static_cast<std::size_t>(src_stride) * f, static_cast<std::size_t>(width) * f,
-                               static_cast<std::size_t>(rows), cudaMemcpyDeviceToDevice, stream),
-             "cudaMemcpy2DAsync");
-}
-
-void concat_kernel(const KernelArgs& a) {
-  const int axis = static_cast<int>(a.attrs().i("axis"));
-  const AxisView out = axis_view(*a.out[0].shape, axis);
-  int64_t offset = 0;
-  for (int k = 0; k < a.num_in; ++k) {
-    const AxisView in = axis_view(*a.in[k].shape, axis);
-    copy_rows(out_f(a) + offset * out.inner, out.len * out.inner, in_f(a, k), in.len * in.inner, in.len * in.inner,
-              out.outer, stream_of(a));
-    offset += in.len;
-  }
-}
-
-void slice_kernel(const KernelArgs& a) {
-  const int axis = static_cast<int>(a.attrs().i("axis"));
-  const AxisView in = axis_view(*a.in[0].shape, axis);
-  const int64_t start = a.attrs().i("start"), len = a.attrs().i("stop") - start;
-  copy_rows(out_f(a), len * in.inner, in_f(a, 0) + start * in.inner, in.len * in.inner, len * in.inner, in.outer,
-            stream_of(a));
-}
-
-// dx zero, then dy into [start, stop) along the axis: the gradient of a slice (h_n of one direction).
-void slice_backward_kernel(const KernelArgs& a) {
-  const int axis = static_cast<int>(a.attrs().i("axis"));
-  const AxisView out = axis_view(*a.out[0].shape, axis);
-  const int64_t start = a.attrs().i("start"), len = a.attrs().i("stop") - start;
-  fill_zero_async(out_f(a), static_cast<std::size_t>(a.out[0].numel) * sizeof(float), stream_of(a));
-  copy_rows(out_f(a) + start * out.inner, out.len * out.inner, in_f(a, 0), len * out.inner, len * out.inner, out.outer,
-            stream_of(a));
 }
 
 bool accepts_add(const Graph& g, const Node& node) {
@@ -312,9 +254,6 @@ std::vector<OpEntry> rnn_op_entries() {
     entries.push_back({cell, &accepts_forward, &prepare_forward, &forward_kernel, false});
     entries.push_back({std::string(cell) + "_backward", &accepts_backward, &prepare_backward, &backward_kernel, false});
   }
-  entries.push_back({"concat", &all_f32, nullptr, &concat_kernel});
-  entries.push_back({"slice", &all_f32, nullptr, &slice_kernel});
-  entries.push_back({"slice_backward", &all_f32, nullptr, &slice_backward_kernel});
   entries.push_back({"add", &accepts_add, nullptr, &add_kernel});
   return entries;
 }
