@@ -1,38 +1,66 @@
 #!/usr/bin/env bash
-# The CUDA backend's check on a machine with an NVIDIA GPU, unattended, in under 8 minutes:
-#   1. build test_cuda with nvcc for the GPU's architecture (standalone project cpp/tests/cuda: needs
-#      CUDA and the NVIDIA cuBLAS/cuDNN wheels or libraries, not Eigen), ccache when present, -j16
-#   2. run it: every kernel against float64 host references, the allocator, the status paths
-#   3. libtreadle itself with TREADLE_WITH_CUDA=ON and test_cuda inside that build, run with
-#      --only core_: the core's training plans (MLP, CNN, CNN with batch norm) compiled for "cuda"
-#      against the same plans on Eigen, and the C++ Trainer / Model::predict on "cuda" (with and
-#      without CUDA graphs) against training on Eigen (needs Eigen: skipped when CMake cannot find it)
-#   4. test_cuda --bench: kernel timings (JSON)
-#   5. the same operations in torch on the GPU, when torch with CUDA is importable (else skipped)
-#   6. compute-sanitizer memcheck of the tests, when the tool is present (time-boxed)
-# Writes into OUT_DIR (first argument, else $OUT, else build/gpu-check): gpu_check.log, test_cuda.txt,
-# core_plans.txt, bench.json, torch.json, summary.txt. Prints "== GPU check: ..." lines; exits 1 when a test failed.
-# Usage: bench/gpu_check.sh [OUT_DIR]        (PYTHON=... to choose the interpreter holding the wheels)
+# The CUDA backend's check on a machine with an NVIDIA GPU, unattended, in about 8 minutes
+# (BUDGET seconds, default 480; correctness first, timings with what is left):
+#   1. build libtreadle with TREADLE_WITH_CUDA=ON, test_cuda and the Python module (-j16, ccache when
+#      present). Eigen comes from the build's Python (cmeel-eigen) or from a carried wheel
+#      .whl/cmeel_eigen-*.whl (unpacked, no install). Without Eigen: only the standalone kernel
+#      project cpp/tests/cuda is built, and the steps that need the library are skipped.
+#   2. test_cuda: every kernel against float64 host references, the allocator, the status paths, and
+#      the core_* tests: the core's training plans compiled for "cuda" against Eigen, the C++ Trainer /
+#      Model::predict on "cuda" (with and without CUDA graphs) against training on Eigen
+#   3. the parameterised Python op suite on backend "cuda" only (TREADLE_TEST_BACKENDS=cuda): every op
+#      the device covers against torch and the float64 reference, through run_op; the cases the
+#      device does not cover are skipped and counted (op_suite.txt lists them)
+#   4. training curves of the benchmark workloads W1-W6 on "cuda" against Eigen (bench/gpu_curves.py)
+#   5. data parallel on the device (tools/gpu_dp_check.sh, when present)
+#   6. W1-W6 against PyTorch on the GPU (bench/run.py --device cuda) and the crossover study of the
+#      host and device backends (bench/crossover.py --quick)
+#   7. test_cuda --bench: kernel timings (JSON), and the same operations in torch on the GPU
+#   8. compute-sanitizer memcheck of the kernel tests, when the tool is present (time-boxed)
+# Writes into OUT_DIR (first argument, else $OUT, else build/gpu-check): summary.txt, gpu_check.log,
+# test_cuda.txt, op_suite.txt, workloads.md, and results.tgz with everything else (curves, benchmarks,
+# crossover, kernel timings). Prints "== GPU check: ..." lines; exits 1 when a device test failed.
+# Usage: bench/gpu_check.sh [OUT_DIR]   (PYTHON=... the interpreter holding torch and the NVIDIA wheels;
+# GPU_CHECK_BUILD=<dir> reuses a configured CUDA build with the Python module, e.g. for a dry run)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
 OUT_DIR=${1:-${OUT:-$REPO/build/gpu-check}}
 mkdir -p "$OUT_DIR"
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
+RESULTS=$OUT_DIR/results
+mkdir -p "$RESULTS"
 LOG=$OUT_DIR/gpu_check.log
 SUMMARY=$OUT_DIR/summary.txt
 : >"$LOG"
 : >"$SUMMARY"
 START=$(date +%s)
+BUDGET=${BUDGET:-480}
 PYTHON=${PYTHON:-$(command -v python3 || command -v python)}
 JOBS=${JOBS:-16}
-BUILD=$REPO/build/gpu-check-solo
+SOLO=$REPO/build/gpu-check-solo
+FULL=${GPU_CHECK_BUILD:-$REPO/build/gpu-check-full}
 FAILED=0
 
 say() { echo "== GPU check: $*" | tee -a "$SUMMARY" "$LOG"; }
 elapsed() { echo $(($(date +%s) - START)); }
-# Remaining seconds of the 7.5-minute budget (the caller's limit is 8).
-left() { echo $((450 - $(elapsed))); }
+left() { echo $((BUDGET - $(elapsed))); }
+# Each file under RESULTS goes into results.tgz at the end (at most 8 files come back from a run).
+finish() {
+  say "done in $(elapsed) s; $([ $FAILED -eq 0 ] && echo 'all device tests passed' || echo 'SOMETHING FAILED')"
+  tar -C "$OUT_DIR" -czf "$OUT_DIR/results.tgz" results 2>/dev/null && rm -rf "$RESULTS"
+  exit $FAILED
+}
+# PASS/FAIL/SKIP of a test_cuda run (file $1, exit code $2, label $3).
+judge_tests() {
+  if grep -q "^SKIP: no CUDA device" "$1"; then
+    say "SKIP $3: no device (see $(basename "$1"))"; FAILED=1
+  elif [ "$2" -eq 0 ]; then
+    say "PASS $3: $(grep '^cuda tests:' "$1")"
+  else
+    say "FAIL $3 (exit $2): $(grep '^FAIL' "$1" | awk '{print $2}' | tr '\n' ' ')"; FAILED=1
+  fi
+}
 
 {
   echo "date: $(date -u)"; uname -a
@@ -49,77 +77,153 @@ fi
 NVCC=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 ARCH=${CUDA_ARCH:-90}
 
+# Eigen: the Python's cmeel-eigen, else a carried wheel unpacked into the build folder.
+PREFIX=()
+if ! "$PYTHON" -c "import cmeel" 2>/dev/null; then
+  wheel=$(ls "$REPO"/.whl/cmeel_eigen-*.whl 2>/dev/null | head -1)
+  if [ -n "$wheel" ]; then
+    mkdir -p "$REPO/build/gpu-eigen" && "$PYTHON" -m zipfile -e "$wheel" "$REPO/build/gpu-eigen" >>"$LOG" 2>&1
+    PREFIX=(-DCMAKE_PREFIX_PATH="$REPO/build/gpu-eigen/cmeel.prefix")
+  fi
+fi
+
 # ---- 1. build
 t0=$(date +%s)
-if timeout 240 cmake -S cpp/tests/cuda -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$NVCC" \
-    -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DPython3_EXECUTABLE="$PYTHON" "${LAUNCH[@]}" >>"$LOG" 2>&1 &&
-   timeout 240 cmake --build "$BUILD" -j"$JOBS" >>"$LOG" 2>&1; then
-  say "PASS build of test_cuda (sm_$ARCH, $(($(date +%s) - t0)) s)"
-else
-  say "FAIL build of test_cuda: see gpu_check.log"
-  tail -40 "$LOG"
-  exit 1
+HAVE_LIB=0
+HAVE_PY=0
+configure_full() {  # $1: ON/OFF for the Python module
+  timeout 120 cmake -S . -B "$FULL" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTREADLE_WITH_CUDA=ON -DTREADLE_BUILD_TESTS=ON \
+    -DTREADLE_BUILD_PYTHON="$1" -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
+    -DPython3_EXECUTABLE="$PYTHON" -DPython_EXECUTABLE="$PYTHON" "${PREFIX[@]}" "${LAUNCH[@]}" >>"$LOG" 2>&1
+}
+if [ -n "${GPU_CHECK_BUILD:-}" ] || configure_full ON; then
+  HAVE_PY=1
+elif configure_full OFF; then
+  say "SKIP the Python module: configure failed with TREADLE_BUILD_PYTHON=ON (Python headers or pybind11 missing? see gpu_check.log)"
 fi
-EXE=$BUILD/test_cuda
-
-# ---- 2. tests
-timeout 180 "$EXE" >"$OUT_DIR/test_cuda.txt" 2>&1
-rc=$?
-cat "$OUT_DIR/test_cuda.txt" | tee -a "$LOG"
-if grep -q "^SKIP: no CUDA device" "$OUT_DIR/test_cuda.txt"; then
-  say "SKIP test_cuda found no device (see test_cuda.txt)"
-  FAILED=1
-elif [ $rc -eq 0 ]; then
-  say "PASS test_cuda: $(grep '^cuda tests:' "$OUT_DIR/test_cuda.txt")"
-else
-  say "FAIL test_cuda (exit $rc): $(grep -c '^FAIL' "$OUT_DIR/test_cuda.txt") failing tests: $(grep '^FAIL' "$OUT_DIR/test_cuda.txt" | awk '{print $2}' | tr '\n' ' ')"
-  FAILED=1
-fi
-
-# ---- 3. libtreadle with CUDA and the core's plans on the device (needs Eigen: the whole library)
-# Right after the kernel tests: the core_* tests (training plans compiled for "cuda" against Eigen,
-# core_trainer_*: 20-step trainings through the Trainer on "cuda" against Eigen) are the check of the
-# backend inside the core; the timings, torch and memcheck get what is left.
-if [ "$(left)" -gt 90 ]; then
-  t0=$(date +%s)
-  if timeout $(($(left) - 60)) bash -c "cmake -S . -B build/gpu-check-full -G Ninja -DCMAKE_BUILD_TYPE=Release \
-      -DTREADLE_WITH_CUDA=ON -DTREADLE_BUILD_TESTS=ON -DCMAKE_CUDA_COMPILER='$NVCC' -DCMAKE_CUDA_ARCHITECTURES='$ARCH' \
-      -DPython3_EXECUTABLE='$PYTHON' ${LAUNCH[*]} && cmake --build build/gpu-check-full -j$JOBS --target treadle test_cuda" \
-      >>"$LOG" 2>&1; then
-    say "PASS libtreadle and test_cuda with TREADLE_WITH_CUDA=ON ($(($(date +%s) - t0)) s)"
-    timeout 120 build/gpu-check-full/cpp/tests/cuda/test_cuda --only core_ >"$OUT_DIR/core_plans.txt" 2>&1
-    rc=$?
-    cat "$OUT_DIR/core_plans.txt" | tee -a "$LOG"
-    if grep -q "^SKIP: no CUDA device" "$OUT_DIR/core_plans.txt"; then
-      say "SKIP core plans on the device: no device (see core_plans.txt)"
-      FAILED=1
-    elif [ $rc -eq 0 ]; then
-      say "PASS core plans on the device: $(grep '^cuda tests:' "$OUT_DIR/core_plans.txt")"
-    else
-      say "FAIL core plans on the device (exit $rc): $(grep '^FAIL' "$OUT_DIR/core_plans.txt" | awk '{print $2}' | tr '\n' ' ')"
-      FAILED=1
-    fi
+if [ -f "$FULL/build.ninja" ]; then
+  targets=(treadle test_cuda)
+  [ $HAVE_PY -eq 1 ] && targets+=(_core)
+  if timeout 300 cmake --build "$FULL" -j"$JOBS" --target "${targets[@]}" >>"$LOG" 2>&1; then
+    HAVE_LIB=1
+    EXE=$FULL/cpp/tests/cuda/test_cuda
+    say "PASS build of libtreadle, test_cuda$([ $HAVE_PY -eq 1 ] && echo ' and the Python module') (sm_$ARCH, $(($(date +%s) - t0)) s)"
   else
-    say "SKIP libtreadle with TREADLE_WITH_CUDA=ON: configure/build failed or timed out (Eigen missing? see gpu_check.log)"
+    HAVE_PY=0
+    say "FAIL build of libtreadle with TREADLE_WITH_CUDA=ON (see gpu_check.log); falling back to the kernel project"
+    tail -30 "$LOG"; FAILED=1
   fi
 else
-  say "SKIP libtreadle with TREADLE_WITH_CUDA=ON and the core plans: too little time left"
+  say "SKIP libtreadle with TREADLE_WITH_CUDA=ON: configure failed (Eigen missing? carry .whl/cmeel_eigen-*.whl)"
+fi
+if [ $HAVE_LIB -eq 0 ]; then
+  if timeout 240 cmake -S cpp/tests/cuda -B "$SOLO" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$NVCC" \
+      -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DPython3_EXECUTABLE="$PYTHON" "${LAUNCH[@]}" >>"$LOG" 2>&1 &&
+     timeout 240 cmake --build "$SOLO" -j"$JOBS" >>"$LOG" 2>&1; then
+    EXE=$SOLO/test_cuda
+    say "PASS build of the standalone test_cuda (kernel layer only)"
+  else
+    say "FAIL build of test_cuda: see gpu_check.log"
+    tail -40 "$LOG"; FAILED=1; finish
+  fi
 fi
 
-# ---- 4. our timings
+# ---- 2. the C++ device tests (kernels, and with the library the core_* tests)
+timeout 240 "$EXE" >"$OUT_DIR/test_cuda.txt" 2>&1
+rc=$?
+cat "$OUT_DIR/test_cuda.txt" >>"$LOG"
+judge_tests "$OUT_DIR/test_cuda.txt" $rc "test_cuda$([ $HAVE_LIB -eq 1 ] && echo ' (kernels and core plans)')"
+
+PYENV=(env TREADLE_BUILD_DIR="$FULL" PYTHONPATH="$REPO/python" PYTHONUNBUFFERED=1)
+# ---- 3. the op suite on the device
+OP_FILES="tests/test_ops_activation.py tests/test_ops_softmax.py tests/test_losses.py tests/test_ops_shape.py
+  tests/test_ops_dropout.py tests/test_conv.py tests/test_pool.py tests/test_norm.py tests/test_recurrent.py
+  tests/test_attention.py tests/test_embedding.py tests/test_misc_layers.py tests/test_fusion.py tests/test_bf16.py
+  tests/test_bf16_conv.py"
+if [ $HAVE_PY -eq 1 ] && [ "$(left)" -gt 120 ]; then
+  xdist=()
+  "$PYTHON" -c "import xdist" 2>/dev/null && xdist=(-n 8)
+  # shellcheck disable=SC2086
+  timeout $(($(left) > 300 ? 150 : $(left) / 2)) "${PYENV[@]}" TREADLE_TEST_BACKENDS=cuda "$PYTHON" -m pytest -q -rs \
+    -p no:cacheprovider "${xdist[@]}" $OP_FILES >"$OUT_DIR/op_suite.txt" 2>&1
+  rc=$?
+  counts=$(tail -1 "$OUT_DIR/op_suite.txt")
+  uncovered=$(grep -c "no CUDA kernel" "$OUT_DIR/op_suite.txt")
+  nodev=$(grep -c "needs a CUDA device" "$OUT_DIR/op_suite.txt")
+  if [ "$nodev" -gt 0 ]; then
+    say "SKIP op suite on cuda: the Python module saw no device ($counts)"; FAILED=1
+  elif [ $rc -eq 0 ]; then
+    say "PASS op suite on cuda: $counts ($uncovered skip lines for ops/dtypes without a CUDA kernel: op_suite.txt)"
+  else
+    say "FAIL op suite on cuda (exit $rc): $counts"; FAILED=1
+    grep -E "^(FAILED|ERROR)" "$OUT_DIR/op_suite.txt" | head -20 | tee -a "$LOG"
+  fi
+else
+  say "SKIP op suite on cuda: no Python module or too little time left"
+fi
+
+# ---- 4. training curves against Eigen
+if [ $HAVE_PY -eq 1 ] && [ "$(left)" -gt 90 ]; then
+  timeout 90 "${PYENV[@]}" "$PYTHON" bench/gpu_curves.py --json "$RESULTS/curves.json" >"$RESULTS/curves.txt" 2>&1
+  rc=$?
+  cat "$RESULTS/curves.txt" | tee -a "$LOG"
+  if [ $rc -eq 0 ]; then
+    say "PASS curves W1-W6 on cuda vs Eigen: $(grep -c '^PASS' "$RESULTS/curves.txt") agree, $(grep -c '^SKIP' "$RESULTS/curves.txt") not covered"
+  else
+    say "FAIL curves on cuda vs Eigen (exit $rc): $(grep '^FAIL' "$RESULTS/curves.txt" | awk '{print $2}' | tr '\n' ' ')"; FAILED=1
+  fi
+else
+  say "SKIP curves: no Python module or too little time left"
+fi
+
+# ---- 5. data parallel on the device
+if [ -x tools/gpu_dp_check.sh ] && [ $HAVE_LIB -eq 1 ] && [ "$(left)" -gt 90 ]; then
+  timeout 90 tools/gpu_dp_check.sh "$RESULTS" >"$RESULTS/dp.txt" 2>&1
+  rc=$?
+  tail -20 "$RESULTS/dp.txt" | tee -a "$LOG"
+  case $rc in
+    0) say "PASS data parallel on the device: $(grep -c '^PASS' "$RESULTS/dp.txt") checks" ;;
+    2) say "SKIP data parallel on the device: $(grep -m1 '^SKIP' "$RESULTS/dp.txt")" ;;
+    *) say "FAIL data parallel on the device (exit $rc; results.tgz: dp.txt)"; FAILED=1 ;;
+  esac
+else
+  say "SKIP data parallel on the device: no tools/gpu_dp_check.sh, no library, or too little time left"
+fi
+
+# ---- 6. W1-W6 against PyTorch on the GPU, and the crossover study
+if [ $HAVE_PY -eq 1 ] && [ "$(left)" -gt 100 ]; then
+  timeout 100 "${PYENV[@]}" "$PYTHON" bench/run.py --device cuda --threads 1 --min-time 0.3 --warmup 0.1 --quiet \
+    --out "$RESULTS/workloads" >"$OUT_DIR/workloads.md" 2>>"$LOG"
+  rc=$?
+  cat "$OUT_DIR/workloads.md" >>"$LOG"
+  [ $rc -eq 0 ] && say "PASS W1-W6 vs PyTorch on the GPU (workloads.md)" || say "FAIL W1-W6 benchmark (exit $rc; see gpu_check.log)"
+else
+  say "SKIP W1-W6 vs PyTorch on the GPU: no Python module or too little time left"
+fi
+if [ $HAVE_PY -eq 1 ] && [ "$(left)" -gt 80 ]; then
+  timeout 70 "${PYENV[@]}" "$PYTHON" bench/crossover.py --quick --backends eigen,cuda --no-plot --quiet \
+    --out "$RESULTS/crossover" >"$RESULTS/crossover.txt" 2>&1
+  rc=$?
+  cat "$RESULTS/crossover.txt" >>"$LOG"
+  [ $rc -eq 0 ] && say "PASS crossover eigen vs cuda, quick sweep (results.tgz: crossover/)" ||
+    say "FAIL crossover study (exit $rc; results.tgz: crossover.txt)"
+else
+  say "SKIP crossover study: no Python module or too little time left"
+fi
+
+# ---- 7. kernel timings, and torch on the same shapes
 if [ "$(left)" -lt 60 ]; then
   say "SKIP bench: too little time left"
-elif timeout 120 "$EXE" --bench --json "$OUT_DIR/bench.json" >>"$LOG" 2>&1 && [ -s "$OUT_DIR/bench.json" ]; then
-  say "PASS bench: $(grep -c '"name"' "$OUT_DIR/bench.json") kernels timed (bench.json)"
+elif timeout 120 "$EXE" --bench --json "$RESULTS/bench.json" >>"$LOG" 2>&1 && [ -s "$RESULTS/bench.json" ]; then
+  say "PASS bench: $(grep -c '"name"' "$RESULTS/bench.json") kernels timed (bench.json)"
 else
   say "FAIL bench (see gpu_check.log)"
 fi
 
-# ---- 5. torch on the same shapes
 if [ "$(left)" -lt 60 ]; then
   say "SKIP torch comparison: too little time left"
-elif [ -s "$OUT_DIR/bench.json" ] && "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-  timeout 150 "$PYTHON" - "$OUT_DIR/bench.json" "$OUT_DIR/torch.json" >>"$LOG" 2>&1 <<'PY'
+elif [ -s "$RESULTS/bench.json" ] && "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  timeout 150 "$PYTHON" - "$RESULTS/bench.json" "$RESULTS/torch.json" >>"$LOG" 2>&1 <<'PY'
 import json, sys
 import torch
 import torch.nn.functional as F
@@ -252,7 +356,7 @@ else
   say "SKIP torch comparison: no torch with CUDA under $PYTHON (only our timings)"
 fi
 
-# ---- 6. memcheck
+# ---- 8. memcheck
 if command -v compute-sanitizer >/dev/null && [ "$(left)" -gt 150 ]; then
   timeout 140 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 "$EXE" >"$OUT_DIR/memcheck.txt" 2>&1
   rc=$?
@@ -270,5 +374,4 @@ else
   say "SKIP compute-sanitizer memcheck: tool missing or too little time left"
 fi
 
-say "done in $(elapsed) s; $([ $FAILED -eq 0 ] && echo 'all device tests passed' || echo 'SOMETHING FAILED')"
-exit $FAILED
+finish

@@ -63,3 +63,16 @@ def test_crossover_has_its_own_options():  # the study itself: tests/test_dispat
     with pytest.raises(SystemExit) as e:
         tb.main(["crossover", "--help"])
     assert e.value.code == 0
+
+
+def test_device_cuda_needs_a_cuda_build_and_a_gpu(tmp_path, workloads):
+    """--device cuda stops before building anything, naming what is missing (the CUDA backend in
+    this build, or a GPU that torch sees)."""
+    import treadle as tl
+
+    expected = "no CUDA backend" if "cuda" not in tl.backends() else "sees no CUDA device"
+    if "cuda" in tl.backends() and torch.cuda.is_available():
+        pytest.skip("a GPU is present: bench/gpu_check.sh runs the device benchmark")
+    with pytest.raises(SystemExit, match=expected):
+        tb.main(["--device", "cuda", "--workloads", "W1", "--quiet", "--out", str(tmp_path)],
+                workloads=list(workloads.values()))

@@ -162,14 +162,21 @@ class Pair:
             self.model = w.build_treadle(tl)
             self.model.load_state_dict({k: v.detach().numpy() for k, v in self.tmodel.state_dict().items()})
             if w.train:
-                self.loss = tl.loss.MSE() if w.loss == "mse" else tl.loss.CrossEntropy()
-                self.trainer = tl.Trainer(self.model, self.loss, tl.optim.Adam(lr=lr))
+                self.trainer = self._make_trainer(tl, lr)
         except (AttributeError, NotImplementedError) as e:
             raise Missing(f"{type(e).__name__}: {e}") from e
+        self._place_torch_model()
         if w.train:
             self.tloss = torch.nn.MSELoss() if w.loss == "mse" else torch.nn.CrossEntropyLoss()
             kw = {} if torch_adam == "default" else {torch_adam: True}
             self.topt = torch.optim.Adam(self.tmodel.parameters(), lr=lr, **kw)
+
+    def _make_trainer(self, tl, lr):
+        self.loss = tl.loss.MSE() if self.w.loss == "mse" else tl.loss.CrossEntropy()
+        return tl.Trainer(self.model, self.loss, tl.optim.Adam(lr=lr))
+
+    def _place_torch_model(self):
+        """Where the PyTorch module computes (the CPU here; bench_device.DevicePair: the GPU)."""
 
     # One step each; run(k) wrappers below do k of them.
     def treadle_train(self):
@@ -180,21 +187,24 @@ class Pair:
         loss = self.tloss(self.tmodel(self.tx), self.ty)
         loss.backward()
         self.topt.step()
-        return loss
+        return loss.detach()  # a 0-d tensor; float() of it is the read-back, outside the timed loop
+
+    def torch_infer(self):
+        return self.tmodel(self.tx)
 
     def check(self):
         """Inference outputs and (when training) the first two step losses must agree."""
         torch = self.torch
         self.tmodel.eval()
         with torch.inference_mode():
-            ref = self.tmodel(self.tx).numpy()
+            ref = self.torch_infer().numpy()
         got = self.model.predict(self.x)
         scale = max(1.0, float(np.max(np.abs(ref))))
         c = {"infer_max_abs_diff": float(np.max(np.abs(got - ref))) if got.shape == ref.shape else None}
         c["ok"] = c["infer_max_abs_diff"] is not None and c["infer_max_abs_diff"] <= INFER_CHECK_TOL * scale
         if self.w.train:
             self.tmodel.train()
-            losses = [(self.treadle_train(), self.torch_train().item()) for _ in range(2)]
+            losses = [(self.treadle_train(), float(self.torch_train())) for _ in range(2)]
             (a, b), (a2, b2) = losses
             c.update(loss_treadle=a, loss_torch=b, loss_abs_diff=abs(a - b), step2_loss_treadle=a2,
                      step2_loss_torch=b2, step2_abs_diff=abs(a2 - b2))
@@ -225,7 +235,7 @@ class Pair:
         def torch_run(k):
             with torch.inference_mode():  # entered once per round: the cheapest way a user calls torch
                 for _ in range(k):
-                    self.tmodel(self.tx)
+                    self.torch_infer()
 
         return time_alternating({"treadle": tl_run, "torch": torch_run}, min_time, warmup)
 
@@ -247,11 +257,15 @@ def _timed(row, key, timing, flops):
         row[key + "_gflops"] = {name: flops / r["median_s"] / 1e9 for name, r in timing.items()}
 
 
-def bench_workload(w, tl, torch, threads, min_time, warmup, seed=0, torch_adam="default", log=print):
+def bench_workload(w, tl, torch, threads, min_time, warmup, seed=0, torch_adam="default", log=print, device="cpu"):
     """Rows (one per thread count) for workload `w`; missing/mismatch/error are rows too."""
     rows = [_row(w, t) for t in threads]
     try:
-        pair = Pair(w, tl, torch, seed, torch_adam)
+        if device == "cuda":
+            from .bench_device import DevicePair as pair_type
+        else:
+            pair_type = Pair
+        pair = pair_type(w, tl, torch, seed, torch_adam)
         torch.set_num_threads(threads[0])
         check = pair.check()
     except Missing as e:
@@ -372,6 +386,12 @@ def _header_lines(result):
     lines.append(f"- Versions: torch {result['torch']['version']} (Adam: {result['torch']['adam']}), treadle "
                  f"{t['version']} ({t['git'] or 'no git'}; backends {', '.join(t['backends'])}), numpy {m['numpy']}, "
                  f"Python {m['python']}")
+    d = result.get("device")
+    if d:
+        lines.append(f"- **On the GPU**: {d['name']} (compute capability {d['capability']}, {d['memory_gib']} GiB, "
+                     f"CUDA {d['cuda']}). treadle on backend \"cuda\", PyTorch on cuda:0, TF32 off on both; every "
+                     f"step on both sides copies the batch from host memory and reads the loss (or the "
+                     f"prediction) back, as a host driver does. 'threads' then only sets PyTorch's CPU threads.")
     g = result.get("gemm")
     if g:
         per_t = ", ".join(f"{k} thread{'s' if k != '1' else ''} {v:.0f}" for k, v in g["torch"].items())
@@ -463,11 +483,18 @@ def write_results(result, out_dir):
 
 # -- the suite ------------------------------------------------------------------------------------
 def run_suite(workloads, threads=(1, 2), min_time=1.0, warmup=0.2, gemm=True, profile=False, seed=0,
-              torch_adam="default", log=print):
-    """Benchmarks `workloads`; returns the result dict (the JSON written by main)."""
+              torch_adam="default", log=print, device="cpu"):
+    """Benchmarks `workloads`; returns the result dict (the JSON written by main). device "cuda":
+    both frameworks on the GPU (treadle backend "cuda"; see treadle.bench_device)."""
     import torch
 
     import treadle as tl
+
+    if device == "cuda":
+        from .bench_device import device_info, require_device
+
+        require_device(tl, torch)
+        gemm = False  # the CPU GEMM peak says nothing about a GPU run
 
     threads = [int(t) for t in threads]
     saved_threads = torch.get_num_threads()
@@ -476,7 +503,7 @@ def run_suite(workloads, threads=(1, 2), min_time=1.0, warmup=0.2, gemm=True, pr
                         "mkldnn": bool(torch.backends.mkldnn.is_available())},
               "treadle": treadle_info(tl), "settings": {"threads": threads, "min_time": min_time, "warmup": warmup,
                                                         "seed": seed},
-              "rows": [], "profile": {}}
+              "rows": [], "profile": {}, "device": device_info(torch) if device == "cuda" else None}
     try:
         if gemm:
             log("GEMM peak ...")
@@ -484,7 +511,7 @@ def run_suite(workloads, threads=(1, 2), min_time=1.0, warmup=0.2, gemm=True, pr
         result["call_overhead_us"] = call_overhead(tl, min(0.2, min_time))
         for w in workloads:
             log(f"{w.name}: {w.title}")
-            rows, pair = bench_workload(w, tl, torch, threads, min_time, warmup, seed, torch_adam, log)
+            rows, pair = bench_workload(w, tl, torch, threads, min_time, warmup, seed, torch_adam, log, device)
             result["rows"].extend(rows)
             if profile and pair is not None and rows[0]["status"] == "ok":
                 log(f"  {w.name} profile ...")
@@ -531,6 +558,8 @@ def _parser():
     p.add_argument("--torch-adam", choices=["default", "foreach", "fused"], default="default",
                    help="torch.optim.Adam implementation (default: torch's own choice)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: both frameworks on the GPU (a CUDA build of treadle, torch with CUDA)")
     p.add_argument("--workloads-file", default=None, help="path to a workloads.py (default: bench/workloads.py)")
     p.add_argument("--quiet", action="store_true", help="no progress lines (the table is still printed)")
     return p
@@ -560,7 +589,7 @@ def main(argv=None, workloads=None):
     log = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
     result = run_suite(available, threads, args.min_time, args.warmup, gemm=not args.no_gemm,
                        profile=args.profile,
-                       seed=args.seed, torch_adam=args.torch_adam, log=log)
+                       seed=args.seed, torch_adam=args.torch_adam, log=log, device=args.device)
     print(to_markdown(result))
     for path in write_results(result, args.out or _default_out_dir()):
         log(f"wrote {path}")

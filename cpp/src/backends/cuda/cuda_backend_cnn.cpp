@@ -8,11 +8,15 @@
 //                                                   that changes the size)
 //   batch_norm, batch_norm_eval, batch_norm_backward -> CudnnBatchNorm (spatial mode)
 //   batch_norm_update_stats                      -> an own kernel (the count lives on the device)
+// Precision "bf16" / "fp16" (ops/precision.hpp): the two operands are rounded into float32 copies
+// in the workspace (round_operand) and the float32 FMA convolution reads them; products of rounded
+// values are exact in float32, so this is the core's definition, not an approximation of it (no
+// tensor cores: cuDNN's half convolutions round the output to half as well).
 // Not taken (so a cuda plan holding them fails at finalize): 3-d windows, asymmetric padding
-// (padding_end), precision "bf16" (cuDNN has no bf16-operand float32 convolution here),
-// conv_backward_data with a bias (conv_transpose), batch_norm_eval_backward.
+// (padding_end), conv_backward_data with a bias (conv_transpose), batch_norm_eval_backward.
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "backends/cuda/cuda_backend_kernels.hpp"
 #include "backends/cuda/cuda_backend_ops.hpp"
@@ -69,7 +73,7 @@ Conv2dConfig conv_config(const ConvGeometry& g) {
 }
 
 bool accepts_conv(const Graph& g, const Node& node) {
-  if (!float32_operands(g, node) || is_bf16_compute(node.attrs)) return false;
+  if (!float32_operands(g, node)) return false;
   if (op_name(node) == "conv_backward_data" && node.inputs.size() != 2) return false;  // conv_transpose's bias
   try {
     // conv_backward_bias accepts any (N, C, ...) gradient; the geometry needs 1 to 3 spatial dims.
@@ -88,7 +92,23 @@ struct ConvState {
   bool post = false;  // a fused activation, reading the convolution from the workspace
   Activation act = Activation::relu;
   std::size_t product_offset = 0;
+  // Mixed precision: the rounded copies of inputs 0 and 1 in the workspace.
+  OperandRounding rounding = OperandRounding::none;
+  std::size_t rounded_offset[2] = {0, 0};
 };
+
+std::size_t align256(std::size_t n) { return (n + 255) / 256 * 256; }
+
+// The two operands the convolution reads: inputs 0 and 1, or their rounded copies (written here).
+std::pair<const float*, const float*> conv_operands(const KernelArgs& a, const ConvState& s) {
+  if (s.rounding == OperandRounding::none) return {in_f(a, 0), in_f(a, 1)};
+  float* copies[2];
+  for (int k = 0; k < 2; ++k) {
+    copies[k] = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + s.rounded_offset[k]);
+    round_operand(s.rounding, in_f(a, k), copies[k], a.in[k].numel, stream_of(a));
+  }
+  return {copies[0], copies[1]};
+}
 
 PreparedNode prepare_conv(const Graph& g, const Node& node) {
   const ConvGeometry geo = conv_geometry_of(g, node);
@@ -106,6 +126,13 @@ PreparedNode prepare_conv(const Graph& g, const Node& node) {
     const auto out_elements = static_cast<std::size_t>(shape_numel(shape_of(g, node.outputs[0])));
     p.workspace = s->product_offset + out_elements * sizeof(float);
   }
+  if (op_name(node) != "conv_backward_bias") s->rounding = operand_rounding(node.attrs);
+  if (s->rounding != OperandRounding::none) {
+    for (int k = 0; k < 2; ++k) {
+      s->rounded_offset[k] = align256(p.workspace);
+      p.workspace = s->rounded_offset[k] + static_cast<std::size_t>(shape_numel(shape_of(g, node.inputs[k]))) * sizeof(float);
+    }
+  }
   p.state = std::move(s);
   return p;
 }
@@ -115,20 +142,21 @@ const ConvState& conv_state(const KernelArgs& a) { return *static_cast<const Con
 void conv_kernel(const KernelArgs& a) {
   const ConvState& s = conv_state(a);
   float* y = s.post ? reinterpret_cast<float*>(static_cast<char*>(a.workspace) + s.product_offset) : out_f(a);
-  s.conv.forward(cudnn_handle(stream_of(a)), in_f(a, 0), in_f(a, 1), a.num_in == 3 ? in_f(a, 2) : nullptr, y,
-                 a.workspace);
+  const auto [x, w] = conv_operands(a, s);
+  s.conv.forward(cudnn_handle(stream_of(a)), x, w, a.num_in == 3 ? in_f(a, 2) : nullptr, y, a.workspace);
   if (s.post) activation_forward(s.act, y, out_f(a), a.out[0].numel, stream_of(a));
 }
 
 // (dy, w) -> dx
 void conv_backward_data_kernel(const KernelArgs& a) {
-  conv_state(a).conv.backward_data(cudnn_handle(stream_of(a)), in_f(a, 0), in_f(a, 1), out_f(a), false, a.workspace);
+  const auto [dy, w] = conv_operands(a, conv_state(a));
+  conv_state(a).conv.backward_data(cudnn_handle(stream_of(a)), dy, w, out_f(a), false, a.workspace);
 }
 
 // (x, dy) -> dw
 void conv_backward_weight_kernel(const KernelArgs& a) {
-  conv_state(a).conv.backward_filter(cudnn_handle(stream_of(a)), in_f(a, 0), in_f(a, 1), out_f(a), false,
-                                     a.workspace);
+  const auto [x, dy] = conv_operands(a, conv_state(a));
+  conv_state(a).conv.backward_filter(cudnn_handle(stream_of(a)), x, dy, out_f(a), false, a.workspace);
 }
 
 // (dy) -> db

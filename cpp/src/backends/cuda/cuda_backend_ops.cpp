@@ -32,7 +32,14 @@ bool float32_node(const Graph& g, const Node& node) {
   return !node.outputs.empty() && numel_of(g, node.outputs[0]) > 0;
 }
 
-MathMode math_of(const Attrs& attrs) { return is_bf16_compute(attrs) ? MathMode::bf16_operands : MathMode::f32; }
+MathMode math_of(const Attrs& attrs) {
+  switch (operand_rounding(attrs)) {
+    case OperandRounding::bf16: return MathMode::bf16_operands;
+    case OperandRounding::fp16: return MathMode::fp16_operands;
+    case OperandRounding::none: break;
+  }
+  return MathMode::f32;
+}
 
 template <typename T>
 PreparedNode with_state(std::shared_ptr<T> state, std::size_t workspace = 0) {

@@ -11,8 +11,10 @@
 #include <vector>
 
 #include "backends/cuda/cuda_backend_kernels.hpp"
+#include "backends/cuda/precision_kernels.hpp"
 #include "backends/kernel.hpp"
 #include "core/op_registry.hpp"
+#include "ops/precision.hpp"
 
 namespace treadle::cuda {
 
@@ -32,6 +34,13 @@ inline const float* in_f(const KernelArgs& a, int k) { return static_cast<const 
 inline float* out_f(const KernelArgs& a, int k = 0) { return static_cast<float*>(a.out[k].data); }
 inline const Shape& shape_of(const Graph& g, int value) { return g.info(value).shape; }
 inline const std::string& op_name(const Node& node) { return OpRegistry::instance().at(node.op).name; }
+
+// The operand rounding a node's "precision" attribute asks for (ops/precision.hpp).
+inline OperandRounding operand_rounding(const Attrs& attrs) {
+  if (!attrs.has(kPrecisionAttr)) return OperandRounding::none;
+  const std::string& p = attrs.s(kPrecisionAttr);
+  return p == "bf16" ? OperandRounding::bf16 : p == "fp16" ? OperandRounding::fp16 : OperandRounding::none;
+}
 
 // The MLP family (cuda_backend_ops.cpp), the convolution / pooling family (cuda_backend_cnn.cpp).
 std::vector<OpEntry> op_entries();

@@ -3,6 +3,7 @@
 
 #include "backends/cuda/cuda_kernels.hpp"
 #include "backends/cuda/cuda_status.hpp"
+#include "backends/cuda/loss_scale.hpp"
 #include "treadle/error.hpp"
 
 namespace treadle::cuda {
@@ -17,6 +18,8 @@ cublasComputeType_t compute_type(MathMode m) {
 }
 
 std::size_t align256(std::size_t n) { return (n + 255) / 256 * 256; }
+
+bool staged(MathMode m) { return m == MathMode::bf16_operands || m == MathMode::fp16_operands; }
 
 template <typename T>
 void set_desc(cublasLtMatmulDescOpaque_t& d, cublasLtMatmulDescAttributes_t attr, const T& value, const char* what) {
@@ -35,16 +38,19 @@ const char* math_name(MathMode m) {
     case MathMode::f32: return "f32";
     case MathMode::bf16: return "bf16";
     case MathMode::bf16_operands: return "bf16_operands";
+    case MathMode::fp16_operands: return "fp16_operands";
   }
   return "unknown";
 }
 
-cudaDataType_t operand_type(MathMode m) { return m == MathMode::bf16_operands ? CUDA_R_16BF : CUDA_R_32F; }
+cudaDataType_t operand_type(MathMode m) {
+  return m == MathMode::bf16_operands ? CUDA_R_16BF : m == MathMode::fp16_operands ? CUDA_R_16F : CUDA_R_32F;
+}
 
 StagedWorkspace staged_workspace(MathMode math, std::size_t gemm_bytes, int64_t a_elements, int64_t b_elements) {
   StagedWorkspace w;
   w.gemm = gemm_bytes;
-  if (math != MathMode::bf16_operands) {
+  if (!staged(math)) {
     w.total = gemm_bytes;
     return w;
   }
@@ -56,14 +62,19 @@ StagedWorkspace staged_workspace(MathMode math, std::size_t gemm_bytes, int64_t 
 
 StagedOperands stage_operands(MathMode math, const StagedWorkspace& layout, const float* a, int64_t a_elements,
                               const float* b, int64_t b_elements, void* workspace, cudaStream_t stream) {
-  if (math != MathMode::bf16_operands) return {a, b};
+  if (!staged(math)) return {a, b};
   if (workspace == nullptr)
-    throw_value_error("bf16 operands: need a device workspace of ", layout.total, " bytes, got null");
+    throw_value_error(math_name(math), ": need a device workspace of ", layout.total, " bytes, got null");
   auto* base = static_cast<char*>(workspace);
   auto* a16 = reinterpret_cast<uint16_t*>(base + layout.a_offset);
   auto* b16 = reinterpret_cast<uint16_t*>(base + layout.b_offset);
-  round_to_bf16(a, a16, a_elements, stream);
-  round_to_bf16(b, b16, b_elements, stream);
+  if (math == MathMode::bf16_operands) {
+    round_to_bf16(a, a16, a_elements, stream);
+    round_to_bf16(b, b16, b_elements, stream);
+  } else {
+    float_to_fp16(a, a16, a_elements, stream);
+    float_to_fp16(b, b16, b_elements, stream);
+  }
   return {a16, b16};
 }
 

@@ -27,9 +27,12 @@ namespace treadle::cuda {
 //   ties to even) into the workspace, then bf16 x bf16 products with float32 accumulation and
 //   float32 output (and bias). Products of bf16 values are exact in float32, so the result differs
 //   from the float64 product of the rounded operands by the summation's rounding only.
-enum class MathMode { f32, bf16, bf16_operands };
+// fp16_operands: the core's `precision: "fp16"` likewise, with IEEE half operands (subnormals kept,
+//   overflow to Inf): fp16 x fp16 products on tensor cores, float32 accumulation and output.
+enum class MathMode { f32, bf16, bf16_operands, fp16_operands };
 const char* math_name(MathMode m);
-// The operand type of the products (CUDA_R_16BF for bf16_operands, else CUDA_R_32F).
+// The operand type of the products (CUDA_R_16BF for bf16_operands, CUDA_R_16F for fp16_operands,
+// else CUDA_R_32F).
 cudaDataType_t operand_type(MathMode m);
 
 constexpr std::size_t kDefaultGemmWorkspace = std::size_t{32} << 20;
@@ -76,7 +79,7 @@ struct MatmulConfig {
   std::size_t workspace_limit = kDefaultGemmWorkspace;
 };
 
-// Workspace layout of a staged product (bf16_operands): [gemm scratch][A as bf16][B as bf16], each
+// Workspace layout of a staged product (bf16/fp16_operands): [gemm scratch][A 16-bit][B 16-bit], each
 // part 256-byte aligned. For other modes the operands are used in place and only scratch is needed.
 struct StagedWorkspace {
   std::size_t gemm = 0;     // bytes of cuBLASLt scratch, at offset 0
@@ -84,7 +87,7 @@ struct StagedWorkspace {
   std::size_t total = 0;
 };
 StagedWorkspace staged_workspace(MathMode math, std::size_t gemm_bytes, int64_t a_elements, int64_t b_elements);
-// The operands the product reads: `a`, `b` themselves, or (bf16_operands) their bf16 copies written
+// The operands the product reads: `a`, `b` themselves, or (bf16/fp16_operands) their 16-bit copies written
 // into the workspace on `stream`.
 struct StagedOperands {
   const void* a;
