@@ -18,12 +18,13 @@
 namespace treadle::cuda {
 namespace {
 
-// Every floating operand float32 and something to compute.
+// Every floating operand float32. Empty tensors are taken too: these kernels enqueue nothing for
+// them (a loss of no elements still writes its total: NaN for a mean, 0 for a sum).
 bool float32_node(const Graph& g, const Node& node) {
   for (const std::vector<int>* list : {&node.inputs, &node.outputs})
     for (int v : *list)
       if (is_floating(g.info(v).dtype) && g.info(v).dtype != DType::f32) return false;
-  return !node.outputs.empty() && shape_numel(g.info(node.outputs[0]).shape) > 0;
+  return !node.outputs.empty();
 }
 
 template <typename T>
