@@ -3,12 +3,15 @@
 // compared value by value (loss, logits, every parameter gradient, the input gradient). Plus the
 // errors a device plan gives without a device, for an op or dtype the backend does not cover, and
 // with host memory bound.
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <string>
 
 #include "backends/cuda/cuda_backend.hpp"
+#include "backends/cuda/cuda_status.hpp"
 #include "core/plan.hpp"
+#include "treadle/profile.hpp"
 #include "test_cuda_core.hpp"
 #include "test_cuda_core_models.hpp"
 #include "treadle/loss.hpp"
@@ -198,8 +201,9 @@ std::string compare_runs(const Run& dev, const Run& ref, double tol) {
 
 // The model's training plan (loss + backward, input gradient included) on "cuda" and on "eigen",
 // four steps on fresh inputs: every value compared, no device allocation after the first step, and
-// host memory refused by the device plan.
-std::string plan_vs_eigen(Env& env, Model& model, const Shape& x_shape, std::size_t num_grads) {
+// host memory refused by the device plan. `tol`: norm-wise relative (float32: 1e-5; a mixed-precision
+// model more, since a value within float32 noise of a rounding midpoint may round either way).
+std::string plan_vs_eigen(Env& env, Model& model, const Shape& x_shape, std::size_t num_grads, double tol = 1e-5) {
   Loss loss = loss::cross_entropy();
   auto dev_plan = model.plan(training_key("cuda", loss, x_shape), &loss);
   auto ref_plan = model.plan(training_key("eigen", loss, x_shape), &loss);
@@ -235,10 +239,10 @@ std::string plan_vs_eigen(Env& env, Model& model, const Shape& x_shape, std::siz
     Bindings ref_b{flat.data(), ref_in, ref_tg, {}};
     run_plan(*ref_plan, ref_ctx, ref_b);
     const Run ref = collect(*ref_plan, ref_ctx, ref_b, nullptr);
-    detail = compare_runs(dev, ref, 1e-5);
+    detail = compare_runs(dev, ref, tol);
     // Plans may update state in the parameter buffer (batch-norm running statistics): both alike.
     compare("parameters after step " + std::to_string(step + 1), params.download(),
-            widen(std::vector<float>(flat.data_as<float>(), flat.data_as<float>() + flat.numel())), 1e-5);
+            widen(std::vector<float>(flat.data_as<float>(), flat.data_as<float>() + flat.numel())), tol);
     if (step == 0) mallocs_after_first = dev_ctx.device_allocations();
     expect(dev_ctx.device_allocations() == mallocs_after_first, "step ", step + 1, ": ", dev_ctx.device_allocations(),
            " device allocations, ", mallocs_after_first, " after step 1");
@@ -259,7 +263,67 @@ void add_core_host_tests(std::vector<TestCase>& out) {
   out.push_back({"core_host_plans_stay_on_host", [](Env&) { return host_plans_stay_on_the_host(); }});
 }
 
+namespace {
+
+// Per-node device times of a profiled device plan: CUDA events, one entry per non-view node with
+// one call per run, backend "cuda", all positive, together no more than the runs took on the host
+// clock (which waited for the device).
+std::string profile_device_plan(Env& env) {
+  Loss loss = loss::cross_entropy();
+  auto model = mlp(7);
+  auto plan = model->plan(training_key("cuda", loss, {kBatch, kFeatures}), &loss);
+  const Tensor& flat = model->flat_parameters();
+  DeviceArray<float> params(env, std::vector<float>(flat.data_as<float>(), flat.data_as<float>() + flat.numel()));
+  DeviceArray<float> x_dev(env, uniform(env, static_cast<std::size_t>(kBatch * kFeatures), -2.f, 2.f));
+  DeviceArray<int64_t> y_dev(env, labels(env.rng, kBatch));
+  void* dev_in[] = {x_dev.get()};
+  void* dev_tg[] = {y_dev.get()};
+  Bindings b{params.get(), dev_in, dev_tg, {}};
+  b.device = kCuda;
+  Context ctx;
+  ctx.set_cuda_stream(env.s());
+  run_plan(*plan, ctx, b);  // warm-up: library handles, the arena
+  check_cuda(cudaStreamSynchronize(env.s()), "cudaStreamSynchronize");
+  Profiler profiler;
+  ctx.set_profiler(&profiler);
+  constexpr int kRuns = 3;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < kRuns; ++r) run_plan(*plan, ctx, b);
+  check_cuda(cudaStreamSynchronize(env.s()), "cudaStreamSynchronize");
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ctx.set_profiler(nullptr);
+  const std::vector<NodeProfile> nodes = profiler.nodes();
+  const std::string text = describe_plan(*plan);
+  std::size_t kernels = 0;
+  for (std::size_t at = text.find("[cuda]"); at != std::string::npos; at = text.find("[cuda]", at + 1)) ++kernels;
+  expect(nodes.size() == kernels, nodes.size(), " profiled nodes, ", kernels, " device kernels in the plan");
+  for (const NodeProfile& n : nodes) {
+    expect(n.calls == kRuns && n.backend == "cuda", n.op, ": ", n.calls, " calls on '", n.backend, "'");
+    expect(n.seconds > 0, n.op, ": device time ", n.seconds, " s");
+  }
+  expect(profiler.total_seconds() <= wall * 1.02 + 1e-4, "device time ", profiler.total_seconds(),
+         " s exceeds the host's ", wall, " s");
+  return std::to_string(nodes.size()) + " nodes, device " + std::to_string(profiler.total_seconds() * 1e6 / kRuns) +
+         " us per run, host " + std::to_string(wall * 1e6 / kRuns) + " us";
+}
+
+// Mixed precision on the device against Eigen's definition (operands rounded, float32 sums).
+std::string precision_plan_vs_eigen(Env& env, std::shared_ptr<Model> model, const char* precision,
+                                    const Shape& x_shape, std::size_t num_grads) {
+  model->set_precision(precision);
+  return plan_vs_eigen(env, *model, x_shape, num_grads, std::string(precision) == "bf16" ? 5e-3 : 1e-3);
+}
+
+}  // namespace
+
 void add_core_device_tests(std::vector<TestCase>& out) {
+  out.push_back({"core_profile_device_plan", profile_device_plan});
+  for (const char* p : {"bf16", "fp16"}) {
+    out.push_back({std::string("core_mlp_plan_") + p + "_vs_eigen",
+                   [p](Env& env) { return precision_plan_vs_eigen(env, mlp(7), p, {kBatch, kFeatures}, 10); }});
+    out.push_back({std::string("core_cnn_plan_") + p + "_vs_eigen",
+                   [p](Env& env) { return precision_plan_vs_eigen(env, small_cnn(11), p, kCnnInput, 5); }});
+  }
   out.push_back({"core_mlp_plan_vs_eigen",
                  [](Env& env) { return plan_vs_eigen(env, *mlp(7), {kBatch, kFeatures}, 10); }});
   out.push_back({"core_cnn_plan_vs_eigen", [](Env& env) { return plan_vs_eigen(env, *small_cnn(11), kCnnInput, 5); }});

@@ -7,6 +7,8 @@
 // cuda_backend.cpp and docs/cuda.md.
 //
 // No CUDA header here: the core's plan.cpp and registry.cpp include it.
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -40,6 +42,26 @@ TREADLE_API void* plan_value_address(const Plan& plan, Context& ctx, const Bindi
 TREADLE_API Device plan_device_of(const Plan& plan);
 // The plan's steps, one line each, with the backend of every node (Plan::describe).
 TREADLE_API std::string describe_plan(const Plan& plan);
+
+// Device time of each node of a profiled device plan run (cuda_backend_profile.cpp): events on
+// `stream` before the first node and after each node; finish() waits for the stream to reach the
+// last one and calls record(step, seconds) per node, in order. A node's time is what the device
+// spent between the end of the previous node and its own end: its kernels, plus any gap while the
+// host was still launching them (a launch-bound plan shows its launch cost there).
+class DeviceStepTimer {
+ public:
+  explicit DeviceStepTimer(void* stream);
+  ~DeviceStepTimer();
+  DeviceStepTimer(const DeviceStepTimer&) = delete;
+  DeviceStepTimer& operator=(const DeviceStepTimer&) = delete;
+  void mark(int step);
+  void finish(const std::function<void(int, double)>& record);
+
+ private:
+  struct Events;
+  void* stream_;
+  std::unique_ptr<Events> events_;
+};
 
 // run_op's device half: uploads `inputs` and the gradient `seeds` (host tensors, contiguous), runs
 // the device plan on the context's stream and returns the plan values `values` as host tensors (an
