@@ -21,14 +21,14 @@ std::string name_input(const char* message, const char* what, std::size_t i, std
 // call); items of a list are not, since another thread may replace them while the GIL is released.
 std::vector<Tensor> tensors_from(const py::handle& xs, const char* what) {
   std::vector<Tensor> out;
-  if (py::isinstance<py::array>(xs)) {
-    out.push_back(tensor_from_numpy(xs, what, false, /*borrowed=*/true));
+  if (py::isinstance<py::array>(xs) || py::hasattr(xs, "__cuda_array_interface__")) {
+    out.push_back(tensor_from_array(xs, what, false, /*borrowed=*/true));
   } else if (py::isinstance<py::list>(xs) || py::isinstance<py::tuple>(xs)) {
     const bool borrowed = py::isinstance<py::tuple>(xs);
     const std::size_t n = py::len(xs);
     for (auto x : xs) {
       try {  // a refused array of several is named by its position (costs nothing unless thrown)
-        out.push_back(tensor_from_numpy(x, what, false, borrowed));
+        out.push_back(tensor_from_array(x, what, false, borrowed));
       } catch (const ValueError& e) {
         if (n < 2) throw;
         throw_value_error(name_input(e.what(), what, out.size(), n));
@@ -62,7 +62,7 @@ py::object predict_py(Model& model, const py::handle& xs, const py::object& cont
   py::list arrays;
   if (!out.is_none()) {
     if (shapes.size() != 1) throw_value_error("predict: out= needs a single-output model");
-    dst.push_back(tensor_from_numpy(out, "predict(out=...)", /*writable=*/true, /*borrowed=*/true));
+    dst.push_back(tensor_from_array(out, "predict(out=...)", /*writable=*/true, /*borrowed=*/true));
     if (dst[0].shape() != shapes[0].first || dst[0].dtype() != shapes[0].second)
       throw_value_error("predict: out must be ", dtype_name(shapes[0].second), shape_str(shapes[0].first), ", got ",
                         dtype_name(dst[0].dtype()), shape_str(dst[0].shape()));

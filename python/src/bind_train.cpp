@@ -24,19 +24,37 @@ std::vector<Tensor> model_inputs(const py::handle& x, const char* what) {
   std::vector<Tensor> out;
   if (py::isinstance<py::list>(x) || py::isinstance<py::tuple>(x)) {
     const bool borrowed = py::isinstance<py::tuple>(x);
-    for (auto item : x) out.push_back(tensor_from_numpy(item, what, false, borrowed));
+    for (auto item : x) out.push_back(tensor_from_array(item, what, false, borrowed));
     if (out.empty()) throw_value_error(what, ": no inputs given");
   } else {
-    out.push_back(tensor_from_numpy(x, what, false, /*borrowed=*/true));
+    out.push_back(tensor_from_array(x, what, false, /*borrowed=*/true));
   }
   return out;
 }
 
 // The target, borrowed like an input array.
-Tensor target_of(const py::handle& y, const char* what) { return tensor_from_numpy(y, what, false, true); }
+Tensor target_of(const py::handle& y, const char* what) { return tensor_from_array(y, what, false, true); }
 }  // namespace
 
 void bind_train(py::module_& m) {
+  using Mode = LossScaling::Mode;
+  py::class_<LossScaling>(m, "LossScaling")
+      .def(py::init<>())
+      .def_property("mode",
+                    [](const LossScaling& o) {
+                      return o.mode == Mode::off ? "off" : o.mode == Mode::fixed ? "fixed" : "dynamic";
+                    },
+                    [](LossScaling& o, const std::string& mode) {
+                      if (mode == "off") o.mode = Mode::off;
+                      else if (mode == "fixed") o.mode = Mode::fixed;
+                      else if (mode == "dynamic") o.mode = Mode::dynamic;
+                      else throw_value_error("LossScaling: unknown mode '", mode, "' (expected off, fixed or dynamic)");
+                    })
+      .def_readwrite("init_scale", &LossScaling::init_scale)
+      .def_readwrite("growth_factor", &LossScaling::growth_factor)
+      .def_readwrite("backoff_factor", &LossScaling::backoff_factor)
+      .def_readwrite("growth_interval", &LossScaling::growth_interval);
+
   py::class_<TrainerOptions>(m, "TrainerOptions")
       .def(py::init<>())
       .def_readwrite("clip_grad_norm", &TrainerOptions::clip_grad_norm)
@@ -44,6 +62,7 @@ void bind_train(py::module_& m) {
       .def_readwrite("skip_nonfinite", &TrainerOptions::skip_nonfinite)
       .def_readwrite("verify_parameters", &TrainerOptions::verify_parameters)
       .def_readwrite("memory_budget", &TrainerOptions::memory_budget)
+      .def_readwrite("loss_scaling", &TrainerOptions::loss_scaling)
 #ifdef TREADLE_WITH_CUDA
       .def_readwrite("cuda_graph", &TrainerOptions::cuda_graph)  // backend "cuda": steps as CUDA graphs
 #endif
@@ -118,6 +137,10 @@ void bind_train(py::module_& m) {
       .def_property_readonly("lr", &Trainer::current_lr)
       .def_property_readonly("steps", &Trainer::steps)
       .def_property_readonly("skipped_steps", &Trainer::skipped_steps)
+      .def_property_readonly("loss_scale", &Trainer::loss_scale)
+      .def_property_readonly("loss_scale_growth_tracker", &Trainer::loss_scale_growth_tracker)
+      .def("set_loss_scale_state", &Trainer::set_loss_scale_state, py::arg("scale"), py::arg("growth_tracker"))
+      .def_property_readonly("loss_scaling", [](Trainer& t) { return t.options().loss_scaling; })
       .def("reseal_parameters", &Trainer::reseal_parameters, py::call_guard<py::gil_scoped_release>())
       .def("memory_report", [](Trainer& t, const std::vector<int64_t>& x_shape, const std::vector<int64_t>& y_shape,
                                const py::object& y_dtype) {

@@ -19,6 +19,11 @@ namespace treadle::py_bind {
 // live only during a call whose arguments hold the arrays (saves two allocations and a GIL
 // round trip per array on the batch-1 paths).
 Tensor tensor_from_numpy(const py::handle& obj, const char* what, bool writable = false, bool borrowed = false);
+// The same, or a CUDA array (an object with __cuda_array_interface__: CuPy, torch CUDA tensors,
+// Numba) as a device tensor (Tensor::wrap_device), for the entry points a model on backend "cuda"
+// serves: the trainer's inputs and targets, predict's inputs and out. A build without CUDA raises
+// TypeError for a CUDA array.
+Tensor tensor_from_array(const py::handle& obj, const char* what, bool writable = false, bool borrowed = false);
 // A numpy array that owns a copy of `t`.
 py::array numpy_copy(const Tensor& t);
 // A numpy array viewing `t`'s memory (kept alive by `owner`); writes go to the tensor.

@@ -1,6 +1,7 @@
 #include <cstring>
 
 #include "bindings.hpp"
+#include "treadle/cuda.hpp"
 #include "treadle/error.hpp"
 
 namespace treadle::py_bind {
@@ -39,9 +40,79 @@ DType dtype_from_py(const py::handle& obj) {
   return dtype_from_numpy(py::dtype::from_args(py::reinterpret_borrow<py::object>(obj)), "dtype");
 }
 
+namespace {
+
+std::string type_name(const py::handle& obj) { return py::str(py::type::handle_of(obj).attr("__name__")); }
+
+bool is_cuda_array(const py::handle& obj) {
+  return !py::isinstance<py::array>(obj) && py::hasattr(obj, "__cuda_array_interface__");
+}
+
+// The tensor keeps the Python object alive; releasing it needs the GIL, which may not be held then.
+std::shared_ptr<void> keep_alive(const py::handle& obj) {
+  auto* keep = new py::object(py::reinterpret_borrow<py::object>(obj));
+  return std::shared_ptr<void>(keep, [](void* p) {
+    py::gil_scoped_acquire gil;
+    delete static_cast<py::object*>(p);
+  });
+}
+
+DType dtype_from_typestr(const std::string& typestr, const char* what) {
+  if (typestr == "<f4") return DType::f32;
+  if (typestr == "<f8") return DType::f64;
+  if (typestr == "<i8") return DType::i64;
+  if (typestr == "<i4") return DType::i32;
+  throw_type_error(what, ": unsupported CUDA array type '", typestr, "' (expected float32 '<f4', float64 '<f8', ",
+                   "int32 '<i4' or int64 '<i8')");
+}
+
+// A CUDA array interface (version 3) as a device tensor: checked like a numpy array (dtype, C order,
+// alignment, read-only for outputs), then its device asked from the runtime and its stream waited for.
+Tensor tensor_from_cuda_array(const py::handle& obj, const char* what, bool writable, bool borrowed) {
+  const py::dict cai = obj.attr("__cuda_array_interface__");
+#ifndef TREADLE_WITH_CUDA
+  throw_type_error(what, ": got a CUDA array (", type_name(obj), "), but this build of treadle has no CUDA support ",
+                   "(build with -DTREADLE_WITH_CUDA=ON, docs/cuda.md); pass a numpy array");
+#else
+  const DType dt = dtype_from_typestr(cai["typestr"].cast<std::string>(), what);
+  Shape shape;
+  for (auto d : cai["shape"]) shape.push_back(d.cast<int64_t>());
+  if (cai.contains("strides") && !cai["strides"].is_none()) {
+    const Shape strides = contiguous_strides(shape);
+    std::size_t d = 0;
+    for (auto st : cai["strides"]) {
+      const int64_t bytes = st.cast<int64_t>();
+      if (d < shape.size() && shape[d] != 1 && bytes != strides[d] * static_cast<int64_t>(dtype_size(dt)))
+        throw_value_error(what, ": CUDA array of shape ", shape_str(shape), " is not C-contiguous (byte stride ", bytes,
+                          " in dimension ", d, "); make it contiguous first");
+      ++d;
+    }
+  }
+  const py::tuple data = cai["data"];
+  auto* ptr = reinterpret_cast<void*>(data[0].cast<std::uintptr_t>());
+  if (writable && data[1].cast<bool>()) throw_value_error(what, ": CUDA array is read-only");
+  if (shape_numel(shape) > 0 && reinterpret_cast<std::uintptr_t>(ptr) % dtype_size(dt) != 0)
+    throw_value_error(what, ": CUDA array data is not aligned to its element size");
+  const Device device = shape_numel(shape) > 0 ? cuda::device_of_pointer(ptr, what) : Device{DeviceKind::cuda, 0};
+  if (cai.contains("stream") && !cai["stream"].is_none()) cuda::wait_for_stream(cai["stream"].cast<std::uintptr_t>(), what);
+  return Tensor::wrap_device(ptr, std::move(shape), dt, device, borrowed ? nullptr : keep_alive(obj));
+#endif
+}
+
+}  // namespace
+
+Tensor tensor_from_array(const py::handle& obj, const char* what, bool writable, bool borrowed) {
+  if (is_cuda_array(obj)) return tensor_from_cuda_array(obj, what, writable, borrowed);
+  return tensor_from_numpy(obj, what, writable, borrowed);
+}
+
 Tensor tensor_from_numpy(const py::handle& obj, const char* what, bool writable, bool borrowed) {
+  if (is_cuda_array(obj))
+    throw_type_error(what, ": expected a numpy array, got a CUDA array (", type_name(obj), "); device arrays are ",
+                     "taken by Trainer.step / compute_gradients / evaluate and Model.predict of a model on backend ",
+                     "'cuda', host arrays everywhere");
   if (!py::isinstance<py::array>(obj))
-    throw_type_error(what, ": expected a numpy array, got ", std::string(py::str(py::type::handle_of(obj).attr("__name__"))));
+    throw_type_error(what, ": expected a numpy array, got ", type_name(obj));
   auto arr = py::reinterpret_borrow<py::array>(obj);
   DType dt = dtype_from_numpy(arr.dtype(), what);
   if (!(arr.flags() & py::array::c_style)) {
@@ -58,13 +129,7 @@ Tensor tensor_from_numpy(const py::handle& obj, const char* what, bool writable,
   if (writable && !arr.writeable()) throw_value_error(what, ": array is read-only");
   Shape shape(arr.shape(), arr.shape() + arr.ndim());
   if (borrowed) return Tensor::wrap(const_cast<void*>(arr.data()), std::move(shape), dt);
-  // The tensor keeps the array alive; releasing it needs the GIL, which may not be held then.
-  auto* keep = new py::object(arr);
-  std::shared_ptr<void> owner(keep, [](void* p) {
-    py::gil_scoped_acquire gil;
-    delete static_cast<py::object*>(p);
-  });
-  return Tensor::wrap(const_cast<void*>(arr.data()), std::move(shape), dt, std::move(owner));
+  return Tensor::wrap(const_cast<void*>(arr.data()), std::move(shape), dt, keep_alive(arr));
 }
 
 py::array numpy_copy(const Tensor& t) {

@@ -49,11 +49,17 @@ class DataParallel:
     after each gradient allreduce every rank takes the root's values; "average": the mean over the
     ranks; "local": left alone (replicas then differ in that state). Batch statistics used *inside*
     a training step are always the local shard's (no SyncBatchNorm).
+
+    ``transport``: how the gradient buffer travels. "mpi" (and "auto", which means "mpi" here): through
+    host memory with mpi4py; a model on backend "cuda" downloads its gradients for the allreduce and
+    uploads them for the update. "nccl" is refused with a ValueError: the NCCL transport (gradients
+    allreduced on the device) is in the C++ ``treadle::DataParallel`` (docs/distributed.md).
     """
 
     BUFFER_MODES = ("root", "average", "local")
+    TRANSPORTS = ("auto", "mpi", "nccl")
 
-    def __init__(self, trainer, comm, root=0, buffers="root"):
+    def __init__(self, trainer, comm, root=0, buffers="root", transport="auto"):
         MPI = _mpi()
         if not isinstance(comm, MPI.Comm):
             raise TypeError(f"DataParallel: comm must be an mpi4py communicator, got {type(comm).__name__}")
@@ -69,13 +75,19 @@ class DataParallel:
             error = f"root must be a rank in [0, {self.size}), got {root!r}"
         elif buffers not in self.BUFFER_MODES:
             error = f"buffers must be one of {self.BUFFER_MODES}, got {buffers!r}"
+        elif transport not in self.TRANSPORTS:
+            error = f"transport must be one of {self.TRANSPORTS}, got {transport!r}"
+        elif transport == "nccl":
+            error = ("transport 'nccl' is not available from Python: this DataParallel moves numpy buffers "
+                     "with mpi4py; the NCCL transport is in the C++ treadle::DataParallel (built with "
+                     "-DTREADLE_WITH_NCCL=ON); use transport 'mpi'")
         else:
             try:
                 items = self._setup_items()
             except Exception as e:  # e.g. not a treadle Trainer
                 error = e
         self._agree(error, "DataParallel")
-        self.root, self.buffers = int(root), buffers
+        self.root, self.buffers, self.transport = int(root), buffers, "mpi"
         self._check_same_setup(items + [("buffers", buffers)])
         self._buffer_index = self._non_trained_index()
         self.broadcast_state()
@@ -100,6 +112,8 @@ class DataParallel:
         items.append(("optimizer state", tuple((k, v.size) for k, v in sorted(opt.state().items()))))
         items.append(("schedule", repr(self.trainer.schedule)))
         items.append(("clip_grad_norm", self.trainer._native.clip_grad_norm))
+        s = self.trainer._native.loss_scaling
+        items.append(("loss scaling", (s.mode, s.init_scale, s.growth_factor, s.backoff_factor, s.growth_interval)))
         return items
 
     def _non_trained_index(self):
@@ -153,6 +167,10 @@ class DataParallel:
             comm.Bcast(state[name], root=root)
         step_count = comm.bcast(opt.step_count, root=root)
         opt.load_state(state, step_count)
+        # The dynamic loss scale: every rank then takes the same skip decisions on the summed gradients.
+        native = self.trainer._native
+        scale, tracker = comm.bcast((native.loss_scale, native.loss_scale_growth_tracker), root=root)
+        native.set_loss_scale_state(scale, tracker)
 
     # -- stepping ---------------------------------------------------------------------------------
     def step(self, x, y):

@@ -138,7 +138,11 @@ class Module:
         return self._model
 
     def predict(self, x, out=None, context=None):
-        """Inference (eval mode) on a numpy batch; safe to call from many threads at once."""
+        """Inference (eval mode) on a numpy batch; safe to call from many threads at once.
+
+        On backend "cuda", `x` and `out` may be CUDA arrays (CuPy, torch CUDA tensors): the batch is
+        copied on the device, and the result written into `out` there (without `out`, a numpy array
+        is returned)."""
         model = self._model  # the compiled model, looked up inline: this is the batch-1 hot path
         if model is None:
             model = self._compiled()
@@ -203,8 +207,10 @@ class Module:
         self._compiled().fusion = bool(on)
 
     def set_precision(self, name):
-        """Compute precision of the matrix products: "float32" (default) or "bf16" (operands rounded
-        to bfloat16, float32 accumulation; parameters stay float32). Float32 models only."""
+        """Compute precision of the matrix products and convolutions: "float32" (default), "bf16" or
+        "fp16" (operands rounded to bfloat16 or IEEE half, float32 accumulation; parameters stay
+        float32). Float32 models only. Training in fp16 usually needs loss scaling
+        (``tl.Trainer(..., loss_scale="dynamic")``)."""
         self._compiled().set_precision(name)
         return self
 

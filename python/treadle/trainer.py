@@ -21,14 +21,27 @@ class Trainer:
     parameters + gradients + optimizer state + activations exceed it, and `detect_anomaly` names the
     first node that produces NaN/Inf.
 
+    Loss scaling for mixed precision (`model.set_precision("fp16")`; docs/hardening.md), as
+    torch.amp.GradScaler: `loss_scale=None` (default) is off; a number is a fixed scale;
+    "dynamic" starts at 65536, halves the scale after a step with a non-finite gradient (which is
+    skipped: parameters and optimizer state untouched, counted in `skipped_steps`) and doubles it
+    after 2000 consecutive good steps; a dict such as {"init_scale": 1024.0, "growth_factor": 2.0,
+    "backoff_factor": 0.5, "growth_interval": 100} sets those numbers of a dynamic scale. The backward
+    pass is seeded with the scale and `update` unscales the gradients before clipping; `step`
+    returns the unscaled loss, and `loss_scale` is the current scale (1.0 when off). Checkpoints keep
+    the dynamic scale.
+
     With backend "cuda" (a build with CUDA; docs/cuda.md) the step runs on the GPU, and
-    `cuda_graph=True` captures it once per input signature and replays it.
+    `cuda_graph=True` captures it once per input signature and replays it. Inputs and targets may
+    then also be CUDA arrays (CuPy, torch CUDA tensors: anything with `__cuda_array_interface__`),
+    copied on the device instead of uploaded; a CPU model refuses them with TypeError.
     """
 
     def __init__(self, model, loss, optimizer, schedule=None, clip_grad_norm=None, check_finite=False, seed=0,
                  executor=None, skip_nonfinite=False, verify_parameters=False, memory_budget=None,
-                 detect_anomaly=False, cuda_graph=False):
+                 detect_anomaly=False, cuda_graph=False, loss_scale=None):
         options = _core.TrainerOptions()
+        options.loss_scaling = _loss_scaling(loss_scale)
         if cuda_graph:
             if not hasattr(options, "cuda_graph"):
                 raise ValueError("Trainer: cuda_graph=True needs a build with the CUDA backend "
@@ -77,7 +90,8 @@ class Trainer:
         self._native.zero_grad()
 
     def update(self):
-        """Gradient clipping (if set) and one optimizer step at the scheduled learning rate."""
+        """Gradient clipping (if set) and one optimizer step at the scheduled learning rate. With
+        loss scaling the gradients are unscaled first, and a non-finite one skips the step."""
         self._native.update()
 
     def begin_step(self, x, y, depth=1):
@@ -128,8 +142,14 @@ class Trainer:
 
     @property
     def skipped_steps(self):
-        """Updates skipped because the loss or gradient norm was not finite (skip_nonfinite=True)."""
+        """Updates skipped because the loss or gradient norm was not finite (skip_nonfinite=True) or
+        a scaled gradient was not finite (loss_scale)."""
         return self._native.skipped_steps
+
+    @property
+    def loss_scale(self):
+        """The loss scale the next backward pass is seeded with (1.0 without loss scaling)."""
+        return self._native.loss_scale
 
     def reseal_parameters(self):
         """With verify_parameters=True: accept the current parameters as intended after writing them
@@ -180,6 +200,37 @@ class Trainer:
         if bar is not None:
             bar.close()
         return history
+
+
+_LOSS_SCALE_KEYS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval")
+
+
+def _loss_scaling(loss_scale):
+    """TrainerOptions.loss_scaling from Trainer's loss_scale argument (values checked in C++)."""
+    o = _core.LossScaling()
+    if loss_scale is None:
+        return o
+    if isinstance(loss_scale, str):
+        if loss_scale != "dynamic":
+            raise ValueError(f"Trainer: loss_scale must be None, a number, 'dynamic' or a dict, got {loss_scale!r}")
+        o.mode = "dynamic"
+        return o
+    if isinstance(loss_scale, dict):
+        unknown = sorted(set(loss_scale) - set(_LOSS_SCALE_KEYS))
+        if unknown:
+            raise ValueError(f"Trainer: unknown loss_scale key(s) {unknown} (expected {', '.join(_LOSS_SCALE_KEYS)})")
+        o.mode = "dynamic"
+        for key, value in loss_scale.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+                raise ValueError(f"Trainer: loss_scale['{key}'] must be a number, got {value!r}")
+            if key == "growth_interval" and int(value) != value:
+                raise ValueError(f"Trainer: loss_scale['growth_interval'] must be an integer, got {value!r}")
+            setattr(o, key, int(value) if key == "growth_interval" else float(value))
+        return o
+    if isinstance(loss_scale, bool) or not isinstance(loss_scale, (int, float, np.integer, np.floating)):
+        raise ValueError(f"Trainer: loss_scale must be None, a number, 'dynamic' or a dict, got {loss_scale!r}")
+    o.mode, o.init_scale = "fixed", float(loss_scale)
+    return o
 
 
 def _progress_bar(total):

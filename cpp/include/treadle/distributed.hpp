@@ -10,9 +10,16 @@
 //   double loss = dp.step(x_local, y_local);   // global mean loss; same update on every rank
 //
 // Semantics match the Python treadle.distributed.DataParallel (see docs/distributed.md).
+//
+// Transports for the gradient buffer (DataParallelOptions::transport): "mpi" moves it through host
+// memory (a model on backend "cuda" downloads its gradients, the allreduce runs on the host, the
+// update uploads them); "nccl" (builds with -DTREADLE_WITH_NCCL=ON, models on "cuda", one GPU per
+// process) allreduces the device gradient buffer in place on the trainer's stream; "auto" picks
+// nccl where every rank qualifies, else mpi. The small per-step exchange always uses MPI.
 #include <mpi.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,6 +36,14 @@ namespace treadle {
 // always the local shard's (there is no SyncBatchNorm).
 enum class BufferSync { root, average, local };
 
+struct DataParallelOptions {
+  int root = 0;
+  BufferSync buffers = BufferSync::root;
+  // "auto": "nccl" in a build with NCCL when every rank's model is on backend "cuda" and every rank
+  // has a GPU of its own, else "mpi". "nccl" where it cannot run: ValueError saying why.
+  std::string transport = "auto";
+};
+
 class TREADLE_API DataParallel {
  public:
   // Collective. Checks that every rank holds the same parameter layout, dtype, loss, optimizer
@@ -36,6 +51,12 @@ class TREADLE_API DataParallel {
   // difference; then broadcasts root's parameters, optimizer state and step count. The trainer and
   // the communicator must outlive this object; the communicator is used, never duplicated or freed.
   DataParallel(Trainer& trainer, MPI_Comm comm, int root = 0, BufferSync buffers = BufferSync::root);
+  // The same with the transport chosen (see DataParallelOptions). With "nccl" the constructor also
+  // makes the NCCL communicator (collective), which the destructor destroys.
+  DataParallel(Trainer& trainer, MPI_Comm comm, const DataParallelOptions& options);
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
 
   // zero_grad + compute_gradients on the local shard + allreduce_gradients + update. Shards may
   // differ in size or be empty. If any rank throws (bad input, model error), no rank updates and
@@ -48,7 +69,8 @@ class TREADLE_API DataParallel {
   // `error`: non-empty if this rank failed, making every rank throw. Returns the global loss.
   double allreduce_gradients(int64_t count, double loss, const std::string& error = {});
 
-  // Copies root's parameters, optimizer state buffers and step count to every rank.
+  // Copies root's parameters, optimizer state buffers and step count to every rank (through the
+  // host with either transport; a model on "cuda" uploads them before its next device use).
   void broadcast_state();
   // Makes the non-trained state agree as `buffers` says (step and allreduce_gradients call it).
   void sync_buffers();
@@ -59,15 +81,26 @@ class TREADLE_API DataParallel {
   int size() const { return size_; }
   int root() const { return root_; }
   int64_t steps() const { return steps_; }
-  double allreduce_seconds() const { return allreduce_seconds_; }  // in the gradient allreduce, all steps
+  // In the gradient allreduce, all steps. With "nccl": the time to enqueue it (it completes on the
+  // trainer's stream, before the update queued after it).
+  double allreduce_seconds() const { return allreduce_seconds_; }
+  // The transport in use: "mpi" or "nccl" ("auto" resolved at construction).
+  const std::string& transport() const { return transport_; }
 
  private:
   double reduce(int64_t count, double loss, const std::string& error, const char* where);
-  void check_same_setup();
+  void check_same_setup(const std::string& transport);
   // Collective: throws the same ValueError on every rank if any rank passes a non-empty error.
   [[noreturn]] void raise_failure(const std::string& error, const char* where);
+  // Collective: the text raise_failure throws ("<where>: rank R failed: <error>").
+  std::string failure_message(const std::string& error, const char* where);
   void pack_buffers(Tensor& into) const;    // non-trained slots -> contiguous
   void unpack_buffers(const Tensor& from);  // and back
+  // Collective: the transport `requested` resolves to on every rank ("mpi" or "nccl"), the NCCL
+  // communicator made for "nccl". Throws the same ValueError on every rank where nccl cannot run.
+  void choose_transport(const std::string& requested);
+  void allreduce_on_device(double weight);  // the gradient allreduce of transport "nccl"
+  void sync_buffers_on_device();
 
   Trainer& trainer_;
   MPI_Comm comm_;
@@ -77,6 +110,13 @@ class TREADLE_API DataParallel {
   Tensor packed_, saved_;                                  // sized once: steps allocate nothing
   int64_t steps_ = 0;
   double allreduce_seconds_ = 0.0;
+  std::string transport_ = "mpi";
+  // The NCCL communicator and what goes with it (nccl_transport.cpp); null with transport "mpi".
+  struct Nccl;
+  struct NcclDeleter {
+    void operator()(Nccl* n) const noexcept;
+  };
+  std::unique_ptr<Nccl, NcclDeleter> nccl_;
 };
 
 }  // namespace treadle

@@ -36,8 +36,11 @@ struct PlanKey {
   DType target_dtype = DType::f32;
   std::string backend;  // "" = automatic dispatch
   bool deterministic = false;
-  std::string precision;  // of the forward's matrix products: "" (float32) or "bf16"
+  std::string precision;  // of the forward's matrix products: "" (float32), "bf16" or "fp16"
   bool fuse = true;       // activation fusion into the products before them
+  // train_loss plans: the loss gradient's seed is a scalar input of the loss's dtype bound at run
+  // time (Bindings::seeds[0]) instead of the constant 1, e.g. a loss scale.
+  bool loss_seed_input = false;
   auto operator<=>(const PlanKey&) const = default;
 };
 
@@ -86,9 +89,10 @@ class TREADLE_API Model {
   // the fixed priority order. Drops compiled plans. docs/hardening.md lists what else matters.
   void set_deterministic(bool on);
   bool deterministic() const { return deterministic_; }
-  // Compute precision of the matrix products (linear, matmul, bmm) of the forward and of their
-  // gradients: "float32" (default) or "bf16" (operands rounded to bfloat16, float32 accumulation
-  // and results; parameters stay float32). Only for float32 models; drops compiled plans.
+  // Compute precision of the matrix products (linear, matmul, bmm) and convolutions of the forward
+  // and of their gradients: "float32" (default), "bf16" or "fp16" (operands rounded to bfloat16 or
+  // IEEE binary16, float32 accumulation and results; parameters stay float32). fp16 training needs
+  // loss scaling (TrainerOptions::loss_scaling). Only for float32 models; drops compiled plans.
   void set_precision(const std::string& name);
   const std::string& precision() const { return precision_; }
   // Activation fusion (on by default): a linear whose output only a relu, tanh or sigmoid reads
@@ -158,7 +162,7 @@ class TREADLE_API Model {
   void host_access() const {
     if (device_) device_to_host(true);
   }
-  void predict_on_device(const Plan& plan, std::span<void* const> inputs, const std::vector<Tensor>& outputs,
+  void predict_on_device(const Plan& plan, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
                          Context& ctx);
   struct DeviceMirror;
   struct DeviceMirrorDeleter {

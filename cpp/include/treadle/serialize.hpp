@@ -76,7 +76,9 @@ TREADLE_API void load_model(const TensorFile& file, Model& model);
 
 // Training checkpoints: parameters, the optimizer's state buffers ("optimizer:<name>"), its name,
 // base learning rate and step count (which also drives the schedule), and the trainer context's
-// RNG state (seed and counter), so a resumed run continues bit for bit. "treadle.kind" = "checkpoint".
+// RNG state (seed and counter) and, with dynamic loss scaling, the scale and its growth count
+// ("treadle.loss_scale", "treadle.loss_scale_growth_tracker"), so a resumed run continues bit for
+// bit. "treadle.kind" = "checkpoint".
 // Save between steps: gradients and a pending forward (Trainer::forward without its backward) are
 // not part of a checkpoint (every step starts by zeroing the gradients).
 TREADLE_API void save_checkpoint(const std::string& path, Trainer& trainer, const Metadata& metadata = {});

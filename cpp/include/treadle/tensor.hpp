@@ -40,6 +40,11 @@ class TREADLE_API Tensor {
   Tensor(std::shared_ptr<Storage> storage, std::size_t offset_bytes, Shape shape, Shape strides, DType dtype);
 
   static Tensor wrap(void* data, Shape shape, DType dtype, std::shared_ptr<void> owner = nullptr);
+  // A contiguous view of memory on `device` that the caller owns (e.g. a CuPy or torch CUDA array,
+  // `owner` keeping it alive). Only what runs on that device reads it: a model on backend "cuda"
+  // takes such tensors as inputs, targets and predict outputs (copied on the device). Everything
+  // that reads data on the host (clone, copy_from, to, a CPU model) raises TypeError instead.
+  static Tensor wrap_device(void* data, Shape shape, DType dtype, Device device, std::shared_ptr<void> owner = nullptr);
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }
@@ -49,6 +54,9 @@ class TREADLE_API Tensor {
   int64_t numel() const { return shape_numel(shape_); }
   DType dtype() const { return dtype_; }
   Device device() const { return device_; }
+  bool is_cpu() const { return device_.kind == DeviceKind::cpu; }
+  // TypeError "<who>: expected a cpu tensor, got cuda:0" unless the data is host memory.
+  void require_cpu(const char* who) const;
   std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype_); }
   bool is_contiguous() const;
 

@@ -17,6 +17,29 @@
 
 namespace treadle {
 
+class LossScaler;  // nn/loss_scaler.hpp
+
+// Loss scaling for mixed-precision training (Model::set_precision("fp16"), whose rounded gradient
+// operands flush small values to zero), as torch.amp.GradScaler does it. The backward pass is seeded
+// with the scale instead of 1; update() multiplies the gradients by the float32 reciprocal of the
+// scale before clipping and the optimizer and skips the update (parameters, optimizer state and its
+// step count untouched; counted in skipped_steps()) when any gradient is not finite. A dynamic scale
+// is then multiplied by backoff_factor; after growth_interval consecutive finite steps it is
+// multiplied by growth_factor. The loss that step() returns is the unscaled one.
+struct LossScaling {
+  enum class Mode : uint8_t { off, fixed, dynamic };
+  Mode mode = Mode::off;
+  double init_scale = 65536.0;  // the fixed scale, or where a dynamic one starts (a float32 value)
+  double growth_factor = 2.0;   // dynamic only
+  double backoff_factor = 0.5;  // dynamic only
+  int64_t growth_interval = 2000;  // dynamic only
+  static LossScaling fixed(double scale) { return {Mode::fixed, scale}; }
+  static LossScaling dynamic(double init_scale = 65536.0, double growth_factor = 2.0, double backoff_factor = 0.5,
+                             int64_t growth_interval = 2000) {
+    return {Mode::dynamic, init_scale, growth_factor, backoff_factor, growth_interval};
+  }
+};
+
 struct TrainerOptions {
   double clip_grad_norm = 0.0;  // 0: off
   bool check_finite = false;    // reject NaN/Inf in inputs and targets
@@ -29,6 +52,10 @@ struct TrainerOptions {
   // Bytes for parameters + gradients + optimizer state + activations (0: none); a plan that would
   // exceed it is refused with ValueError before it runs.
   std::size_t memory_budget = 0;
+  // Off by default; validated (ValueError naming the field) and fixed when the trainer is built.
+  // With it, skip_nonfinite's gradient check is the scaler's (its loss check still comes first and
+  // leaves the scale alone). Host trainers only for now: a step on backend "cuda" raises ValueError.
+  LossScaling loss_scaling;
 #ifdef TREADLE_WITH_CUDA
   // Backend "cuda" (CUDA builds): step() runs as a CUDA graph, captured once per input signature
   // on its second step (the first runs as launched kernels) and replayed: forward, loss, backward,
@@ -106,8 +133,15 @@ class TREADLE_API Trainer {
   double current_lr() const;
   TrainerOptions& options() { return options_; }
   int64_t steps() const { return optimizer_->step_count(); }
-  // Updates skipped by the skip_nonfinite policy.
+  // Updates skipped by the skip_nonfinite policy or by loss scaling (non-finite gradients).
   int64_t skipped_steps() const { return skipped_; }
+  // The loss scale the next backward pass is seeded with (1 without loss scaling) and the count of
+  // consecutive finite steps towards its growth (0 without dynamic scaling).
+  float loss_scale() const;
+  int64_t loss_scale_growth_tracker() const;
+  // Restores the dynamic scaler's state (checkpoints); ValueError for a non-positive or non-finite
+  // scale or a negative count. Ignored without dynamic loss scaling.
+  void set_loss_scale_state(double scale, int64_t growth_tracker);
   // Memory a training step on (x, y) of these signatures needs; compiles its plan if new.
   MemoryReport memory_report(const Shape& x_shape, DType x_dtype, const Shape& y_shape, DType y_dtype);
   // Re-records the parameter checksums (verify_parameters) after a deliberate write to the
@@ -162,6 +196,16 @@ class TREADLE_API Trainer {
   std::shared_ptr<const Plan> pending_;  // plan whose forward ran last (for backward)
   std::vector<Tensor> pending_inputs_;  // private copies of the last forward's inputs
   int64_t skipped_ = 0;
+  std::unique_ptr<LossScaler> scaler_;  // null without loss scaling
+  // The seed of a train_loss plan's backward pass with loss scaling: the scale in the loss's dtype,
+  // written here (the plan binds it as its seed input). Null without loss scaling.
+  void* loss_seed(DType loss_dtype);
+  alignas(8) unsigned char seed_value_[8] = {};
+  // update()'s loss-scaling part: unscales the gradients, returns false (and counts the skip)
+  // when one was not finite.
+  bool unscale_and_check();
+  const Tensor& scaled_grad_output(const Tensor& grad_output, Tensor& copy);
+  Tensor scaled_seed_;  // backward's grad_output times the loss scale
   struct TaskedStep;  // the step begin_step prepared (trainer_tasks.cpp)
   void end_tasked_step();  // another run reuses the context's memory: a tasked step is void
   std::unique_ptr<TaskedStep> tasked_;
@@ -183,6 +227,9 @@ class TREADLE_API Trainer {
   DeviceStep& device_step();
   double run_device_loss_plan(const Plan& p, Inputs xs, const Tensor& y, PlanMode mode);
   double device_graph_step(Inputs xs, const Tensor& y);
+  // Loss scaling on the device: unscales the n gradients in place and applies the host rule to the
+  // non-finite flag read back; false when the update is to be skipped.
+  bool device_unscale_and_check(float* grads, int64_t n, void* stream);
   void device_update();
   // Copies the optimizer's device-newer state back; `will_write`: upload it before the next update.
   void device_optimizer_to_host(bool will_write);

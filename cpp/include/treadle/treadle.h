@@ -75,7 +75,7 @@ TREADLE_C_API int treadle_model_set_parameters(treadle_model* model, const void*
 
 /* How the model's plans run (each call drops its compiled plans; not while a trainer of this model
  * is inside a call). backend: "" (priority order), "eigen", "onednn" (when built) or "auto" (the
- * measured dispatch table). precision of the matrix products: "float32" or "bf16" (float32 models).
+ * measured dispatch table). precision of the matrix products: "float32", "bf16" or "fp16" (float32 models).
  * deterministic: nonzero for bitwise-reproducible plans (docs/hardening.md). fusion: nonzero (the default)
  * lets a linear or conv apply the relu/tanh/sigmoid after it itself (docs/architecture.md). */
 TREADLE_C_API int treadle_model_set_backend(treadle_model* model, const char* backend);

@@ -57,7 +57,12 @@ std::shared_ptr<Plan> compile_plan(const PlanKey& key, const TraceFn& trace, con
     Value l = loss->apply(outputs.at(0), target);
     plan->loss = l.id();
   }
-  if (key.mode == PlanMode::train_loss) {
+  if (key.mode == PlanMode::train_loss && key.loss_seed_input) {
+    Value l(&g, plan->loss);
+    Value seed = g.add_input(Shape{}, l.dtype(), ValueKind::seed);
+    plan->seeds.push_back(seed.id());
+    seeds.emplace_back(l.id(), seed.id());
+  } else if (key.mode == PlanMode::train_loss) {
     Value l(&g, plan->loss);
     Value one = g.apply1("constant", {}, {{"shape", Shape{}}, {"value", 1.0}, {"dtype", std::string(dtype_name(l.dtype()))}});
     seeds.emplace_back(l.id(), one.id());

@@ -396,7 +396,7 @@ std::string Plan::describe() const {
   for (const PlanStep& s : steps) {
     const Node& n = graph.nodes()[s.node];
     os << s.node << " " << reg.at(n.op).name << " [" << (s.backend ? s.backend->name() : "view") << "]";
-    if (is_bf16_compute(n.attrs)) os << " bf16";
+    if (const char* rounding = rounding_label(rounding_of(n.attrs))) os << " " << rounding;
     if (!fused_activation(n.attrs).empty()) os << " +" << fused_activation(n.attrs);
     if (!n.scope.empty()) os << " scope=" << n.scope;
     for (int out : n.outputs) os << " -> " << shape_str(graph.info(out).shape);

@@ -76,6 +76,19 @@ Tensor Tensor::wrap(void* data, Shape shape, DType dtype, std::shared_ptr<void> 
   return Tensor(std::make_shared<Storage>(data, bytes, std::move(owner)), 0, std::move(shape), dtype);
 }
 
+Tensor Tensor::wrap_device(void* data, Shape shape, DType dtype, Device device, std::shared_ptr<void> owner) {
+  if (device.kind == DeviceKind::cpu) throw_value_error("Tensor.wrap_device: device must not be the CPU (use wrap)");
+  Tensor t = wrap(data, std::move(shape), dtype, std::move(owner));
+  t.device_ = device;
+  return t;
+}
+
+void Tensor::require_cpu(const char* who) const {
+  if (device_.kind != DeviceKind::cpu)
+    throw_type_error(who, ": expected a cpu tensor, got ", device_name(device_), " (device memory is read on its device ",
+                     "only: a model on backend 'cuda' takes it)");
+}
+
 // Row-major without gaps. Checked in place (no temporary strides vector): it runs on every step.
 bool Tensor::is_contiguous() const {
   if (numel() <= 1) return true;
@@ -88,12 +101,15 @@ bool Tensor::is_contiguous() const {
 }
 
 Tensor Tensor::clone() const {
+  require_cpu("Tensor.clone");
   Tensor out(shape_, dtype_);
   out.copy_from(*this);
   return out;
 }
 
 void Tensor::copy_from(const Tensor& src) {
+  require_cpu("Tensor.copy_from");
+  src.require_cpu("Tensor.copy_from");
   if (src.shape() != shape_ || src.dtype() != dtype_)
     throw_value_error("Tensor.copy_from: expected ", dtype_name(dtype_), shape_str(shape_), ", got ",
                       dtype_name(src.dtype()), shape_str(src.shape()));
@@ -120,6 +136,7 @@ void Tensor::copy_from(const Tensor& src) {
 }
 
 Tensor Tensor::to(DType dtype) const {
+  require_cpu("Tensor.to");
   Tensor src = is_contiguous() ? *this : clone();
   Tensor out(shape_, dtype);
   const int64_t n = numel();
@@ -137,7 +154,9 @@ Tensor Tensor::reshape(Shape shape) const {
   if (!is_contiguous()) throw_value_error("Tensor.reshape: tensor is not contiguous");
   if (shape_numel(shape) != numel())
     throw_value_error("Tensor.reshape: cannot reshape ", shape_str(shape_), " to ", shape_str(shape));
-  return Tensor(storage_, offset_, std::move(shape), dtype_);
+  Tensor view(storage_, offset_, std::move(shape), dtype_);
+  view.device_ = device_;
+  return view;
 }
 
 }  // namespace treadle

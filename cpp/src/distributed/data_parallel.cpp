@@ -1,5 +1,11 @@
 // DataParallel over a host-lent MPI communicator: setup check, state broadcast, one small allreduce
-// (count, loss, error flag) and one in-place allreduce of the flat gradient buffer per step.
+// (count, loss, error flag) and one in-place allreduce of the flat gradient buffer per step, through
+// the host (transport "mpi", here) or on the device (transport "nccl", nccl_transport.cpp).
+//
+// A model on backend "cuda" with transport "mpi" needs nothing special: the model's host accessors
+// (flat_parameters, flat_gradients) copy device-newer values back and mark the host side current,
+// so what is written here (summed gradients, broadcast parameters, running statistics) is uploaded
+// before the next device use, and Trainer::optimizer() does the same for the optimizer state.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -43,7 +49,7 @@ const char* buffer_sync_name(BufferSync b) {
   return b == BufferSync::root ? "root" : b == BufferSync::average ? "average" : "local";
 }
 
-Items setup_items(Trainer& t, BufferSync buffers) {
+Items setup_items(Trainer& t, BufferSync buffers, const std::string& transport) {
   Items items;
   const Model& m = t.model();
   std::string names;
@@ -65,8 +71,35 @@ Items setup_items(Trainer& t, BufferSync buffers) {
   clip.precision(17);
   clip << t.options().clip_grad_norm;
   items.emplace_back("clip_grad_norm", clip.str());
+  const LossScaling& ls = t.options().loss_scaling;
+  std::ostringstream scaling;
+  scaling.precision(17);
+  scaling << static_cast<int>(ls.mode) << " " << ls.init_scale << " " << ls.growth_factor << " " << ls.backoff_factor
+          << " " << ls.growth_interval;
+  items.emplace_back("loss scaling", scaling.str());
   items.emplace_back("buffers", buffer_sync_name(buffers));
+  items.emplace_back("transport", transport);
   return items;
+}
+
+std::string backend_text(const std::string& backend) {
+  return backend.empty() ? std::string("automatic host dispatch") : "'" + backend + "'";
+}
+
+// What is wrong with asking for `transport` on this rank ("" if nothing).
+std::string transport_problem(const std::string& transport, const Model& model) {
+  if (transport != "auto" && transport != "mpi" && transport != "nccl")
+    return "transport must be one of ('auto', 'mpi', 'nccl'), got '" + transport + "'";
+  if (transport != "nccl") return {};
+#ifndef TREADLE_WITH_NCCL
+  return "transport 'nccl' is not in this build: configure with -DTREADLE_WITH_NCCL=ON (which needs "
+         "-DTREADLE_WITH_CUDA=ON and -DTREADLE_WITH_MPI=ON, and NCCL: pip install nvidia-nccl-cu13), or use "
+         "transport 'mpi'";
+#endif
+  if (model.backend() != "cuda")
+    return "transport 'nccl' needs the model on backend 'cuda', but its backend is " + backend_text(model.backend()) +
+           ": set the model's backend to 'cuda' first, or use transport 'mpi'";
+  return {};
 }
 
 std::string serialize(const Items& items) {
@@ -145,8 +178,23 @@ void scale(const Tensor& t, double factor) {
 
 }  // namespace
 
+#ifndef TREADLE_WITH_NCCL
+// Without NCCL every transport is "mpi" (transport_problem refused "nccl" already).
+struct DataParallel::Nccl {};
+void DataParallel::NcclDeleter::operator()(Nccl* n) const noexcept { delete n; }
+void DataParallel::choose_transport(const std::string&) { transport_ = "mpi"; }
+void DataParallel::allreduce_on_device(double) { throw_runtime_error("DataParallel: no NCCL in this build"); }
+void DataParallel::sync_buffers_on_device() { throw_runtime_error("DataParallel: no NCCL in this build"); }
+#endif
+
 DataParallel::DataParallel(Trainer& trainer, MPI_Comm comm, int root, BufferSync buffers)
-    : trainer_(trainer), comm_(comm), buffers_(buffers) {
+    : DataParallel(trainer, comm, DataParallelOptions{root, buffers, "auto"}) {}
+
+DataParallel::~DataParallel() = default;
+
+DataParallel::DataParallel(Trainer& trainer, MPI_Comm comm, const DataParallelOptions& options)
+    : trainer_(trainer), comm_(comm), buffers_(options.buffers) {
+  const int root = options.root;
   if (comm == MPI_COMM_NULL) throw_value_error("DataParallel: comm is MPI_COMM_NULL (this rank is not in the group)");
   int inter = 0;
   check_mpi(MPI_Comm_test_inter(comm, &inter), "MPI_Comm_test_inter");
@@ -157,12 +205,15 @@ DataParallel::DataParallel(Trainer& trainer, MPI_Comm comm, int root, BufferSync
   std::string error;
   if (root < 0 || root >= size_)
     error = "root must be a rank in [0, " + std::to_string(size_) + "), got " + std::to_string(root);
+  else
+    error = transport_problem(options.transport, trainer_.model());
   int failed = error.empty() ? 0 : 1;
   check_mpi(MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_SUM, comm_), "MPI_Allreduce");
   if (failed) raise_failure(error, "DataParallel");
   root_ = root;
-  check_same_setup();
+  check_same_setup(options.transport);
   broadcast_state();
+  choose_transport(options.transport);
   // The non-trained slots, and buffers for them sized once.
   const Model& model = trainer_.model();
   int64_t total = 0;
@@ -190,6 +241,7 @@ void DataParallel::unpack_buffers(const Tensor& from) {
 
 void DataParallel::sync_buffers() {
   if (!packed_.defined() || buffers_ == BufferSync::local) return;
+  if (nccl_) return sync_buffers_on_device();
   pack_buffers(packed_);
   const MPI_Datatype type = mpi_type(packed_.dtype(), "buffers");
   if (buffers_ == BufferSync::root) {
@@ -202,8 +254,8 @@ void DataParallel::sync_buffers() {
   unpack_buffers(packed_);
 }
 
-void DataParallel::check_same_setup() {
-  const std::string mine = serialize(setup_items(trainer_, buffers_));
+void DataParallel::check_same_setup(const std::string& transport) {
+  const std::string mine = serialize(setup_items(trainer_, buffers_, transport));
   uint64_t key[2] = {static_cast<uint64_t>(root_), fnv1a(mine)};
   std::vector<uint64_t> all(2 * static_cast<std::size_t>(size_));
   check_mpi(MPI_Allgather(key, 2, MPI_UINT64_T, all.data(), 2, MPI_UINT64_T, comm_), "MPI_Allgather");
@@ -231,6 +283,12 @@ void DataParallel::broadcast_state() {
   int64_t steps = opt.step_count();
   check_mpi(MPI_Bcast(&steps, 1, MPI_INT64_T, root_, comm_), "MPI_Bcast");
   opt.set_step_count(steps);
+  // The dynamic loss scale: every rank then takes the same skip decisions on the summed gradients.
+  double scale = trainer_.loss_scale();
+  int64_t tracker = trainer_.loss_scale_growth_tracker();
+  check_mpi(MPI_Bcast(&scale, 1, MPI_DOUBLE, root_, comm_), "MPI_Bcast");
+  check_mpi(MPI_Bcast(&tracker, 1, MPI_INT64_T, root_, comm_), "MPI_Bcast");
+  trainer_.set_loss_scale_state(scale, tracker);
 }
 
 double DataParallel::step(const Tensor& x, const Tensor& y) {
@@ -270,6 +328,9 @@ double DataParallel::allreduce_gradients(int64_t count, double loss, const std::
 double DataParallel::reduce(int64_t count, double loss, const std::string& given_error, const char* where) {
   std::string error = given_error;
   if (error.empty() && count < 0) error = "count must be non-negative, got " + std::to_string(count);
+  if (error.empty() && nccl_ && trainer_.model().backend() != "cuda")
+    error = "transport 'nccl' needs the model on backend 'cuda', but its backend is now " +
+            backend_text(trainer_.model().backend());
   const bool mean = trainer_.loss().reduction == "mean";
   // With "mean" the global loss is sum(count_r * loss_r) / sum(count_r); with "sum", sum(loss_r).
   double head[3] = {0.0, 0.0, error.empty() ? 0.0 : 1.0};
@@ -280,10 +341,19 @@ double DataParallel::reduce(int64_t count, double loss, const std::string& given
   check_mpi(MPI_Allreduce(MPI_IN_PLACE, head, 3, MPI_DOUBLE, MPI_SUM, comm_), "MPI_Allreduce");
   if (head[2] > 0) raise_failure(error, where);
   if (head[0] <= 0) throw_value_error(where, ": the global batch is empty (every rank passed count 0)");
+  // Each rank weights its gradient by count / global count before the sum (see docs/distributed.md).
+  const double weight = mean && static_cast<double>(count) != head[0] ? static_cast<double>(count) / head[0] : 1.0;
+  if (nccl_) {
+    const double start = MPI_Wtime();
+    allreduce_on_device(weight);
+    allreduce_seconds_ += MPI_Wtime() - start;
+    sync_buffers();
+    ++steps_;
+    return mean ? head[1] / head[0] : head[1];
+  }
   const Tensor& grads = trainer_.model().flat_gradients();
-  if (mean && static_cast<double>(count) != head[0]) {
-    const double w = static_cast<double>(count) / head[0];
-    grads.dtype() == DType::f32 ? scale<float>(grads, w) : scale<double>(grads, w);
+  if (weight != 1.0) {
+    grads.dtype() == DType::f32 ? scale<float>(grads, weight) : scale<double>(grads, weight);
   }
   const double start = MPI_Wtime();
   check_mpi(MPI_Allreduce(MPI_IN_PLACE, grads.data(), as_count(grads.numel()), mpi_type(grads.dtype(), "gradients"),
@@ -296,13 +366,17 @@ double DataParallel::reduce(int64_t count, double loss, const std::string& given
 }
 
 void DataParallel::raise_failure(const std::string& error, const char* where) {
+  throw_value_error(failure_message(error, where));
+}
+
+std::string DataParallel::failure_message(const std::string& error, const char* where) {
   auto messages = allgather_strings(comm_, error.empty() ? std::string() : "!" + error, size_);
   int first = -1, failed = 0;
   for (int r = 0; r < size_; ++r)
     if (!messages[r].empty()) failed++, first = first < 0 ? r : first;
   std::string more;
   if (failed > 1) more = " (and " + std::to_string(failed - 1) + " more rank" + (failed > 2 ? "s)" : ")");
-  throw_value_error(where, ": rank ", first, " failed", more, ": ", messages[first].substr(1));
+  return std::string(where) + ": rank " + std::to_string(first) + " failed" + more + ": " + messages[first].substr(1);
 }
 
 double DataParallel::parameter_divergence() {

@@ -19,7 +19,8 @@ namespace {
 constexpr const char* kOptimizerPrefix = "optimizer:";
 constexpr const char* kReserved[] = {"treadle.version", "treadle.kind", "treadle.dtype", "treadle.checksum",
                                      "treadle.optimizer", "treadle.step", "treadle.lr", "treadle.rng_seed",
-                                     "treadle.rng_counter"};
+                                     "treadle.rng_counter", "treadle.loss_scale",
+                                     "treadle.loss_scale_growth_tracker"};
 
 void check_user_metadata(const Metadata& m, const std::string& who) {
   for (const char* k : kReserved)
@@ -144,6 +145,34 @@ std::vector<const Tensor*> checked_optimizer_state(const TensorFile& f, Optimize
   return out;
 }
 
+// The dynamic loss scaler's state in a checkpoint: both keys or neither (files from trainers without
+// dynamic loss scaling, and older files, have neither).
+struct ScalerState {
+  bool present = false;
+  double scale = 0;
+  int64_t growth_tracker = 0;
+};
+
+ScalerState parse_scaler_state(const Metadata& m, const std::string& who) {
+  constexpr const char* kScale = "treadle.loss_scale";
+  constexpr const char* kTracker = "treadle.loss_scale_growth_tracker";
+  ScalerState st;
+  const bool has_scale = m.count(kScale) > 0, has_tracker = m.count(kTracker) > 0;
+  if (has_scale != has_tracker)
+    throw_value_error(who, ": the checkpoint has '", has_scale ? kScale : kTracker, "' without '",
+                      has_scale ? kTracker : kScale, "'");
+  if (!has_scale) return st;
+  const std::string& s = m.at(kScale);
+  auto r = std::from_chars(s.data(), s.data() + s.size(), st.scale);
+  if (s.empty() || r.ec != std::errc() || r.ptr != s.data() + s.size() || !(st.scale > 0) ||
+      st.scale > std::numeric_limits<float>::max() || static_cast<double>(static_cast<float>(st.scale)) != st.scale)
+    throw_value_error(who, ": '", kScale, "' = '", s, "' is not a positive finite float32 value");
+  constexpr uint64_t kMaxInt64 = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+  st.growth_tracker = static_cast<int64_t>(parse_uint(m, kTracker, who, kMaxInt64));
+  st.present = true;
+  return st;
+}
+
 }  // namespace
 
 void save_model(const std::string& path, const Model& model, const Metadata& metadata) {
@@ -186,6 +215,10 @@ void save_checkpoint(const std::string& path, Trainer& trainer, const Metadata& 
   md["treadle.lr"] = format_double(o.lr());
   md["treadle.rng_seed"] = std::to_string(trainer.context().seed());
   md["treadle.rng_counter"] = std::to_string(trainer.context().rng_counter());
+  if (trainer.options().loss_scaling.mode == LossScaling::Mode::dynamic) {
+    md["treadle.loss_scale"] = format_double(trainer.loss_scale());
+    md["treadle.loss_scale_growth_tracker"] = std::to_string(trainer.loss_scale_growth_tracker());
+  }
   write_safetensors(path, tensors, md, who);
 }
 
@@ -205,12 +238,15 @@ void load_checkpoint(const TensorFile& file, Trainer& trainer) {
   const uint64_t seed = parse_uint(file.metadata, "treadle.rng_seed", who, std::numeric_limits<uint64_t>::max());
   const uint64_t counter =
       parse_uint(file.metadata, "treadle.rng_counter", who, std::numeric_limits<uint64_t>::max());
+  const ScalerState scaler = parse_scaler_state(file.metadata, who);
   // Everything checked: from here on nothing throws.
   m.load_state_dict(state, true);
   for (std::size_t i = 0; i < opt_state.size(); ++i) o.state()[i].second.copy_from(*opt_state[i]);
   o.set_step_count(step);
   o.set_lr(lr);
   trainer.context().set_rng_state(seed, counter);
+  // A trainer without dynamic loss scaling ignores the state.
+  if (scaler.present) trainer.set_loss_scale_state(scaler.scale, scaler.growth_tracker);
 }
 
 Metadata load_checkpoint(const std::string& path, Trainer& trainer) {

@@ -49,6 +49,9 @@ void check_labels(const Shape& logits, const Tensor& labels) {
     throw_value_error("cross_entropy: labels of shape ", shape_str(labels.shape()), " do not match logits of shape ",
                       shape_str(logits), "; expected labels of shape ", shape_str(expected));
   const int64_t classes = logits[cdim];
+  // Labels in device memory cannot be read here: the device kernel gives a NaN loss for a label out
+  // of range, which the device trainer turns into this error's equivalent before any update.
+  if (!labels.is_cpu()) return;
   const Tensor dense = labels.is_contiguous() ? labels : labels.clone();
   const int64_t* l = dense.data_as<int64_t>();
   for (int64_t i = 0, n = dense.numel(); i < n; ++i)

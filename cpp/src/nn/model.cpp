@@ -289,17 +289,26 @@ void Model::predict_into(const Plan& plan, const std::vector<Tensor>& inputs, co
   }
   constexpr std::size_t kMaxInputs = 8;
   if (inputs.size() > kMaxInputs) throw_value_error("predict: at most ", kMaxInputs, " inputs");
+#ifdef TREADLE_WITH_CUDA
+  const bool on_device = p->device().kind != DeviceKind::cpu;
+#else
+  const bool on_device = false;
+#endif
+  if (!on_device) {  // a host plan reads every buffer on the host
+    for (const Tensor& t : inputs) t.require_cpu("predict (input of a model on a CPU backend)");
+    for (const Tensor& t : outputs) t.require_cpu("predict (output of a model on a CPU backend)");
+  }
   std::array<Tensor, kMaxInputs> copies;  // only for non-contiguous inputs
   std::array<void*, kMaxInputs> ptrs{};
-  for (std::size_t i = 0; i < inputs.size(); ++i)
+  for (std::size_t i = 0; i < inputs.size() && !on_device; ++i)
     ptrs[i] = inputs[i].is_contiguous() ? inputs[i].data() : (copies[i] = inputs[i].clone()).data();
   std::unique_ptr<Context> pooled = ctx ? nullptr : take_context();
   Context& c = ctx ? *ctx : *pooled;
   Bindings b{flat_params_.data(), std::span<void* const>(ptrs.data(), inputs.size()), {}, {}};
   try {
 #ifdef TREADLE_WITH_CUDA
-    if (p->device().kind == DeviceKind::cuda) {  // inputs uploaded, outputs copied back to `outputs`
-      predict_on_device(*p, std::span<void* const>(ptrs.data(), inputs.size()), outputs, c);
+    if (on_device) {  // host inputs uploaded, device ones copied on the device; outputs likewise
+      predict_on_device(*p, inputs, outputs, c);
       if (pooled) return_context(std::move(pooled));
       return;
     }

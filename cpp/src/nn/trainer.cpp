@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/plan.hpp"
+#include "nn/loss_scaler.hpp"
 #include "nn/trainer_tasks.hpp"
 #include "treadle/error.hpp"
 
@@ -34,6 +35,9 @@ Trainer::Trainer(std::shared_ptr<Model> model, Loss loss, std::shared_ptr<Optimi
   if (!model_) throw_value_error("Trainer: model is null");
   if (!optimizer_) throw_value_error("Trainer: optimizer is null");
   optimizer_->bind(model_->trainable_layout(), model_->num_trainable(), model_->dtype());
+  validate_loss_scaling(options_.loss_scaling, "Trainer");
+  if (options_.loss_scaling.mode != LossScaling::Mode::off)
+    scaler_ = std::make_unique<LossScaler>(options_.loss_scaling);
 #ifdef TREADLE_WITH_CUDA
   if (on_device()) check_device_support("Trainer");  // e.g. an optimizer without a device update
 #endif
@@ -49,6 +53,17 @@ Trainer::~Trainer() = default;
 
 void Trainer::check_input(const Tensor& t, const char* what) const {
   if (!t.defined()) throw_value_error("Trainer: ", what, " is undefined");
+  if (!t.is_cpu()) {  // device memory: read by a model on backend "cuda" only, and on the device
+#ifdef TREADLE_WITH_CUDA
+    if (!on_device())
+#endif
+      throw_type_error("Trainer: ", what, " is on ", device_name(t.device()), " but the model runs on the CPU (backend '",
+                       model_->backend(), "'); call model.set_backend('cuda') or pass host arrays");
+    if (options_.check_finite)
+      throw_value_error("Trainer: check_finite reads the ", what, " on the host, which is on ", device_name(t.device()),
+                        "; pass host arrays or turn check_finite off");
+    return;
+  }
   if (options_.check_finite && !tensor_finite(t)) throw_value_error("Trainer: ", what, " contains NaN or Inf");
 }
 
@@ -60,6 +75,7 @@ PlanKey Trainer::make_key(PlanMode mode, Inputs xs, const Tensor* y, bool input_
   PlanKey key = model_->infer_key(std::vector<Tensor>(xs.begin(), xs.end()));
   key.mode = mode;
   key.input_grad = input_grad;
+  key.loss_seed_input = scaler_ && mode == PlanMode::train_loss;
   if (y) {
     // The target's dtype is checked before compiling so the error names the loss, not an op.
     if (y->dtype() != loss_.target_dtype(model_->dtype()))
@@ -132,7 +148,9 @@ double Trainer::run_loss_plan(Inputs xs, const Tensor& y, PlanMode mode) {
   Tensor y_copy;
   const Tensor& yc = y.is_contiguous() ? y : (y_copy = y.clone());
   void* tgt_ptr[1] = {yc.data()};
-  Bindings b{model_->flat_parameters().data(), std::span<void* const>(in_ptr.data(), xs.size()), tgt_ptr, {}};
+  void* seed_ptr[1] = {mode == PlanMode::train_loss ? loss_seed(p->graph.info(p->loss).dtype) : nullptr};
+  Bindings b{model_->flat_parameters().data(), std::span<void* const>(in_ptr.data(), xs.size()), tgt_ptr,
+             std::span<void* const>(seed_ptr, seed_ptr[0] ? 1 : 0)};
   pending_.reset();  // this run reuses the context's activation memory: a pending backward is void
   end_tasked_step();
   p->run(ctx_, b, 0, p->num_steps());
@@ -214,7 +232,7 @@ void Trainer::backward(const Tensor& grad_output, Tensor* input_grad) {
     throw_value_error("Trainer.backward: input gradient requested but forward was called without input_grad=True");
   check_input(grad_output, "grad_output");
   Tensor g_copy;
-  const Tensor& g = grad_output.is_contiguous() ? grad_output : (g_copy = grad_output.clone());
+  const Tensor& g = scaled_grad_output(grad_output, g_copy);
   std::array<void*, kMaxInputs> in_ptr{};
   for (std::size_t i = 0; i < pending_inputs_.size(); ++i) in_ptr[i] = pending_inputs_[i].data();
   void* seed_ptr[1] = {g.data()};
@@ -230,6 +248,53 @@ void Trainer::backward(const Tensor& grad_output, Tensor* input_grad) {
   }
 }
 
+// The seed of the host-driven backward: grad_output itself (`copy` when it is not contiguous), or
+// with loss scaling grad_output times the scale (in a buffer the trainer keeps), so that update()
+// unscales every kind of step alike.
+const Tensor& Trainer::scaled_grad_output(const Tensor& grad_output, Tensor& copy) {
+  if (!scaler_) return grad_output.is_contiguous() ? grad_output : (copy = grad_output.clone());
+  if (!scaled_seed_.defined() || scaled_seed_.shape() != grad_output.shape() ||
+      scaled_seed_.dtype() != grad_output.dtype())
+    scaled_seed_ = Tensor(grad_output.shape(), grad_output.dtype());
+  scaled_seed_.copy_from(grad_output);
+  const float s = scaler_->scale();
+  if (scaled_seed_.dtype() == DType::f32) {
+    float* p = scaled_seed_.data_as<float>();
+    for (int64_t i = 0; i < scaled_seed_.numel(); ++i) p[i] *= s;
+  } else {
+    double* p = scaled_seed_.data_as<double>();
+    for (int64_t i = 0; i < scaled_seed_.numel(); ++i) p[i] *= static_cast<double>(s);
+  }
+  return scaled_seed_;
+}
+
+void* Trainer::loss_seed(DType loss_dtype) {
+  if (!scaler_) return nullptr;
+  const float s = scaler_->scale();
+  if (loss_dtype == DType::f32) {
+    std::memcpy(seed_value_, &s, sizeof s);
+  } else {
+    const double d = s;
+    std::memcpy(seed_value_, &d, sizeof d);
+  }
+  return seed_value_;
+}
+
+float Trainer::loss_scale() const { return scaler_ ? scaler_->scale() : 1.0f; }
+
+int64_t Trainer::loss_scale_growth_tracker() const { return scaler_ ? scaler_->growth_tracker() : 0; }
+
+void Trainer::set_loss_scale_state(double scale, int64_t growth_tracker) {
+  if (scaler_) scaler_->set_state(scale, growth_tracker, "Trainer.set_loss_scale_state");
+}
+
+bool Trainer::unscale_and_check() {
+  const bool nonfinite = unscale_gradients(model_->trainable_gradients(), scaler_->inv_scale(), ctx_.executor());
+  if (scaler_->update(nonfinite)) return true;
+  ++skipped_;
+  return false;
+}
+
 void Trainer::update() {
   if (optimizer_->numel() != model_->num_trainable() || optimizer_->dtype() != model_->dtype())
     throw_type_error("Trainer.update: the model changed (dtype ", dtype_name(model_->dtype()), ", ",
@@ -240,6 +305,7 @@ void Trainer::update() {
   if (device_) device_optimizer_to_host(true);  // back from the device: the host state is updated now
 #endif
   const Tensor& grads = model_->trainable_gradients();
+  if (scaler_ && !unscale_and_check()) return;
   if (options_.skip_nonfinite && !gradients_finite()) {
     ++skipped_;
     return;

@@ -60,6 +60,7 @@ const std::vector<StepTask>& Trainer::begin_step(Inputs xs, const Tensor& y, int
     ts.target = Tensor(y.shape(), y.dtype());
   ts.target.copy_from(y);
   ts.target_ptr[0] = ts.target.data();
+  ts.seed_ptr[0] = loss_seed(p->graph.info(p->loss).dtype);
   zero_grad();
   ctx_.arena(p->arena_bytes());  // grown here, so concurrent tasks only read the pointer
   ts.rng_counter = ctx_.next_rng_counter();

@@ -24,13 +24,14 @@ struct Trainer::TaskedStep {
   std::size_t num_inputs = 0;
   Tensor target;
   void* target_ptr[1] = {nullptr};
+  void* seed_ptr[1] = {nullptr};  // the loss scale (Trainer::loss_seed), with loss scaling
   uint64_t rng_counter = 0;
   bool active = false;
   bool failed = false;
 
   Bindings bindings(const Model& m) const {
     return Bindings{m.flat_parameters().data(), std::span<void* const>(inputs.data(), num_inputs),
-                    std::span<void* const>(target_ptr, 1), {}};
+                    std::span<void* const>(target_ptr, 1), std::span<void* const>(seed_ptr, seed_ptr[0] ? 1 : 0)};
   }
 };
 

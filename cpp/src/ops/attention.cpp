@@ -75,7 +75,7 @@ std::vector<TensorMeta> infer_causal_mask(const std::vector<TensorMeta>& in, Att
 }  // namespace
 
 void register_attention_ops(OpRegistry& r) {
-  r.add({.name = "bmm", .infer = infer_bmm, .grad = grad_bmm, .workspace = bf16_operand_workspace});
+  r.add({.name = "bmm", .infer = infer_bmm, .grad = grad_bmm, .workspace = rounded_operand_workspace});
   r.add({.name = "permute", .infer = infer_permute, .grad = grad_permute});
   r.add({.name = "causal_mask", .infer = infer_causal_mask});
 }

@@ -376,14 +376,14 @@ void register_conv_ops(OpRegistry& r) {
          .grad = grad_conv,
          .workspace = [](const std::vector<TensorMeta>& in, const Attrs& a) {
            ConvGeometry g = conv_geometry_forward(in[0].shape, in[1].shape, a);
-           return bf16_operand_workspace(in, a) + bytes_of(conv_workspace_elements(g, ConvPass::forward), in[0].dtype);
+           return rounded_operand_workspace(in, a) + bytes_of(conv_workspace_elements(g, ConvPass::forward), in[0].dtype);
          }});
   r.add({.name = "conv_backward_data",
          .infer = infer_conv_backward_data,
          .grad = grad_conv_backward_data,
          .workspace = [](const std::vector<TensorMeta>& in, const Attrs& a) {
            ConvGeometry g = conv_geometry_backward_data(in[0].shape, in[1].shape, a);
-           return bf16_operand_workspace(in, a) +
+           return rounded_operand_workspace(in, a) +
                   bytes_of(conv_workspace_elements(g, ConvPass::backward_data), in[0].dtype);
          }});
   r.add({.name = "conv_backward_weight",
@@ -391,7 +391,7 @@ void register_conv_ops(OpRegistry& r) {
          .grad = grad_conv_backward_weight,
          .workspace = [](const std::vector<TensorMeta>& in, const Attrs& a) {
            ConvGeometry g = conv_geometry_backward_weight(in[0].shape, in[1].shape, a);
-           return bf16_operand_workspace(in, a) +
+           return rounded_operand_workspace(in, a) +
                   bytes_of(conv_workspace_elements(g, ConvPass::backward_weight), in[0].dtype);
          }});
   r.add({.name = "conv_backward_bias", .infer = infer_conv_backward_bias});

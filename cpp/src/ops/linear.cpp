@@ -77,8 +77,8 @@ std::vector<Value> grad_matmul(const GradContext& c) {
 }  // namespace
 
 void register_linear_ops(OpRegistry& r) {
-  r.add({.name = "linear", .infer = infer_linear, .grad = grad_linear, .workspace = bf16_operand_workspace});
-  r.add({.name = "matmul", .infer = infer_matmul, .grad = grad_matmul, .workspace = bf16_operand_workspace});
+  r.add({.name = "linear", .infer = infer_linear, .grad = grad_linear, .workspace = rounded_operand_workspace});
+  r.add({.name = "matmul", .infer = infer_matmul, .grad = grad_matmul, .workspace = rounded_operand_workspace});
   register_fused_activation(r);
 }
 

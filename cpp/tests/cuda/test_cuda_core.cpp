@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <sstream>
 #include <string>
 
 #include "backends/cuda/cuda_backend.hpp"
@@ -101,6 +102,23 @@ PlanKey training_key(const std::string& backend, const Loss& loss, const Shape& 
   return key;
 }
 
+// Per-sample lengths in [1, T], the first one full: fresh each step (cuDNN's descriptors per call).
+std::vector<int64_t> random_lengths(std::mt19937_64& rng, int64_t n, int64_t T) {
+  std::uniform_int_distribution<int64_t> d(1, T);
+  std::vector<int64_t> l(n);
+  for (int64_t& v : l) v = d(rng);
+  l[0] = T;
+  return l;
+}
+
+// A training key with the sequence lengths as a second (int64) input.
+PlanKey key_with_lengths(const std::string& backend, const Loss& loss, const Shape& x) {
+  PlanKey key = training_key(backend, loss, x);
+  key.input_shapes.push_back({x[0]});
+  key.input_dtypes.push_back(DType::i64);
+  return key;
+}
+
 std::vector<int64_t> labels(std::mt19937_64& rng, int64_t n) {
   std::uniform_int_distribution<int64_t> d(0, kClasses - 1);
   std::vector<int64_t> y(n);
@@ -109,6 +127,49 @@ std::vector<int64_t> labels(std::mt19937_64& rng, int64_t n) {
 }
 
 // ---- host-side checks
+// Nodes of `op` in a plan, and how many of them are reversed layers / take sequence lengths.
+struct OpCount {
+  int nodes = 0, reversed = 0, with_lengths = 0;
+};
+
+// The op names come from describe_plan's lines ("<node> <op> [<backend>] ..."): the registry is
+// internal to libtreadle.
+OpCount count_op(const Plan& plan, const std::string& op) {
+  OpCount c;
+  std::istringstream lines(describe_plan(plan));
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::istringstream fields(line);
+    int id = -1;
+    std::string name;
+    if (!(fields >> id >> name) || name != op) continue;
+    const Node& node = plan.graph.nodes().at(id);
+    ++c.nodes;
+    c.reversed += node.attrs.i_or("reverse", 0) != 0;
+    for (int v : node.inputs) c.with_lengths += plan.graph.info(v).dtype == DType::i64;
+  }
+  return c;
+}
+
+// What the two recurrent models' training plans hold (so that getting past the coverage pass on
+// "cuda" means covering these): reversed layers, lengths, concat, slice, slice_backward, add.
+std::string recurrent_plans_hold(const Loss& loss) {
+  auto bi = bidirectional_lstm(1)->plan(training_key("eigen", loss, kBiLstmInput), &loss);
+  const OpCount l = count_op(*bi, "lstm_layer"), lb = count_op(*bi, "lstm_layer_backward");
+  expect(l.nodes == 4 && l.reversed == 2 && lb.nodes == 4 && lb.reversed == 2, "bidirectional LSTM: ", l.nodes,
+         " layers (", l.reversed, " reversed), ", lb.nodes, " backward (", lb.reversed, " reversed)");
+  expect(count_op(*bi, "concat").nodes >= 1 && count_op(*bi, "slice").nodes >= 2 && count_op(*bi, "add").nodes >= 2,
+         "bidirectional LSTM: expected concat, slice and add nodes");
+  auto var = variable_length_gru(1)->plan(key_with_lengths("eigen", loss, kVarGruInput), &loss);
+  const OpCount g = count_op(*var, "gru_layer"), gb = count_op(*var, "gru_layer_backward");
+  expect(g.nodes == 2 && g.reversed == 1 && g.with_lengths == 2 && gb.nodes == 2 && gb.with_lengths == 2,
+         "variable-length GRU: ", g.nodes, " layers (", g.reversed, " reversed, ", g.with_lengths, " with lengths), ",
+         gb.nodes, " backward (", gb.with_lengths, " with lengths)");
+  expect(count_op(*var, "slice_backward").nodes == 2, "variable-length GRU: expected 2 slice_backward nodes");
+  return "; the recurrent plans hold 4 LSTM layers (2 reversed), 2 GRU layers with lengths (1 reversed), concat, "
+         "slice, slice_backward, add";
+}
+
 // Kernel coverage is checked for every node before the device is required, so reaching the
 // missing-device error shows that every node of both training plans has a CUDA kernel.
 std::string cuda_plan_without_device() {
@@ -122,8 +183,15 @@ std::string cuda_plan_without_device() {
                            "plan: backend 'cuda' needs a CUDA device for cuda:0");
   expect_throw<ValueError>("lstm/gru on cuda", [&] { rnn_net(1)->plan(training_key("cuda", loss, kRnnInput), &loss); },
                            "plan: backend 'cuda' needs a CUDA device for cuda:0");
+  expect_throw<ValueError>("bidirectional lstm on cuda",
+                           [&] { bidirectional_lstm(1)->plan(training_key("cuda", loss, kBiLstmInput), &loss); },
+                           "plan: backend 'cuda' needs a CUDA device for cuda:0");
+  expect_throw<ValueError>("variable-length gru on cuda",
+                           [&] { variable_length_gru(1)->plan(key_with_lengths("cuda", loss, kVarGruInput), &loss); },
+                           "plan: backend 'cuda' needs a CUDA device for cuda:0");
   return expect_throw<ValueError>("mlp on cuda", [&] { mlp(1)->plan(training_key("cuda", loss), &loss); },
-                                  "plan: backend 'cuda' needs a CUDA device for cuda:0");
+                                  "plan: backend 'cuda' needs a CUDA device for cuda:0") +
+         recurrent_plans_hold(loss);
 }
 
 // Checked before the device is needed, so the same error with and without one.
@@ -132,12 +200,19 @@ std::string uncovered_op_fails_at_finalize() {
   PlanKey key = training_key("cuda", loss::cross_entropy());
   key.mode = PlanMode::train_seeded;
   key.loss_key.clear();
-  auto ln = param(rng, {kFeatures});
-  Model norm([&](Graph& g, const std::vector<Value>& in) {
-    return std::vector<Value>{ops::layer_norm(in[0], 1, g.add_parameter(ln), Value())};
-  }, {{"ln.weight", ln}});
-  const std::string m = expect_throw<ValueError>("layer_norm on cuda", [&] { norm.plan(key); },
-                                                 "layer_norm: no CUDA kernel for float32 on cuda:0");
+  // The plain (tanh) RNN layer: cuDNN could run it, but no adapter takes it.
+  auto w_ih = param(rng, {kHidden, kFeatures}), w_hh = param(rng, {kHidden, kHidden});
+  Model rnn([&](Graph& g, const std::vector<Value>& in) {
+    const Attrs zeros{{"shape", Shape{in[0].dim(0), kHidden}}, {"value", 0.0}, {"dtype", std::string("float32")}};
+    return std::vector<Value>{ops::recurrent_layer("rnn_tanh", in[0], g.apply1("constant", {}, zeros),
+                                                   Value(), g.add_parameter(w_ih), g.add_parameter(w_hh), Value(),
+                                                   Value(), Value(), true)
+                                  .output};
+  }, {{"rnn.w_ih", w_ih}, {"rnn.w_hh", w_hh}});
+  PlanKey rnn_key = key;
+  rnn_key.input_shapes = {kRnnInput};
+  const std::string m = expect_throw<ValueError>("rnn_layer on cuda", [&] { rnn.plan(rnn_key); },
+                                                 "rnn_layer: no CUDA kernel for float32 on cuda:0");
   // A covered op in a dtype the backend has no kernel for.
   auto w = std::make_shared<Parameter>(Tensor({kClasses, kFeatures}, DType::f64));
   Model wide([&](Graph& g, const std::vector<Value>& in) {
@@ -199,14 +274,42 @@ std::string compare_runs(const Run& dev, const Run& ref, double tol) {
   return worst;
 }
 
+// A length of T + 1, then of 0: the device plan must raise the core's own message (the layer's
+// name, the range, the offending entry), which Eigen raises as well.
+template <typename RunDev, typename RunRef>
+std::string lengths_out_of_range(Env& env, const Shape& x_shape, std::vector<int64_t>& len, RunDev& run_dev,
+                                 RunRef& run_ref) {
+  const int64_t T = x_shape[1];
+  std::vector<float> x = uniform(env, static_cast<std::size_t>(shape_numel(x_shape)), -2.f, 2.f);
+  std::vector<int64_t> y = labels(env.rng, x_shape[0]);
+  std::string m;
+  for (int64_t bad : {T + 1, int64_t{0}}) {
+    len = random_lengths(env.rng, x_shape[0], T);
+    len[3] = bad;
+    const std::string want = detail::concat("lengths must be in [1, ", T, "] (the sequence length), got lengths[3] = ",
+                                            bad);
+    const std::string ref = expect_throw<ValueError>("eigen, lengths " + std::to_string(bad), [&] { run_ref(x, y); },
+                                                     want);
+    m = expect_throw<ValueError>("cuda, lengths " + std::to_string(bad), [&] { run_dev(x, y); }, want);
+    expect(m == ref, "cuda raised '", m, "', eigen '", ref, "'");
+  }
+  return "out-of-range lengths: " + m;
+}
+
 // The model's training plan (loss + backward, input gradient included) on "cuda" and on "eigen",
 // four steps on fresh inputs: every value compared, no device allocation after the first step, and
 // host memory refused by the device plan. `tol`: norm-wise relative (float32: 1e-5; a mixed-precision
-// model more, since a value within float32 noise of a rounding midpoint may round either way).
-std::string plan_vs_eigen(Env& env, Model& model, const Shape& x_shape, std::size_t num_grads, double tol = 1e-5) {
+// model more, since a value within float32 noise of a rounding midpoint may round either way). With
+// `lengths` (batch-first models) a second input holds random sequence lengths, and lengths out of
+// range must fail on both alike.
+std::string plan_vs_eigen(Env& env, Model& model, const Shape& x_shape, std::size_t num_grads, double tol = 1e-5,
+                          bool lengths = false) {
   Loss loss = loss::cross_entropy();
-  auto dev_plan = model.plan(training_key("cuda", loss, x_shape), &loss);
-  auto ref_plan = model.plan(training_key("eigen", loss, x_shape), &loss);
+  auto key = [&](const char* backend) {
+    return lengths ? key_with_lengths(backend, loss, x_shape) : training_key(backend, loss, x_shape);
+  };
+  auto dev_plan = model.plan(key("cuda"), &loss);
+  auto ref_plan = model.plan(key("eigen"), &loss);
   const std::string text = describe_plan(*dev_plan);
   expect(plan_device_of(*dev_plan) == kCuda, "plan on ", device_name(plan_device_of(*dev_plan)));
   expect(text.find("[eigen]") == std::string::npos, "a device plan ran a node on Eigen:\n", text);
@@ -215,31 +318,39 @@ std::string plan_vs_eigen(Env& env, Model& model, const Shape& x_shape, std::siz
 
   const Tensor& flat = model.flat_parameters();
   const int64_t n = shape_numel(x_shape), batch = x_shape[0];
+  const std::size_t num_in = lengths ? 2 : 1;
   DeviceArray<float> params(env, std::vector<float>(flat.data_as<float>(), flat.data_as<float>() + flat.numel()));
   DeviceArray<float> x_dev(env, static_cast<std::size_t>(n));
-  DeviceArray<int64_t> y_dev(env, static_cast<std::size_t>(batch));
-  void* dev_in[] = {x_dev.get()};
+  DeviceArray<int64_t> y_dev(env, static_cast<std::size_t>(batch)), len_dev(env, static_cast<std::size_t>(batch));
+  void* dev_in[] = {x_dev.get(), len_dev.get()};
   void* dev_tg[] = {y_dev.get()};
-  Bindings dev_b{params.get(), dev_in, dev_tg, {}};
+  Bindings dev_b{params.get(), std::span<void* const>(dev_in, num_in), dev_tg, {}};
   dev_b.device = kCuda;
   Context dev_ctx, ref_ctx;
   dev_ctx.set_cuda_stream(env.s());  // the host lends its stream
 
   std::string detail;
   uint64_t mallocs_after_first = 0;
+  std::vector<int64_t> len;
+  auto run_dev = [&](const std::vector<float>& x, const std::vector<int64_t>& y) {
+    x_dev.upload(x);
+    y_dev.upload(y);
+    if (lengths) len_dev.upload(len);
+    run_plan(*dev_plan, dev_ctx, dev_b);
+    return collect(*dev_plan, dev_ctx, dev_b, &env);
+  };
+  auto run_ref = [&](std::vector<float>& x, std::vector<int64_t>& y) {
+    void* ref_in[] = {x.data(), len.data()};
+    void* ref_tg[] = {y.data()};
+    Bindings ref_b{flat.data(), std::span<void* const>(ref_in, num_in), ref_tg, {}};
+    run_plan(*ref_plan, ref_ctx, ref_b);
+    return collect(*ref_plan, ref_ctx, ref_b, nullptr);
+  };
   for (int step = 0; step < 4; ++step) {
     std::vector<float> x = uniform(env, static_cast<std::size_t>(n), -2.f, 2.f);
     std::vector<int64_t> y = labels(env.rng, batch);
-    x_dev.upload(x);
-    y_dev.upload(y);
-    run_plan(*dev_plan, dev_ctx, dev_b);
-    const Run dev = collect(*dev_plan, dev_ctx, dev_b, &env);
-    void* ref_in[] = {x.data()};
-    void* ref_tg[] = {y.data()};
-    Bindings ref_b{flat.data(), ref_in, ref_tg, {}};
-    run_plan(*ref_plan, ref_ctx, ref_b);
-    const Run ref = collect(*ref_plan, ref_ctx, ref_b, nullptr);
-    detail = compare_runs(dev, ref, tol);
+    if (lengths) len = random_lengths(env.rng, batch, x_shape[1]);
+    detail = compare_runs(run_dev(x, y), run_ref(x, y), tol);
     // Plans may update state in the parameter buffer (batch-norm running statistics): both alike.
     compare("parameters after step " + std::to_string(step + 1), params.download(),
             widen(std::vector<float>(flat.data_as<float>(), flat.data_as<float>() + flat.numel())), tol);
@@ -247,9 +358,10 @@ std::string plan_vs_eigen(Env& env, Model& model, const Shape& x_shape, std::siz
     expect(dev_ctx.device_allocations() == mallocs_after_first, "step ", step + 1, ": ", dev_ctx.device_allocations(),
            " device allocations, ", mallocs_after_first, " after step 1");
   }
+  if (lengths) detail += "; " + lengths_out_of_range(env, x_shape, len, run_dev, run_ref);
   // A device plan refuses host memory instead of handing host pointers to device kernels.
-  void* host_in[] = {nullptr};
-  Bindings host_b{flat.data(), host_in, host_in, {}};
+  void* host_in[] = {nullptr, nullptr};
+  Bindings host_b{flat.data(), std::span<void* const>(host_in, num_in), host_in, {}};
   expect_throw<ValueError>("host bindings", [&] { run_plan(*dev_plan, dev_ctx, host_b); },
                            "plan: compiled for cuda:0 but run with bindings on cpu");
   return detail + "; 4 steps, " + std::to_string(mallocs_after_first) + " device allocation(s), none after step 1";
@@ -330,6 +442,12 @@ void add_core_device_tests(std::vector<TestCase>& out) {
   out.push_back({"core_bn_cnn_plan_vs_eigen",
                  [](Env& env) { return plan_vs_eigen(env, *batch_norm_cnn(13), kCnnInput, 5); }});
   out.push_back({"core_rnn_plan_vs_eigen", [](Env& env) { return plan_vs_eigen(env, *rnn_net(17), kRnnInput, 8); }});
+  // 2 layers x 2 directions x 4 tensors, + linear: reversed layers, concat / slice / add on the device.
+  out.push_back({"core_bilstm_plan_vs_eigen",
+                 [](Env& env) { return plan_vs_eigen(env, *bidirectional_lstm(19), kBiLstmInput, 18); }});
+  // 2 directions x 4 tensors, + linear; fresh random lengths every step, then lengths out of range.
+  out.push_back({"core_var_gru_plan_vs_eigen",
+                 [](Env& env) { return plan_vs_eigen(env, *variable_length_gru(23), kVarGruInput, 10, 1e-5, true); }});
 }
 
 }  // namespace treadle::cuda::test

@@ -22,4 +22,15 @@ std::shared_ptr<Model> small_cnn(uint64_t seed);
 // statistics and the batch counter in the parameter buffer) -> relu -> max pool 2 -> linear 10.
 std::shared_ptr<Model> batch_norm_cnn(uint64_t seed);
 
+// Recurrent models through nn::LSTM / nn::GRU (the modules' own graphs: zero initial states, the
+// directions' outputs and final states concatenated), batch_first, hidden size kRnnHidden.
+inline constexpr int64_t kRnnHidden = 16;
+// x (16, 5, 12) -> LSTM 16, 2 layers, bidirectional (biases) -> flatten -> linear 10.
+inline const Shape kBiLstmInput{16, 5, 12};
+std::shared_ptr<Model> bidirectional_lstm(uint64_t seed);
+// x (16, 7, 12) and lengths (16) int64 -> GRU 16, bidirectional, variable lengths -> [flatten(y), h_n of
+// either direction] concatenated -> linear 10.
+inline const Shape kVarGruInput{16, 7, 12};
+std::shared_ptr<Model> variable_length_gru(uint64_t seed);
+
 }  // namespace treadle::cuda::test

@@ -3,6 +3,7 @@
 // CNNs (one with batch norm), 20 steps each, with and without CUDA graphs; no device allocation after
 // step 1; anomaly mode catching a NaN input on the device; predict on the device against Eigen's.
 // Plus the host-side errors: a "cuda" model without a device, unsupported optimizers and options.
+#include <array>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -14,6 +15,7 @@
 #include "treadle/model.hpp"
 #include "treadle/nn_conv.hpp"
 #include "treadle/nn_layers.hpp"
+#include "treadle/nn_recurrent.hpp"
 #include "treadle/optim.hpp"
 #include "treadle/trainer.hpp"
 
@@ -228,6 +230,65 @@ std::string anomaly_on_device() {
   return m;
 }
 
+// Per-sample lengths in [1, T] (the first full), as an int64 tensor.
+Tensor lengths_tensor(std::mt19937_64& rng, int64_t n, int64_t T) {
+  Tensor t({n}, DType::i64);
+  std::uniform_int_distribution<int64_t> d(1, T);
+  for (int64_t i = 0; i < n; ++i) t.data_as<int64_t>()[i] = i == 0 ? T : d(rng);
+  return t;
+}
+
+// Variable-length layers read their lengths back to the host on every call, which a CUDA graph
+// cannot: with cuda_graph the first (launched) step trains as on Eigen, the second (the capture)
+// raises ValueError naming the layer; without cuda_graph the same steps agree with Eigen.
+std::string variable_lengths_refuse_graphs() {
+  const Batches data = batches(31, kVarGruInput, 4);
+  std::mt19937_64 rng(37);
+  std::vector<std::array<Tensor, 2>> inputs;
+  for (int i = 0; i < 4; ++i) inputs.push_back({data.x[i], lengths_tensor(rng, kVarGruInput[0], kVarGruInput[1])});
+  auto trainer_on = [](const std::string& backend, bool graph) {
+    auto model = variable_length_gru(41);
+    model->set_backend(backend);
+    TrainerOptions options;
+    options.cuda_graph = graph;
+    return std::make_unique<Trainer>(model, loss::cross_entropy(), optim::adam({}), options);
+  };
+  auto ref = trainer_on("eigen", false), dev = trainer_on("cuda", false), graph = trainer_on("cuda", true);
+  std::vector<float> dev_losses;
+  std::vector<double> ref_losses;
+  for (int i = 0; i < 4; ++i) {
+    ref_losses.push_back(ref->step(inputs[i], data.y[i]));
+    dev_losses.push_back(static_cast<float>(dev->step(inputs[i], data.y[i])));
+  }
+  const std::string detail = compare("launched losses", dev_losses, ref_losses, 1e-4);
+  compare("graph trainer, launched first step", {static_cast<float>(graph->step(inputs[0], data.y[0]))},
+          {ref_losses[0]}, 1e-4);
+  const std::string m = expect_throw<ValueError>("captured step", [&] { graph->step(inputs[1], data.y[1]); },
+                                                 "GRU (layer 0): variable sequence lengths (the `lengths` input)");
+  expect(m.find("cuda_graph off") != std::string::npos, "message: ", m);
+  return detail + "; " + m;
+}
+
+// The recurrent models of the device tests trained a few steps on Eigen (no device): the harness
+// (shapes, two inputs, the lengths check's message) as the device tests use it.
+std::string recurrent_models_on_eigen() {
+  const Batches bi = batches(43, kBiLstmInput, 3);
+  auto lstm = bidirectional_lstm(1);
+  lstm->set_backend("eigen");
+  Trainer t1(lstm, loss::cross_entropy(), optim::adam({}));
+  for (int i = 0; i < 3; ++i) expect(std::isfinite(t1.step(bi.x[i], bi.y[i])), "bidirectional LSTM step ", i);
+  const Batches var = batches(47, kVarGruInput, 2);
+  std::mt19937_64 rng(5);
+  auto gru = variable_length_gru(2);
+  gru->set_backend("eigen");
+  Trainer t2(gru, loss::cross_entropy(), optim::adam({}));
+  std::array<Tensor, 2> in{var.x[0], lengths_tensor(rng, kVarGruInput[0], kVarGruInput[1])};
+  expect(std::isfinite(t2.step(in, var.y[0])), "variable-length GRU step");
+  in[1].data_as<int64_t>()[3] = kVarGruInput[1] + 1;
+  return expect_throw<ValueError>("lengths out of range", [&] { t2.step(in, var.y[1]); },
+                                  "GRU (layer 0): lengths must be in [1, 7] (the sequence length), got lengths[3] = 8");
+}
+
 // ---- host-side checks (no device needed)
 std::string trainer_without_device() {
   if (device_count() > 0) return "a device is present: the device tests train on it";
@@ -240,6 +301,45 @@ std::string trainer_without_device() {
   expect_throw<ValueError>("update", [&] { trainer.update(); }, "backend 'cuda' needs a CUDA device for cuda:0");
   return expect_throw<ValueError>("step", [&] { trainer.step(data.x[0], data.y[0]); },
                                   "plan: backend 'cuda' needs a CUDA device for cuda:0");
+}
+
+// fp16 products with dynamic loss scaling whose first steps overflow (the scaled loss gradient is
+// beyond fp16's range): the device trainer skips the same steps, follows the same scales and ends
+// with the parameters of the Eigen run.
+std::string loss_scaling_vs_eigen() {
+  const Batches data = batches(5, kMlpInput, kSteps);
+  struct Run {
+    std::vector<double> losses;
+    std::vector<float> scales;
+    int64_t skipped = 0;
+    std::map<std::string, Tensor> params;
+  };
+  auto run = [&](const std::string& backend) {
+    auto model = mlp(21);
+    model->set_precision("fp16");
+    model->set_backend(backend);
+    TrainerOptions options;
+    options.loss_scaling = LossScaling::dynamic(16777216.0, 2.0, 0.5, 4);  // 2^24
+    Trainer trainer(model, loss::cross_entropy(), optim::adam({}), options);
+    Run r;
+    for (int i = 0; i < kSteps; ++i) {
+      r.losses.push_back(trainer.step(data.x[i], data.y[i]));
+      r.scales.push_back(trainer.loss_scale());
+    }
+    r.skipped = trainer.skipped_steps();
+    r.params = model->state_dict();
+    return r;
+  };
+  const Run ref = run("eigen"), dev = run("cuda");
+  expect(ref.skipped > 0 && ref.skipped < kSteps, "the reference skipped ", ref.skipped, " of ", kSteps, " steps");
+  expect(dev.skipped == ref.skipped, "skipped steps: device ", dev.skipped, ", Eigen ", ref.skipped);
+  for (int i = 0; i < kSteps; ++i)
+    expect(dev.scales[i] == ref.scales[i], "scale after step ", i + 1, ": device ", dev.scales[i], ", Eigen ",
+           ref.scales[i]);
+  std::string detail = compare("losses", std::vector<float>(dev.losses.begin(), dev.losses.end()), ref.losses, 1e-3);
+  for (const auto& [name, t] : ref.params) compare(name, floats(dev.params.at(name)), doubles(t), 1e-3);
+  return detail + "; " + std::to_string(ref.skipped) + " steps skipped on both, final scale " +
+         std::to_string(ref.scales.back());
 }
 
 std::string unsupported_on_device() {
@@ -259,6 +359,12 @@ std::string unsupported_on_device() {
   graph.skip_nonfinite = true;
   expect_throw<ValueError>("graph + skip", [&] { Trainer(model, loss::cross_entropy(), optim::adam({}), graph); },
                            "cuda_graph replays the optimizer in the same graph as the backward pass");
+  TrainerOptions scaled_graph;
+  scaled_graph.cuda_graph = true;
+  scaled_graph.loss_scaling = LossScaling::dynamic();
+  expect_throw<ValueError>(
+      "graph + loss scaling", [&] { Trainer(model, loss::cross_entropy(), optim::adam({}), scaled_graph); },
+      "cannot wait for the non-finite check of loss scaling");
   // Host backends of a CUDA build keep every optimizer and option.
   model->set_backend("eigen");
   Trainer host(model, loss::cross_entropy(), optim::rmsprop({}), verify);
@@ -272,6 +378,7 @@ std::string unsupported_on_device() {
 void add_core_train_host_tests(std::vector<TestCase>& out) {
   out.push_back({"core_trainer_without_device", [](Env&) { return trainer_without_device(); }});
   out.push_back({"core_trainer_unsupported", [](Env&) { return unsupported_on_device(); }});
+  out.push_back({"core_recurrent_models_on_eigen", [](Env&) { return recurrent_models_on_eigen(); }});
 }
 
 void add_core_train_device_tests(std::vector<TestCase>& out) {
@@ -282,6 +389,11 @@ void add_core_train_device_tests(std::vector<TestCase>& out) {
   out.push_back({"core_trainer_bn_cnn_vs_eigen",
                  [](Env&) { return training_vs_eigen(batch_norm_cnn, kCnnInput, {kAdam}); }});
   out.push_back({"core_trainer_anomaly", [](Env&) { return anomaly_on_device(); }});
+  out.push_back({"core_trainer_loss_scaling_vs_eigen", [](Env&) { return loss_scaling_vs_eigen(); }});
+  // Reversed layers, concat / slice / add, captured as CUDA graphs (full lengths: nothing read back).
+  out.push_back({"core_trainer_bilstm_vs_eigen",
+                 [](Env&) { return training_vs_eigen(bidirectional_lstm, kBiLstmInput, {kAdam}); }});
+  out.push_back({"core_trainer_var_gru_graph_refused", [](Env&) { return variable_lengths_refuse_graphs(); }});
 }
 
 }  // namespace treadle::cuda::test

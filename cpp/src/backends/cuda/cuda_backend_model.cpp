@@ -24,6 +24,18 @@
 
 namespace treadle {
 
+void cuda::copy_tensor_async(void* dst, const Tensor& t, cudaStream_t s) {
+  if (t.is_cpu()) {
+    const Tensor c = t.is_contiguous() ? t : t.clone();
+    copy_to_device_async(dst, c.data(), c.nbytes(), s);
+  } else if (t.device() == kTrainDevice) {
+    copy_device_to_device_async(dst, t.data(), t.nbytes(), s);
+  } else {
+    throw_value_error("backend 'cuda': a tensor on ", device_name(t.device()), " was given, but plans run on ",
+                      device_name(kTrainDevice));
+  }
+}
+
 // Destroyed in reverse order: buffers back to the allocator, the allocator frees the device memory
 // (cudaFree waits for the device), then the event and the copy stream go.
 //
@@ -126,7 +138,7 @@ void Model::device_to_host(bool will_write) const {
   }
 }
 
-void Model::predict_on_device(const Plan& plan, std::span<void* const> inputs, const std::vector<Tensor>& outputs,
+void Model::predict_on_device(const Plan& plan, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
                               Context& ctx) {
   const cudaStream_t s = static_cast<cudaStream_t>(ctx.cuda_stream());
   const DeviceBuffers d = device_buffers(s);
@@ -148,14 +160,19 @@ void Model::predict_on_device(const Plan& plan, std::span<void* const> inputs, c
   std::array<void*, kMaxInputs> dev_in{};
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     dev_in[i] = base + offsets[i];
-    cuda::copy_to_device_async(dev_in[i], inputs[i], bytes[i], s);
+    cuda::copy_tensor_async(dev_in[i], inputs[i], s);
   }
   Bindings b{d.params, std::span<void* const>(dev_in.data(), inputs.size()), {}, {}};
   b.device = cuda::kTrainDevice;
   try {
     cuda::run_device_steps(plan, ctx, b, 0, plan.forward_end, reinterpret_cast<cuda::NonfiniteStats*>(base));
-    for (std::size_t k = 0; k < outputs.size(); ++k)
-      cuda::copy_to_host_async(outputs[k].data(), plan.address(ctx, b, plan.outputs[k]), outputs[k].nbytes(), s);
+    for (std::size_t k = 0; k < outputs.size(); ++k) {
+      const void* src = plan.address(ctx, b, plan.outputs[k]);
+      if (outputs[k].is_cpu())
+        cuda::copy_to_host_async(outputs[k].data(), src, outputs[k].nbytes(), s);
+      else
+        cuda::copy_device_to_device_async(outputs[k].data(), src, outputs[k].nbytes(), s);
+    }
   } catch (...) {
     device_written(s, false, false);  // a later writer waits for what this prediction queued
     throw;

@@ -35,11 +35,15 @@ inline float* out_f(const KernelArgs& a, int k = 0) { return static_cast<float*>
 inline const Shape& shape_of(const Graph& g, int value) { return g.info(value).shape; }
 inline const std::string& op_name(const Node& node) { return OpRegistry::instance().at(node.op).name; }
 
-// The operand rounding a node's "precision" attribute asks for (ops/precision.hpp).
+// The operand rounding a node's "precision" attribute asks for (the core's rounding_of, in the
+// kernel layer's terms: precision_kernels.hpp cannot include the core's headers).
 inline OperandRounding operand_rounding(const Attrs& attrs) {
-  if (!attrs.has(kPrecisionAttr)) return OperandRounding::none;
-  const std::string& p = attrs.s(kPrecisionAttr);
-  return p == "bf16" ? OperandRounding::bf16 : p == "fp16" ? OperandRounding::fp16 : OperandRounding::none;
+  switch (treadle::rounding_of(attrs)) {
+    case treadle::OperandRounding::bf16: return OperandRounding::bf16;
+    case treadle::OperandRounding::fp16: return OperandRounding::fp16;
+    case treadle::OperandRounding::none: break;
+  }
+  return OperandRounding::none;
 }
 
 // The MLP family (cuda_backend_ops.cpp), the convolution / pooling family (cuda_backend_cnn.cpp).
@@ -47,7 +51,12 @@ std::vector<OpEntry> op_entries();
 std::vector<OpEntry> cnn_op_entries();
 // LSTM and GRU layers and their backward ops (cuda_backend_rnn.cpp).
 std::vector<OpEntry> rnn_op_entries();
-// Broadcast arithmetic, scale, leaky_relu/elu/softplus, the elementwise losses, dropout (cuda_backend_elementwise.cpp).
+// Normalisation and log_softmax (cuda_backend_norm.cpp); shape, bmm, causal mask, embedding, resampling
+// (cuda_backend_shape.cpp).
+std::vector<OpEntry> norm_op_entries();
+std::vector<OpEntry> shape_op_entries();
+// Broadcast arithmetic, scale, leaky_relu/elu/softplus, the elementwise losses, dropout
+// (cuda_backend_elementwise.cpp).
 std::vector<OpEntry> elementwise_op_entries();
 
 // Where a product that a fused activation reads back sits in a node's workspace: after the

@@ -1,6 +1,6 @@
-// LSTM and GRU layers of the CUDA backend on cuDNN's RNN API (cudnn_rnn.hpp): float32, full-length
-// sequences, one direction as given. A `reverse` layer (the second half of a bidirectional module)
-// and variable lengths have no CUDA kernel: such a device plan fails at finalize, naming the op.
+// LSTM and GRU layers of the CUDA backend on cuDNN's RNN API (cudnn_rnn.hpp): float32, forward or
+// reversed (`reverse`: a bidirectional module's second half; the wrapper reverses each sequence
+// within its length around cuDNN's forward direction), full-length or variable-length sequences.
 //
 // cuDNN keeps the weights in a weight space of its own layout and what its backward needs in a
 // reserve space. As with oneDNN's recurrent workspace (docs/architecture.md), the forward of a
@@ -9,11 +9,26 @@
 // so the weights are packed once per step. cuDNN's backward_data also writes into the reserve
 // ("completes" it for backward_weights): `saved` is read by that one backward node only, so this
 // is safe. An inference plan (nobody reads `saved`) keeps both spaces in the forward's workspace.
+//
+// Sequence lengths. Full-length layers read the lengths cuDNN wants on the device from the
+// wrapper's copy, uploaded once when the node is prepared: a call copies nothing from the host and
+// a training step holding them can be captured as a CUDA graph. The `lengths` input lives in device
+// memory (int64), but cuDNN's descriptors need the lengths on the host: each call converts them to
+// int32 on the device (cuDNN's devSeqLengths, in the node's workspace), copies them into a pinned
+// buffer of the node's state and synchronises the stream, checks them as the core does (ValueError
+// naming the layer), then builds its descriptors. That is one stream synchronisation per layer call
+// (forward and backward each), and such a call cannot be captured in a CUDA graph: it refuses to
+// run on a capturing stream with a ValueError naming the layer.
 #include <memory>
+#include <mutex>
 #include <optional>
 
 #include "backends/cuda/cuda_backend_ops.hpp"
+#include "backends/cuda/cuda_kernels.hpp"
+#include "backends/cuda/cuda_status.hpp"
 #include "backends/cuda/cudnn_rnn.hpp"
+#include "backends/cuda/device_copy.hpp"
+#include "backends/cuda/train_kernels.hpp"
 #include "core/op_registry.hpp"
 #include "ops/recurrent.hpp"
 #include "treadle/error.hpp"
@@ -45,9 +60,9 @@ std::optional<RnnConfig> config_of(const Graph& g, const Node& node, bool backwa
     valid = s.valid;
     w_hh = s.w_hh, b_ih = s.b_ih, lengths = s.lengths;
   }
-  if (!valid || lengths >= 0 || node.attrs.i_or("reverse", 0) != 0) return std::nullopt;
-  for (int v : node.inputs)
-    if (g.info(v).dtype != DType::f32) return std::nullopt;
+  if (!valid) return std::nullopt;
+  for (int k = 0; k < num_in; ++k)
+    if (g.info(node.inputs[k]).dtype != (k == lengths ? DType::i64 : DType::f32)) return std::nullopt;
   const Shape& x = g.info(node.inputs[0]).shape;
   RnnConfig c;
   c.cell = cell == rnn::Cell::gru ? RnnCell::gru : RnnCell::lstm;
@@ -57,6 +72,8 @@ std::optional<RnnConfig> config_of(const Graph& g, const Node& node, bool backwa
   c.input_size = x[2];
   c.hidden_size = g.info(node.inputs[w_hh]).shape[1];
   c.bias = b_ih >= 0;
+  c.reverse = node.attrs.i_or("reverse", 0) != 0;
+  c.variable_lengths = lengths >= 0;
   try {
     validate_rnn(c);
   } catch (const ValueError&) {
@@ -65,16 +82,60 @@ std::optional<RnnConfig> config_of(const Graph& g, const Node& node, bool backwa
   return c;
 }
 
+// The node's prepared layer. With a `lengths` input also the pinned host buffer the lengths are
+// read back into (N int64, then N int32 for the descriptors), shared by the contexts that run the
+// plan: a call holds `mu` from the read-back until its cuDNN calls are enqueued.
 struct RnnState {
-  explicit RnnState(const RnnConfig& c) : rnn(cudnn_handle(nullptr), c) {}
+  RnnState(const Node& node, const RnnConfig& c)
+      : rnn(cudnn_handle(nullptr), c), layer(node.attrs.s("name")) {
+    if (!c.variable_lengths) return;
+    lengths_bytes = align256(static_cast<std::size_t>(c.batch) * sizeof(int32_t));
+    host_lengths = PinnedHostBuffer(static_cast<std::size_t>(c.batch) * (sizeof(int64_t) + sizeof(int32_t)));
+  }
   CudnnRnn rnn;
+  std::string layer;                // the layer named in errors (the op's `name` attribute)
   bool in_saved = false;            // forward: the spaces in `saved` (training) or in the workspace
+  std::size_t lengths_bytes = 0;    // the int32 device lengths at the start of the node's workspace
+  std::size_t spaces_offset = 0;    // inference: the spaces within the workspace
   std::size_t reserve_offset = 0;   // the reserve, after the weight space
-  std::size_t work_offset = 0;      // cuDNN's workspace within the node's workspace
+  std::size_t work_offset = 0;      // the wrapper's workspace within the node's workspace
   std::size_t dweights_offset = 0;  // backward: the gradient weight space within the workspace
+  mutable std::mutex mu;
+  mutable PinnedHostBuffer host_lengths;
 };
 
 const RnnState& state_of(const KernelArgs& a) { return *static_cast<const RnnState*>(a.state); }
+
+// Refuses a capturing stream: the lengths are read back to the host below, which a graph cannot do.
+void refuse_capture(const RnnState& s, cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  check_cuda(cudaStreamIsCapturing(stream, &status), "cudaStreamIsCapturing");
+  if (status != cudaStreamCaptureStatusNone)
+    throw_value_error(s.layer, ": variable sequence lengths (the `lengths` input) are copied to the host and the ",
+                      "stream synchronised on every call (cuDNN's descriptors need them there), which a CUDA graph ",
+                      "cannot capture; turn cuda_graph off for this model, or use full-length sequences");
+}
+
+// The `lengths` input (int64, device) as the wrapper takes it: int32 on the device in the node's
+// workspace, and on the host, checked as the core checks them. Caller holds s.mu.
+RnnLengths read_lengths(const RnnState& s, const KernelArgs& a, int slot) {
+  const cudaStream_t stream = stream_of(a);
+  refuse_capture(s, stream);
+  const RnnConfig& c = s.rnn.config();
+  const auto* src = static_cast<const int64_t*>(a.in[slot].data);
+  auto* dev = static_cast<int32_t*>(a.workspace);
+  lengths_to_int32(src, dev, c.batch, stream);
+  auto* host64 = s.host_lengths.ptr<int64_t>();
+  auto* host32 = reinterpret_cast<int32_t*>(host64 + c.batch);
+  copy_to_host(host64, src, static_cast<std::size_t>(c.batch) * sizeof(int64_t), stream);  // waits for the stream
+  for (int64_t n = 0; n < c.batch; ++n) {
+    if (host64[n] < 1 || host64[n] > c.seq_len)
+      throw_value_error(s.layer, ": lengths must be in [1, ", c.seq_len, "] (the sequence length), got lengths[", n,
+                        "] = ", host64[n]);
+    host32[n] = static_cast<int32_t>(host64[n]);
+  }
+  return {host32, dev};
+}
 
 // The forward: inference when nobody reads `saved`; else training, when only the layer's backward
 // op reads it (the host reading cuDNN's spaces would get no numbers of ours).
@@ -85,21 +146,19 @@ bool accepts_forward(const Graph& g, const Node& node) {
   return !info.read || read_only_by(g, saved, op_name(node) + "_backward");
 }
 
+// Workspace: [int32 lengths (variable lengths only) | the spaces (inference only) | the wrapper's].
 PreparedNode prepare_forward(const Graph& g, const Node& node) {
   const std::optional<RnnConfig> c = config_of(g, node, false);
   if (!c) throw_runtime_error(op_name(node), ": no cuDNN layer at prepare time");
-  auto s = std::make_shared<RnnState>(*c);
+  auto s = std::make_shared<RnnState>(node, *c);
   s->reserve_offset = align256(s->rnn.weight_space_bytes());
   const std::size_t spaces = s->reserve_offset + align256(s->rnn.reserve_bytes());
   s->in_saved = g.info(node.outputs.back()).read;
+  s->spaces_offset = s->lengths_bytes;
+  s->work_offset = s->lengths_bytes + (s->in_saved ? 0 : spaces);
   PreparedNode p;
-  if (s->in_saved) {
-    p.opaque_outputs.push_back({static_cast<int>(node.outputs.size()) - 1, spaces});
-    p.workspace = s->rnn.workspace_bytes();
-  } else {
-    s->work_offset = spaces;
-    p.workspace = spaces + s->rnn.workspace_bytes();
-  }
+  if (s->in_saved) p.opaque_outputs.push_back({static_cast<int>(node.outputs.size()) - 1, spaces});
+  p.workspace = s->work_offset + s->rnn.workspace_bytes();
   p.state = std::move(s);
   return p;
 }
@@ -109,23 +168,32 @@ void forward_kernel(const KernelArgs& a) {
   const rnn::CellInfo ci = rnn::cell_info(cell_of(a.node));
   const rnn::ForwardSlots f = rnn::forward_slots(ci, a.num_in);
   cudnnHandle_t h = cudnn_handle(stream_of(a));
-  char* spaces = static_cast<char*>(s.in_saved ? a.out[a.num_out - 1].data : a.workspace);
+  char* work = static_cast<char*>(a.workspace);
+  char* spaces = s.in_saved ? static_cast<char*>(a.out[a.num_out - 1].data) : work + s.spaces_offset;
+  std::unique_lock<std::mutex> lock(s.mu, std::defer_lock);
+  RnnLengths lengths;
+  if (f.lengths >= 0) {
+    lock.lock();
+    lengths = read_lengths(s, a, f.lengths);
+  }
   s.rnn.pack_weights(h, opt_in(a, f.w_ih), opt_in(a, f.w_hh), opt_in(a, f.b_ih), opt_in(a, f.b_hh), spaces);
   s.rnn.forward_training(h, opt_in(a, f.x), opt_in(a, f.h0), opt_in(a, f.c0), spaces, opt_out(a, 0), opt_out(a, 1),
-                         ci.has_cell_state ? opt_out(a, 2) : nullptr, static_cast<char*>(a.workspace) + s.work_offset,
-                         spaces + s.reserve_offset);
+                         ci.has_cell_state ? opt_out(a, 2) : nullptr, work + s.work_offset, spaces + s.reserve_offset,
+                         lengths);
 }
 
 // The backward runs where its forward ran: a device plan runs every node on this backend, and the
 // forward is taken whenever this backward can be (same layer, `saved` read by this op only).
 bool accepts_backward(const Graph& g, const Node& node) { return config_of(g, node, true).has_value(); }
 
+// Workspace: [int32 lengths (variable lengths only) | the wrapper's | the gradient weight space].
 PreparedNode prepare_backward(const Graph& g, const Node& node) {
   const std::optional<RnnConfig> c = config_of(g, node, true);
   if (!c) throw_runtime_error(op_name(node), ": no cuDNN layer at prepare time");
-  auto s = std::make_shared<RnnState>(*c);
+  auto s = std::make_shared<RnnState>(node, *c);
   s->reserve_offset = align256(s->rnn.weight_space_bytes());
-  s->dweights_offset = align256(s->rnn.workspace_bytes());
+  s->work_offset = s->lengths_bytes;
+  s->dweights_offset = s->work_offset + align256(s->rnn.workspace_bytes());
   PreparedNode p;
   p.workspace = s->dweights_offset + s->rnn.weight_space_bytes();
   p.state = std::move(s);
@@ -139,13 +207,100 @@ void backward_kernel(const KernelArgs& a) {
   cudnnHandle_t h = cudnn_handle(stream_of(a));
   char* spaces = static_cast<char*>(a.in[b.saved].data);  // read by this node only (see the top)
   void* reserve = spaces + s.reserve_offset;
-  void* work = a.workspace;
+  void* work = static_cast<char*>(a.workspace) + s.work_offset;
   void* dweights = static_cast<char*>(a.workspace) + s.dweights_offset;
+  std::unique_lock<std::mutex> lock(s.mu, std::defer_lock);
+  RnnLengths lengths;
+  if (b.lengths >= 0) {
+    lock.lock();
+    lengths = read_lengths(s, a, b.lengths);
+  }
   s.rnn.backward_data(h, opt_in(a, b.y), opt_in(a, b.dy), opt_in(a, b.dh_n), opt_in(a, b.dc_n), opt_in(a, b.h0),
-                      opt_in(a, b.c0), spaces, opt_out(a, b.dx), opt_out(a, b.dh0), opt_out(a, b.dc0), work, reserve);
-  s.rnn.backward_weights(h, opt_in(a, b.x), opt_in(a, b.h0), opt_in(a, b.y), dweights, false, work, reserve);
+                      opt_in(a, b.c0), spaces, opt_out(a, b.dx), opt_out(a, b.dh0), opt_out(a, b.dc0), work, reserve,
+                      lengths);
+  s.rnn.backward_weights(h, opt_in(a, b.x), opt_in(a, b.h0), opt_in(a, b.y), dweights, false, work, reserve,
+                         lengths);
   s.rnn.unpack_weight_grads(h, dweights, opt_out(a, b.dw_ih), opt_out(a, b.dw_hh), opt_out(a, b.db_ih),
                             opt_out(a, b.db_hh));
+}
+
+// ---- What a bidirectional or stacked module (nn::Recurrent) puts around its layers: `concat` of
+// the two directions' outputs (and final states), its gradient `slice`, `slice` / `slice_backward`
+// for one layer's state out of h_n, and `add` where a value feeds both directions (the gradients'
+// sum). Float32, same-shape `add` only (no broadcasting). Plain stream-ordered copies: capturable.
+
+bool all_f32(const Graph& g, const Node& node) {
+  for (int v : node.inputs)
+    if (g.info(v).dtype != DType::f32) return false;
+  return true;
+}
+
+// A tensor seen as (outer, axis, inner) around `axis`.
+struct AxisView {
+  int64_t outer = 1, len = 1, inner = 1;
+};
+
+AxisView axis_view(const Shape& s, int axis) {
+  AxisView v;
+  for (int d = 0; d < static_cast<int>(s.size()); ++d) {
+    if (d < axis) v.outer *= s[d];
+    else if (d == axis) v.len = s[d];
+    else v.inner *= s[d];
+  }
+  return v;
+}
+
+// rows x width floats between row-strided buffers (strides and width in floats): one 2-d copy.
+void copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t width, int64_t rows,
+               cudaStream_t stream) {
+  if (width == 0 || rows == 0) return;
+  constexpr std::size_t f = sizeof(float);
+  check_cuda(cudaMemcpy2DAsync(dst, static_cast<std::size_t>(dst_stride) * f, src,
+                               static_cast<std::size_t>(src_stride) * f, static_cast<std::size_t>(width) * f,
+                               static_cast<std::size_t>(rows), cudaMemcpyDeviceToDevice, stream),
+             "cudaMemcpy2DAsync");
+}
+
+void concat_kernel(const KernelArgs& a) {
+  const int axis = static_cast<int>(a.attrs().i("axis"));
+  const AxisView out = axis_view(*a.out[0].shape, axis);
+  int64_t offset = 0;
+  for (int k = 0; k < a.num_in; ++k) {
+    const AxisView in = axis_view(*a.in[k].shape, axis);
+    copy_rows(out_f(a) + offset * out.inner, out.len * out.inner, in_f(a, k), in.len * in.inner, in.len * in.inner,
+              out.outer, stream_of(a));
+    offset += in.len;
+  }
+}
+
+void slice_kernel(const KernelArgs& a) {
+  const int axis = static_cast<int>(a.attrs().i("axis"));
+  const AxisView in = axis_view(*a.in[0].shape, axis);
+  const int64_t start = a.attrs().i("start"), len = a.attrs().i("stop") - start;
+  copy_rows(out_f(a), len * in.inner, in_f(a, 0) + start * in.inner, in.len * in.inner, len * in.inner, in.outer,
+            stream_of(a));
+}
+
+// dx zero, then dy into [start, stop) along the axis: the gradient of a slice (h_n of one direction).
+void slice_backward_kernel(const KernelArgs& a) {
+  const int axis = static_cast<int>(a.attrs().i("axis"));
+  const AxisView out = axis_view(*a.out[0].shape, axis);
+  const int64_t start = a.attrs().i("start"), len = a.attrs().i("stop") - start;
+  fill_zero_async(out_f(a), static_cast<std::size_t>(a.out[0].numel) * sizeof(float), stream_of(a));
+  copy_rows(out_f(a) + start * out.inner, out.len * out.inner, in_f(a, 0), len * out.inner, len * out.inner, out.outer,
+            stream_of(a));
+}
+
+bool accepts_add(const Graph& g, const Node& node) {
+  return all_f32(g, node) && shape_of(g, node.inputs[0]) == shape_of(g, node.inputs[1]);
+}
+
+// y = a, then y += b (the plan never gives `add` its output in place of an input).
+void add_kernel(const KernelArgs& a) {
+  const int64_t n = a.out[0].numel;
+  if (n == 0) return;
+  copy_device_to_device_async(out_f(a), in_f(a, 0), static_cast<std::size_t>(n) * sizeof(float), stream_of(a));
+  add_into(out_f(a), in_f(a, 1), n, stream_of(a));
 }
 
 }  // namespace
@@ -157,6 +312,10 @@ std::vector<OpEntry> rnn_op_entries() {
     entries.push_back({cell, &accepts_forward, &prepare_forward, &forward_kernel, false});
     entries.push_back({std::string(cell) + "_backward", &accepts_backward, &prepare_backward, &backward_kernel, false});
   }
+  entries.push_back({"concat", &all_f32, nullptr, &concat_kernel});
+  entries.push_back({"slice", &all_f32, nullptr, &slice_kernel});
+  entries.push_back({"slice_backward", &all_f32, nullptr, &slice_backward_kernel});
+  entries.push_back({"add", &accepts_add, nullptr, &add_kernel});
   return entries;
 }
 

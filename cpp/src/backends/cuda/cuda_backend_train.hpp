@@ -21,4 +21,9 @@ inline std::size_t align256(std::size_t bytes) { return (bytes + 255) / 256 * 25
 // the node, op, module, pass, count and first index, plus the device.
 void run_device_steps(const Plan& plan, Context& ctx, const Bindings& b, int begin, int end, NonfiniteStats* stats);
 
+// Copies tensor `t` to device memory `dst` on `s`: a host tensor is uploaded (a non-contiguous one
+// through a contiguous copy; pageable memory, so the call returns once the host side was read), a
+// tensor on kTrainDevice is copied on the device. ValueError for a tensor on another device.
+void copy_tensor_async(void* dst, const Tensor& t, cudaStream_t s);
+
 }  // namespace treadle::cuda

@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <array>
 #include <cstring>
 
@@ -20,7 +21,9 @@
 #include "backends/cuda/cuda_stream.hpp"
 #include "backends/cuda/device_allocator.hpp"
 #include "backends/cuda/device_copy.hpp"
+#include "backends/cuda/loss_scale.hpp"
 #include "core/plan.hpp"
+#include "nn/loss_scaler.hpp"
 #include "treadle/error.hpp"
 #include "treadle/trainer.hpp"
 
@@ -59,6 +62,7 @@ struct Trainer::DeviceStep {
   cuda::PinnedHostBuffer staging;   // the host side of `io`
   cuda::PinnedHostBuffer readback;  // the loss and a non-finite count
   cuda::DeviceBuffer stats;         // cuda::NonfiniteStats
+  cuda::DeviceBuffer scaling;       // loss scaling: the unscaling factor (float), the non-finite flag (int32)
   cuda::DeviceBuffer clip_scratch;  // clip_grad_norm: partial sums, then the coefficient and the norm
   std::vector<cuda::DeviceBuffer> state;  // in Optimizer::state() order
   std::vector<const void*> state_host;    // the host tensors they mirror
@@ -94,13 +98,19 @@ Trainer::DeviceStep::Slots Trainer::DeviceStep::upload(Inputs xs, const Tensor& 
   }
   auto* staged = staging.ptr<char>();
   if (coefficients) std::memcpy(staged, coefficients, coefficient_bytes);
+  bool on_device[kMaxInputs + 1] = {};
   for (std::size_t i = 0; i <= xs.size(); ++i) {
     const Tensor& t = i < xs.size() ? xs[i] : y;
+    if ((on_device[i] = !t.is_cpu())) continue;  // copied on the device below
     const Tensor c = t.is_contiguous() ? t : t.clone();
     std::memcpy(staged + offset[i], c.data(), c.nbytes());
   }
   cuda::copy_to_device_async(io.data(), staged, total, s);
   auto* base = static_cast<char*>(io.data());
+  // Device arrays (the host's CuPy/torch data) go into their slots after the upload, on the same
+  // stream: the step's pointers stay the trainer's own, so a captured graph replays with them too.
+  for (std::size_t i = 0; i <= xs.size(); ++i)
+    if (on_device[i]) cuda::copy_tensor_async(base + offset[i], i < xs.size() ? xs[i] : y, s);
   Slots slots;
   slots.coefficients = base;
   for (std::size_t i = 0; i < xs.size(); ++i) slots.inputs[i] = base + offset[i];
@@ -194,8 +204,9 @@ void enqueue_accumulate(const Plan& p, Context& ctx, const Bindings& b, void* gr
                    static_cast<const float*>(p.address(ctx, b, value)), shape_numel(p.graph.info(value).shape), s);
 }
 
-Bindings device_bindings(void* params, std::span<void* const> inputs, void* const* target) {
-  Bindings b{params, inputs, std::span<void* const>(target, 1), {}};
+// `seed`: the loss gradient's seed (loss scaling: the scale, on the device), or null for 1.
+Bindings device_bindings(void* params, std::span<void* const> inputs, void* const* target, void* const* seed = nullptr) {
+  Bindings b{params, inputs, std::span<void* const>(target, 1), std::span<void* const>(seed, seed ? 1 : 0)};
   b.device = cuda::kTrainDevice;
   return b;
 }
@@ -218,6 +229,10 @@ void Trainer::check_device_support(const char* who) const {
   if (options_.verify_parameters)
     throw_value_error(who, ": verify_parameters is not implemented for backend 'cuda' on ",
                       device_name(cuda::kTrainDevice), " (the checksums are taken on the host)");
+  if (options_.cuda_graph && options_.loss_scaling.mode != LossScaling::Mode::off)
+    throw_value_error(who, ": cuda_graph replays the optimizer in the same graph as the backward pass, so the ",
+                      "update cannot wait for the non-finite check of loss scaling; turn loss_scaling or ",
+                      "cuda_graph off");
   if (options_.cuda_graph && (options_.skip_nonfinite || options_.check_finite))
     throw_value_error(who, ": cuda_graph replays the optimizer in the same graph as the backward pass, so the ",
                       "update cannot wait for the loss or gradients read back (skip_nonfinite ",
@@ -251,8 +266,13 @@ double Trainer::run_device_loss_plan(const Plan& p, Inputs xs, const Tensor& y, 
   const cudaStream_t s = static_cast<cudaStream_t>(ctx_.cuda_stream());
   const Model::DeviceBuffers mb = model_->device_buffers(s);
   if (!d.stats.data()) d.stats = d.alloc.buffer(sizeof(cuda::NonfiniteStats), s);
-  const DeviceStep::Slots slots = d.upload(xs, y, nullptr, 0, s);
-  const Bindings b = device_bindings(mb.params, {slots.inputs.data(), xs.size()}, &slots.target);
+  // Loss scaling seeds the backward with the scale: it travels in the (otherwise unused) coefficient
+  // slot of the step's one upload.
+  const float seed = loss_scale();
+  const bool seeded = !p.seeds.empty();
+  const DeviceStep::Slots slots = d.upload(xs, y, seeded ? &seed : nullptr, seeded ? sizeof seed : 0, s);
+  const Bindings b = device_bindings(mb.params, {slots.inputs.data(), xs.size()}, &slots.target,
+                                     seeded ? &slots.coefficients : nullptr);
 
   pending_.reset();  // this run reuses the context's activation memory: a pending backward is void
   end_tasked_step();
@@ -264,6 +284,10 @@ double Trainer::run_device_loss_plan(const Plan& p, Inputs xs, const Tensor& y, 
   float* loss = d.readback.ptr<float>();
   cuda::copy_to_host_async(loss, p.address(ctx_, b, p.loss), sizeof(float), s);
   TREADLE_CUDA_CHECK(cudaStreamSynchronize(s));
+  if (!y.is_cpu() && loss_.kind == "cross_entropy" && std::isnan(*loss))  // the labels' only check
+    throw_value_error("cross_entropy: the loss is NaN: a label on ", device_name(y.device()), " outside [0, ",
+                      p.graph.info(p.outputs.at(0)).shape.back(), ") (the device kernel gives NaN for it), or NaN ",
+                      "in the model's output; the update is not applied");
   return *loss;
 }
 
@@ -277,6 +301,10 @@ void Trainer::device_update() {
   auto* p = static_cast<float*>(mb.params);
   const auto* g = static_cast<const float*>(mb.grads);
   const int64_t n = model_->num_trainable();
+  if (scaler_ && !device_unscale_and_check(static_cast<float*>(mb.grads), n, s)) {
+    model_->device_written(s, false, true);
+    return;
+  }
   if (options_.skip_nonfinite) {  // all gradients finite <=> the host's finite global norm, for float32
     cuda::nonfinite_stats(g, n, d.stats.ptr<cuda::NonfiniteStats>(), s);
     auto* count = d.readback.ptr<unsigned long long>() + 1;
@@ -298,6 +326,29 @@ void Trainer::device_update() {
   model_->device_written(s, true, false);
 }
 
+// Loss scaling on the device: the gradients multiplied by the host scaler's 1/scale in place, the
+// non-finite flag read back (the update waits for it anyway), and the host rule deciding; a skipped
+// step leaves the unscaled gradients, as the host path does.
+bool Trainer::device_unscale_and_check(float* grads, int64_t n, void* stream) {
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  DeviceStep& d = *device_;
+  if (!d.scaling.data()) d.scaling = d.alloc.buffer(2 * sizeof(float), s);
+  auto* inv = d.scaling.ptr<float>();
+  auto* flag = reinterpret_cast<int32_t*>(inv + 1);
+  auto* staged = reinterpret_cast<char*>(d.readback.data()) + 32;  // after the loss and the count
+  const float inv_scale = scaler_->inv_scale();
+  std::memcpy(staged, &inv_scale, sizeof inv_scale);
+  cuda::copy_to_device_async(inv, staged, sizeof inv_scale, s);
+  cuda::clear_nonfinite_flag(flag, s);
+  cuda::scale_gradients(grads, grads, n, inv, cuda::ScaleDirection::multiply, flag, s);
+  auto* found = reinterpret_cast<int32_t*>(staged + 8);
+  cuda::copy_to_host_async(found, flag, sizeof *found, s);
+  TREADLE_CUDA_CHECK(cudaStreamSynchronize(s));
+  if (scaler_->update(*found != 0)) return true;
+  ++skipped_;
+  return false;
+}
+
 // step() as one graph launch. The first step of a signature runs as launched kernels: it creates
 // what a capture must not (library handles, the grown arena, the optimizer's device state).
 double Trainer::device_graph_step(Inputs xs, const Tensor& y) {
@@ -307,6 +358,11 @@ double Trainer::device_graph_step(Inputs xs, const Tensor& y) {
                       "cannot; turn cuda_graph off to use it");
   for (const Tensor& x : xs) check_input(x, "input");
   check_input(y, "target");
+  if (!y.is_cpu() && loss_.kind == "cross_entropy")
+    throw_value_error("Trainer.step: cuda_graph with class labels on ", device_name(y.device()), ": a captured ",
+                      "step applies its update before the loss is read, so a label out of range (checked on the ",
+                      "host for host labels) would reach the parameters as NaN; pass the labels as a host array ",
+                      "or turn cuda_graph off");
   zero_grad();
   std::shared_ptr<const Plan> p = plan_for(PlanMode::train_loss, xs, &y, false);
   const ValueInfo& out = p->graph.info(p->outputs.at(0));

@@ -74,4 +74,17 @@ void round_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream);
 std::size_t column_sum_workspace_bytes(int64_t rows, int64_t cols);
 void column_sum(const float* x, float* out, int64_t rows, int64_t cols, void* workspace, cudaStream_t stream);
 
+// ---- sequences of a recurrent layer (rnn_kernels.cu): float32 (T, N, W), or (N, T, W) with
+// batch_first; `lengths` int32 (N) in device memory, each in [1, T] (checked by the caller on the
+// host), or null: every sequence T long.
+// dst(t, n) = src(len[n] - 1 - t, n) with `reverse`, else src(t, n), for t < len[n]; zeros for
+// t >= len[n]. src and dst must not overlap.
+void sequence_copy(const float* src, float* dst, int64_t T, int64_t N, int64_t W, const int32_t* lengths,
+                   bool batch_first, bool reverse, cudaStream_t stream);
+// data(t, n) = 0 for t >= len[n], in place (lengths required).
+void sequence_zero_padding(float* data, int64_t T, int64_t N, int64_t W, const int32_t* lengths, bool batch_first,
+                           cudaStream_t stream);
+// The core's int64 lengths as cuDNN's int32, saturating (a value outside int32 stays out of range).
+void lengths_to_int32(const int64_t* src, int32_t* dst, int64_t n, cudaStream_t stream);
+
 }  // namespace treadle::cuda

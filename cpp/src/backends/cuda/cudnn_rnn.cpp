@@ -2,8 +2,12 @@
 #include "backends/cuda/cudnn_rnn.hpp"
 
 #include <limits>
+#include <optional>
 
+#include "backends/cuda/cuda_kernels.hpp"
 #include "backends/cuda/cuda_status.hpp"
+#include "backends/cuda/cuda_stream.hpp"
+#include "backends/cuda/device_copy.hpp"
 #include "treadle/error.hpp"
 
 namespace treadle::cuda {
@@ -50,20 +54,85 @@ CudnnRnn::CudnnRnn(cudnnHandle_t handle, const RnnConfig& c) : config_(c) {
       c.bias ? CUDNN_RNN_DOUBLE_BIAS : CUDNN_RNN_NO_BIAS, CUDNN_UNIDIRECTIONAL, CUDNN_LINEAR_INPUT, CUDNN_DATA_FLOAT,
       CUDNN_DATA_FLOAT, c.tensor_op ? CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION : CUDNN_FMA_MATH, f, h, h, 1,
       dropout_.get(), CUDNN_RNN_PADDED_IO_ENABLED));
-  const cudnnRNNDataLayout_t layout =
-      c.batch_first ? CUDNN_RNN_DATA_LAYOUT_BATCH_MAJOR_UNPACKED : CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED;
-  float fill = 0.0f;  // what padded output positions get (none: every sequence is full length)
-  TREADLE_CUDNN_CHECK(cudnnSetRNNDataDescriptor(x_.get(), CUDNN_DATA_FLOAT, layout, t, n, f, lengths_.data(), &fill));
-  TREADLE_CUDNN_CHECK(cudnnSetRNNDataDescriptor(y_.get(), CUDNN_DATA_FLOAT, layout, t, n, h, lengths_.data(), &fill));
+  set_data_descriptors(x_, y_, lengths_.data());
   h_.set_3d(kWho, "state (1, N, H)", 1, n, h);
   TREADLE_CUDNN_CHECK(cudnnGetRNNWeightSpaceSize(handle, rnn_.get(), &weight_space_));
-  std::size_t cudnn_ws = 0;
-  TREADLE_CUDNN_CHECK(
-      cudnnGetRNNTempSpaceSizes(handle, rnn_.get(), CUDNN_FWD_MODE_TRAINING, x_.get(), &cudnn_ws, &reserve_));
-  // The workspace starts with the device copy of the sequence lengths the v8 calls read.
-  lengths_bytes_ = align256(lengths_.size() * sizeof(int32_t));
-  workspace_ = lengths_bytes_ + cudnn_ws;
+  // Sized for full-length sequences: the largest any call needs.
+  TREADLE_CUDNN_CHECK(cudnnGetRNNTempSpaceSizes(handle, rnn_.get(), CUDNN_FWD_MODE_TRAINING, x_.get(),
+                                                &cudnn_workspace_, &reserve_));
+  const std::size_t xs = align256(static_cast<std::size_t>(c.seq_len * c.batch * c.input_size) * sizeof(float));
+  const std::size_t ys = align256(static_cast<std::size_t>(c.seq_len * c.batch * c.hidden_size) * sizeof(float));
+  off_x_ = 0;
+  off_y_ = off_x_ + (c.reverse ? xs : 0);
+  off_dy_ = off_y_ + (c.reverse ? ys : 0);
+  off_dx_ = off_dy_ + (c.reverse || c.variable_lengths ? ys : 0);
+  off_cudnn_ = off_dx_ + (c.reverse ? xs : 0);
+  workspace_ = off_cudnn_ + cudnn_workspace_;
+  // The full lengths once on the device, so that no call copies from the host (CUDA graphs).
+  const std::size_t bytes = lengths_.size() * sizeof(int32_t);
+  TREADLE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&device_lengths_), bytes));
+  try {
+    CudaStream upload;
+    copy_to_device(device_lengths_, lengths_.data(), bytes, upload.get());
+  } catch (...) {
+    cudaFree(device_lengths_);
+    throw;
+  }
 }
+
+CudnnRnn::~CudnnRnn() {
+  if (device_lengths_ != nullptr) cudaFree(device_lengths_);  // errors ignored: destructors never throw
+}
+
+void CudnnRnn::set_data_descriptors(RnnDataDescriptor& x, RnnDataDescriptor& y, const int32_t* lengths) const {
+  const cudnnRNNDataLayout_t layout =
+      config_.batch_first ? CUDNN_RNN_DATA_LAYOUT_BATCH_MAJOR_UNPACKED : CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED;
+  const int t = static_cast<int>(config_.seq_len), n = static_cast<int>(config_.batch);
+  float fill = 0.0f;  // what cuDNN writes at output positions past a sequence's length
+  TREADLE_CUDNN_CHECK(cudnnSetRNNDataDescriptor(x.get(), CUDNN_DATA_FLOAT, layout, t, n,
+                                                static_cast<int>(config_.input_size), lengths, &fill));
+  TREADLE_CUDNN_CHECK(cudnnSetRNNDataDescriptor(y.get(), CUDNN_DATA_FLOAT, layout, t, n,
+                                                static_cast<int>(config_.hidden_size), lengths, &fill));
+}
+
+// One call's view of the lengths: the prepared full-length descriptors and device copy, or
+// descriptors of its own for the given lengths (checked on the host first).
+class CudnnRnn::Call {
+ public:
+  Call(const CudnnRnn& rnn, const char* who, const RnnLengths& l) : x_(rnn.x_.get()), y_(rnn.y_.get()) {
+    dev_ = rnn.device_lengths_;
+    if (!l.variable()) return;
+    if (!rnn.config_.variable_lengths)
+      throw_value_error(who, ": the layer was built for full-length sequences (RnnConfig::variable_lengths off) ",
+                        "but the call passes lengths");
+    if (l.host == nullptr || l.device == nullptr)
+      throw_value_error(who, ": give the lengths both on the host and on the device (got host ",
+                        l.host ? "set" : "null", ", device ", l.device ? "set" : "null", ")");
+    const int64_t T = rnn.config_.seq_len;
+    for (int64_t n = 0; n < rnn.config_.batch; ++n)
+      if (l.host[n] < 1 || l.host[n] > T)
+        throw_value_error(who, ": lengths must be in [1, ", T, "] (the sequence length), got lengths[", n, "] = ",
+                          l.host[n]);
+    own_x_.emplace();
+    own_y_.emplace();
+    rnn.set_data_descriptors(*own_x_, *own_y_, l.host);
+    x_ = own_x_->get();
+    y_ = own_y_->get();
+    dev_ = l.device;
+    kernel_lengths_ = l.device;
+  }
+  cudnnRNNDataDescriptor_t x() const { return x_; }
+  cudnnRNNDataDescriptor_t y() const { return y_; }
+  const int32_t* device() const { return dev_; }           // cuDNN's devSeqLengths
+  const int32_t* kernel_lengths() const { return kernel_lengths_; }  // the sequence kernels' (null: full)
+  bool variable() const { return kernel_lengths_ != nullptr; }
+
+ private:
+  std::optional<RnnDataDescriptor> own_x_, own_y_;
+  cudnnRNNDataDescriptor_t x_, y_;
+  const int32_t* dev_ = nullptr;
+  const int32_t* kernel_lengths_ = nullptr;
+};
 
 void CudnnRnn::copy_weights(cudnnHandle_t handle, const void* space, bool to_space, const float* const* core,
                             float* const* core_out) const {
@@ -129,15 +198,6 @@ void CudnnRnn::unpack_weight_grads(cudnnHandle_t handle, const void* dweight_spa
   copy_weights(handle, dweight_space, false, nullptr, core);
 }
 
-const int32_t* CudnnRnn::upload_lengths(cudnnHandle_t handle, void* workspace) const {
-  auto* dev = static_cast<int32_t*>(workspace);
-  // From pageable memory: the copy is staged before cudaMemcpyAsync returns, and lengths_ lives on.
-  check_cuda(cudaMemcpyAsync(dev, lengths_.data(), lengths_.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
-                             stream_of(handle)),
-             "rnn_cudnn: cudaMemcpyAsync (sequence lengths)");
-  return dev;
-}
-
 void CudnnRnn::check_spaces(const char* who, const void* workspace, const void* reserve) const {
   check_device_pointer(who, "workspace", workspace);
   if (reserve_ > 0) check_device_pointer(who, "reserve", reserve);
@@ -145,7 +205,7 @@ void CudnnRnn::check_spaces(const char* who, const void* workspace, const void* 
 
 void CudnnRnn::forward_training(cudnnHandle_t handle, const float* x, const float* h0, const float* c0,
                                 const void* weight_space, float* y, float* h_n, float* c_n, void* workspace,
-                                void* reserve) const {
+                                void* reserve, const RnnLengths& lengths) const {
   const char* who = "rnn_cudnn forward_training";
   check_cudnn_handle(who, handle);
   check_device_pointer(who, "x", x);
@@ -154,16 +214,30 @@ void CudnnRnn::forward_training(cudnnHandle_t handle, const float* x, const floa
   check_spaces(who, workspace, reserve);
   if (config_.cell == RnnCell::gru && (c0 != nullptr || c_n != nullptr))
     throw_value_error(who, ": a GRU has no cell state; c0 and c_n must be null");
-  const int32_t* lengths = upload_lengths(handle, workspace);
-  char* scratch = static_cast<char*>(workspace) + lengths_bytes_;
-  TREADLE_CUDNN_CHECK(cudnnRNNForward(handle, rnn_.get(), CUDNN_FWD_MODE_TRAINING, lengths, x_.get(), x, y_.get(), y,
-                                      h_.get(), h0, h_n, h_.get(), c0, c_n, weight_space_, weight_space,
-                                      workspace_ - lengths_bytes_, scratch, reserve_, reserve));
+  const Call call(*this, who, lengths);
+  const cudaStream_t s = stream_of(handle);
+  const RnnConfig& c = config_;
+  const float* x_in = x;
+  float* y_out = y;
+  if (c.reverse) {  // cuDNN's forward direction over the sequences reversed within their lengths
+    sequence_copy(x, at(workspace, off_x_), c.seq_len, c.batch, c.input_size, call.kernel_lengths(), c.batch_first,
+                  true, s);
+    x_in = at(workspace, off_x_);
+    y_out = at(workspace, off_y_);
+  }
+  TREADLE_CUDNN_CHECK(cudnnRNNForward(handle, rnn_.get(), CUDNN_FWD_MODE_TRAINING, call.device(), call.x(), x_in,
+                                      call.y(), y_out, h_.get(), h0, h_n, h_.get(), c0, c_n, weight_space_,
+                                      weight_space, cudnn_workspace_, at(workspace, off_cudnn_), reserve_, reserve));
+  if (c.reverse)
+    sequence_copy(y_out, y, c.seq_len, c.batch, c.hidden_size, call.kernel_lengths(), c.batch_first, true, s);
+  else if (call.variable())  // zeros past each length whatever cuDNN's padding fill did
+    sequence_zero_padding(y, c.seq_len, c.batch, c.hidden_size, call.kernel_lengths(), c.batch_first, s);
 }
 
 void CudnnRnn::backward_data(cudnnHandle_t handle, const float* y, const float* dy, const float* dh_n,
                              const float* dc_n, const float* h0, const float* c0, const void* weight_space, float* dx,
-                             float* dh0, float* dc0, void* workspace, void* reserve) const {
+                             float* dh0, float* dc0, void* workspace, void* reserve,
+                             const RnnLengths& lengths) const {
   const char* who = "rnn_cudnn backward_data";
   check_cudnn_handle(who, handle);
   check_device_pointer(who, "y", y);
@@ -173,29 +247,59 @@ void CudnnRnn::backward_data(cudnnHandle_t handle, const float* y, const float* 
   check_spaces(who, workspace, reserve);
   if (config_.cell == RnnCell::gru && (c0 != nullptr || dc_n != nullptr || dc0 != nullptr))
     throw_value_error(who, ": a GRU has no cell state; c0, dc_n and dc0 must be null");
-  const int32_t* lengths = upload_lengths(handle, workspace);
-  char* scratch = static_cast<char*>(workspace) + lengths_bytes_;
-  TREADLE_CUDNN_CHECK(cudnnRNNBackwardData_v8(handle, rnn_.get(), lengths, y_.get(), y, dy, x_.get(), dx, h_.get(),
-                                              h0, dh_n, dh0, h_.get(), c0, dc_n, dc0, weight_space_, weight_space,
-                                              workspace_ - lengths_bytes_, scratch, reserve_, reserve));
+  const Call call(*this, who, lengths);
+  const cudaStream_t s = stream_of(handle);
+  const RnnConfig& c = config_;
+  const int32_t* len = call.kernel_lengths();
+  const float* y_in = y;
+  const float* dy_in = dy;
+  float* dx_out = dx;
+  if (c.reverse) {
+    sequence_copy(y, at(workspace, off_y_), c.seq_len, c.batch, c.hidden_size, len, c.batch_first, true, s);
+    y_in = at(workspace, off_y_);
+    dx_out = at(workspace, off_dx_);
+  }
+  if (c.reverse || call.variable()) {  // dy reversed, and zero past each length: cuDNN never sees it there
+    sequence_copy(dy, at(workspace, off_dy_), c.seq_len, c.batch, c.hidden_size, len, c.batch_first, c.reverse, s);
+    dy_in = at(workspace, off_dy_);
+  }
+  TREADLE_CUDNN_CHECK(cudnnRNNBackwardData_v8(handle, rnn_.get(), call.device(), call.y(), y_in, dy_in, call.x(),
+                                              dx_out, h_.get(), h0, dh_n, dh0, h_.get(), c0, dc_n, dc0, weight_space_,
+                                              weight_space, cudnn_workspace_, at(workspace, off_cudnn_), reserve_,
+                                              reserve));
+  if (c.reverse)
+    sequence_copy(dx_out, dx, c.seq_len, c.batch, c.input_size, len, c.batch_first, true, s);
+  else if (call.variable())
+    sequence_zero_padding(dx, c.seq_len, c.batch, c.input_size, len, c.batch_first, s);
 }
 
 void CudnnRnn::backward_weights(cudnnHandle_t handle, const float* x, const float* h0, const float* y,
-                                void* dweight_space, bool accumulate, void* workspace, void* reserve) const {
+                                void* dweight_space, bool accumulate, void* workspace, void* reserve,
+                                const RnnLengths& lengths) const {
   const char* who = "rnn_cudnn backward_weights";
   check_cudnn_handle(who, handle);
   check_device_pointer(who, "x", x);
   check_device_pointer(who, "y", y);
   check_device_pointer(who, "dweight_space", dweight_space);
   check_spaces(who, workspace, reserve);
-  const int32_t* lengths = upload_lengths(handle, workspace);
-  char* scratch = static_cast<char*>(workspace) + lengths_bytes_;
+  const Call call(*this, who, lengths);
+  const cudaStream_t s = stream_of(handle);
+  const RnnConfig& c = config_;
+  const float* x_in = x;
+  const float* y_in = y;
+  if (c.reverse) {  // the sequences cuDNN's forward saw
+    const int32_t* len = call.kernel_lengths();
+    sequence_copy(x, at(workspace, off_x_), c.seq_len, c.batch, c.input_size, len, c.batch_first, true, s);
+    sequence_copy(y, at(workspace, off_y_), c.seq_len, c.batch, c.hidden_size, len, c.batch_first, true, s);
+    x_in = at(workspace, off_x_);
+    y_in = at(workspace, off_y_);
+  }
   // cuDNN documents only WGRAD_MODE_ADD for this call: setting is adding onto zeros.
   if (!accumulate)
-    check_cuda(cudaMemsetAsync(dweight_space, 0, weight_space_, stream_of(handle)), "rnn_cudnn: cudaMemsetAsync");
-  TREADLE_CUDNN_CHECK(cudnnRNNBackwardWeights_v8(handle, rnn_.get(), CUDNN_WGRAD_MODE_ADD, lengths, x_.get(), x,
-                                                 h_.get(), h0, y_.get(), y, weight_space_, dweight_space,
-                                                 workspace_ - lengths_bytes_, scratch, reserve_, reserve));
+    check_cuda(cudaMemsetAsync(dweight_space, 0, weight_space_, s), "rnn_cudnn: cudaMemsetAsync");
+  TREADLE_CUDNN_CHECK(cudnnRNNBackwardWeights_v8(handle, rnn_.get(), CUDNN_WGRAD_MODE_ADD, call.device(), call.x(),
+                                                 x_in, h_.get(), h0, call.y(), y_in, weight_space_, dweight_space,
+                                                 cudnn_workspace_, at(workspace, off_cudnn_), reserve_, reserve));
 }
 
 }  // namespace treadle::cuda

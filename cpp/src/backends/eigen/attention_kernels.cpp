@@ -2,7 +2,7 @@
 #include <limits>
 #include <vector>
 
-#include "backends/eigen/bf16_operands.hpp"
+#include "backends/eigen/rounded_operands.hpp"
 #include "backends/eigen/eigen_backend.hpp"
 #include "backends/eigen/eigen_common.hpp"
 
@@ -11,7 +11,7 @@ namespace {
 using namespace eigen;
 
 // Batch elements are independent, so splitting over them keeps results chunking-independent. With
-// bf16 compute the GEMMs read rounded copies of the operands (bf16_operands.hpp).
+// bf16 or fp16 compute the GEMMs read rounded copies of the operands (rounded_operands.hpp).
 template <typename T>
 void bmm_kernel(const KernelArgs& a) {
   const bool ta = a.attrs().i_or("trans_a", 0), tb = a.attrs().i_or("trans_b", 0);

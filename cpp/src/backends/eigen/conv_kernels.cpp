@@ -11,7 +11,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "backends/eigen/bf16_operands.hpp"
+#include "backends/eigen/rounded_operands.hpp"
 #include "backends/eigen/eigen_backend.hpp"
 #include "backends/eigen/eigen_common.hpp"
 #include "backends/eigen/epilogue.hpp"
@@ -295,12 +295,12 @@ void backward_weight_unit(const ConvGeometry& g, const ConvWorkPlan& p, const T*
 
 // ---- kernels --------------------------------------------------------------------------------
 
-// The kernel's scratch after the bf16-rounded operand copies, if the node has them (they come
-// first in the workspace, bf16_operands.hpp).
+// The kernel's scratch after the rounded operand copies (bf16 or fp16 compute), if the node has
+// them (they come first in the workspace, rounded_operands.hpp).
 template <typename T>
 T* slot_workspace(const KernelArgs& a) {
   return reinterpret_cast<T*>(static_cast<char*>(a.workspace) +
-                              bf16_operand_workspace_bytes(a.in[0].numel, a.in[1].numel, a.attrs()));
+                              rounded_operand_workspace_bytes(a.in[0].numel, a.in[1].numel, a.attrs()));
 }
 
 template <typename T>

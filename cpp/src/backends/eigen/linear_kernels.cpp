@@ -1,7 +1,7 @@
 // Reference GEMM kernels. Rows of the output are split over the host's executor; each row is
 // computed by exactly one chunk, so the result does not depend on how the executor chunks. With bf16
-// compute the GEMMs read rounded copies of the operands (bf16_operands.hpp).
-#include "backends/eigen/bf16_operands.hpp"
+// or fp16 compute the GEMMs read rounded copies of the operands (rounded_operands.hpp).
+#include "backends/eigen/rounded_operands.hpp"
 #include "backends/eigen/eigen_backend.hpp"
 #include "backends/eigen/eigen_common.hpp"
 #include "backends/eigen/epilogue.hpp"

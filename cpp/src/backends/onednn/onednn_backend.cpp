@@ -4,6 +4,7 @@
 
 #include "backends/onednn/onednn_common.hpp"
 #include "core/op_registry.hpp"
+#include "ops/precision.hpp"
 #include "treadle/error.hpp"
 
 namespace treadle {
@@ -22,9 +23,11 @@ class OnednnBackend final : public Backend {
   const char* name() const override { return "onednn"; }
 
   // Takes a node when oneDNN has an optimised implementation for its op, dtype and shapes.
+  // fp16 compute is declined: oneDNN's f16 products are optimised only on CPUs with native fp16
+  // arithmetic, so Eigen's reference path (ops/precision.hpp) takes those nodes.
   KernelFn find(const Graph& g, const Node& node) const override {
     auto it = entries_.find(node.op);
-    if (it == entries_.end()) return nullptr;
+    if (it == entries_.end() || is_fp16_compute(node.attrs)) return nullptr;
     OmpSingleThread guard;
     const OpEntry& e = it->second;
     if (e.plan) return e.plan(g, node) ? &run_chunked : nullptr;
@@ -32,7 +35,8 @@ class OnednnBackend final : public Backend {
     return e.accepts(g, node) ? e.kernel : nullptr;
   }
 
-  // Every family takes float32 nodes only (bf16 compute is an attribute of float32 nodes).
+  // Every family takes float32 nodes only (bf16 compute is an attribute of float32 nodes; fp16
+  // compute nodes are left to Eigen).
   std::vector<OpSupport> supported_ops() const override {
     const OpRegistry& reg = OpRegistry::instance();
     std::vector<OpSupport> ops;
