@@ -139,7 +139,7 @@ PYENV=(env TREADLE_BUILD_DIR="$FULL" PYTHONPATH="$REPO/python" PYTHONUNBUFFERED=
 OP_FILES="tests/test_ops_activation.py tests/test_ops_softmax.py tests/test_losses.py tests/test_ops_shape.py
   tests/test_ops_dropout.py tests/test_conv.py tests/test_pool.py tests/test_norm.py tests/test_recurrent.py
   tests/test_attention.py tests/test_embedding.py tests/test_misc_layers.py tests/test_fusion.py tests/test_bf16.py
-  tests/test_bf16_conv.py"
+  tests/test_bf16_conv.py tests/test_ops_elementwise.py"
 if [ $HAVE_PY -eq 1 ] && [ "$(left)" -gt 120 ]; then
   xdist=()
   "$PYTHON" -c "import xdist" 2>/dev/null && xdist=(-n 8)

@@ -19,7 +19,8 @@ class CudaBackend final : public Backend {
   CudaBackend() {
     const OpRegistry& reg = OpRegistry::instance();
     for (std::vector<cuda::OpEntry> family : {cuda::op_entries(), cuda::cnn_op_entries(), cuda::rnn_op_entries(),
-                                              cuda::norm_op_entries(), cuda::shape_op_entries()})
+                                              cuda::norm_op_entries(), cuda::shape_op_entries(),
+                                              cuda::elementwise_op_entries()})
       for (cuda::OpEntry& e : family) entries_[reg.id(e.op)] = std::move(e);
   }
 

@@ -2,8 +2,8 @@
 // its TensorRefs or from what prepare computed, and enqueues one call of the kernel layer on
 // KernelArgs::stream; scratch is the plan's workspace (PreparedNode::workspace), so nothing
 // allocates during a step. Covered (float32 only): linear (with a fused relu/tanh/sigmoid, precision
-// "bf16" as exact bf16 operands), matmul, sum_to as a bias gradient, relu/tanh/sigmoid/gelu/silu and
-// their backward ops, softmax and softmax_backward, cross_entropy and its backward, constant.
+// "bf16" as exact bf16 operands), matmul, sum_to (every reduction the core allows), relu/tanh/sigmoid/
+// gelu/silu and their backward ops, softmax and softmax_backward, cross_entropy and its backward, constant.
 #include "backends/cuda/cuda_backend_ops.hpp"
 
 #include <memory>
@@ -11,6 +11,7 @@
 
 #include "backends/cuda/cuda_kernels.hpp"
 #include "backends/cuda/cuda_stream.hpp"
+#include "backends/cuda/elementwise_kernels.hpp"
 #include "backends/cuda/linear_lt.hpp"
 #include "backends/cuda/lt_gemm.hpp"
 #include "core/op_registry.hpp"
@@ -135,21 +136,28 @@ void matmul_kernel(const KernelArgs& a) {
   state_of<LtMatmul>(a).run(in_f(a, 0), in_f(a, 1), out_f(a), false, a.workspace, stream_of(a));
 }
 
-// ---- sum_to over every leading dimension (x (..., C) -> (C,)): the bias gradient, a column sum.
+// ---- sum_to over any dimensions the core allows (the gradient of broadcasting): the layout of kept
+// and summed dimensions once per node; (..., C) -> (C,) and its like are column sums (bias gradients).
+bool sum_to_layout_of(const Graph& g, const Node& node, SumToLayout& layout) {
+  return sum_to_layout(shape_of(g, node.inputs[0]), shape_of(g, node.outputs[0]), layout);
+}
+
 bool accepts_sum_to(const Graph& g, const Node& node) {
-  if (!float32_node(g, node)) return false;
-  const Shape& x = shape_of(g, node.inputs[0]);
-  return x.size() >= 2 && shape_of(g, node.outputs[0]) == Shape{x.back()};
+  SumToLayout unused;
+  return float32_node(g, node) && sum_to_layout_of(g, node, unused);
 }
 
 PreparedNode prepare_sum_to(const Graph& g, const Node& node) {
-  const int64_t cols = shape_of(g, node.inputs[0]).back();
-  return with_state<int>(nullptr, column_sum_workspace_bytes(numel_of(g, node.inputs[0]) / cols, cols));
+  auto l = std::make_shared<SumToLayout>();
+  if (!sum_to_layout_of(g, node, *l))
+    throw_value_error("sum_to: no CUDA layout for ", shape_str(shape_of(g, node.inputs[0])), " -> ",
+                      shape_str(shape_of(g, node.outputs[0])));
+  const std::size_t ws = sum_to_workspace_bytes(*l);
+  return with_state(std::move(l), ws);
 }
 
 void sum_to_kernel(const KernelArgs& a) {
-  const int64_t cols = a.in[0].dim(-1);
-  column_sum(in_f(a, 0), out_f(a), a.in[0].numel / cols, cols, a.workspace, stream_of(a));
+  sum_to(in_f(a, 0), out_f(a), state_of<SumToLayout>(a), a.workspace, stream_of(a));
 }
 
 // ---- activations: the forward op's name, or the backward op's without "_backward"

@@ -55,6 +55,9 @@ std::vector<OpEntry> rnn_op_entries();
 // (cuda_backend_shape.cpp).
 std::vector<OpEntry> norm_op_entries();
 std::vector<OpEntry> shape_op_entries();
+// Broadcast arithmetic, scale, leaky_relu/elu/softplus, the elementwise losses, dropout
+// (cuda_backend_elementwise.cpp).
+std::vector<OpEntry> elementwise_op_entries();
 
 // Where a product that a fused activation reads back sits in a node's workspace: after the
 // product's own scratch, 256-byte aligned (the workspace base is 64-byte aligned in the arena).
