@@ -304,11 +304,24 @@ def write_table(result, path):
 
 
 # -- the study --------------------------------------------------------------------------------------
+def _cuda_device_usable(tl):
+    """A CUDA build runs backend "cuda" only on a machine with a GPU (else plans raise 'needs a CUDA device')."""
+    import numpy as np
+
+    try:
+        tl._core.run_op("relu", [np.ones(1, np.float32)], {}, None, "cuda", True, 0)
+    except ValueError as e:
+        if "needs a CUDA device" in str(e):
+            return False
+        raise
+    return True
+
+
 def run_study(configs, batches, max_macs, min_time, backends=None, log=print, mode="default"):
     import treadle as tl
     from treadle import bench as tb
 
-    built = tl.backends()
+    built = [b for b in tl.backends() if b != "cuda" or _cuda_device_usable(tl)]  # a CUDA build needs a GPU too
     wanted = [s.name for s in BACKENDS] if backends is None else backends
     available = [b for b in wanted if b in built]
     if "eigen" not in available:

@@ -514,16 +514,19 @@ def cpp_host(tmp_path_factory):
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     package = os.path.dirname(os.path.abspath(tl.__file__))
     if build and os.path.exists(os.path.join(build, "cpp", "libtreadle.so")):
+        # The sources' headers, and the build's generated treadle/build_config.hpp beside them.
         lib, include = os.path.join(build, "cpp"), os.path.join(repo, "cpp", "include")
+        includes = ["-I", include, "-I", os.path.join(build, "cpp", "include")]
     else:
         lib, include = os.path.join(package, "lib"), os.path.join(package, "include")
+        includes = ["-I", include]
     compiler = shutil.which(os.environ.get("CXX", "c++"))
     if not compiler or not os.path.exists(os.path.join(lib, "libtreadle.so")):
         pytest.skip(f"needs a C++ compiler and the C++ package (libtreadle.so in {lib})")
     d = tmp_path_factory.mktemp("cpp_host")
     src, exe = d / "host.cpp", d / "host"
     src.write_text(_CPP_HOST)
-    cmd = [compiler, "-std=c++20", "-O1", "-I", include, str(src), "-o", str(exe),
+    cmd = [compiler, "-std=c++20", "-O1", *includes, str(src), "-o", str(exe),
            "-L", lib, "-ltreadle", f"-Wl,-rpath,{lib}"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]

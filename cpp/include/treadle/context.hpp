@@ -2,6 +2,7 @@
 // Everything one step needs that is not a parameter: the activation arena, the executor the host
 // lends, and the dropout RNG. Caller-owned; one per concurrent caller. A context is not shared
 // between threads at the same time, but many contexts may run one plan concurrently.
+#include "treadle/config.hpp"  // TREADLE_WITH_CUDA as the library was built
 #include <cstdint>
 #include <memory>
 

@@ -1,6 +1,7 @@
 #pragma once
 // A model: a traced forward (a module, or a function over symbolic values) plus its parameters
 // packed into one flat buffer, and a cache of plans compiled per input signature.
+#include "treadle/config.hpp"  // TREADLE_WITH_CUDA as the library was built
 #include <atomic>
 #include <functional>
 #include <map>

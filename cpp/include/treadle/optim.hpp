@@ -3,6 +3,7 @@
 // single fused pass; their state (momentum, moments, accumulators) lives in flat buffers of the
 // same layout. Formulas follow torch.optim exactly, so the same hyper-parameters give the same steps.
 // Only float32 and float64 buffers are supported; arithmetic runs in the buffers' dtype.
+#include "treadle/config.hpp"  // TREADLE_WITH_CUDA as the library was built
 #include <cstdint>
 #include <memory>
 #include <string>

@@ -2,6 +2,7 @@
 // Training: a model, a loss and an optimizer driven step by step by the host.
 // step() does everything in one call; forward/backward/zero_grad/update let an external scheduler
 // interleave its own work (an allreduce, a policy-gradient objective) between the phases.
+#include "treadle/config.hpp"  // TREADLE_WITH_CUDA as the library was built
 #include <array>
 #include <cstdint>
 #include <memory>

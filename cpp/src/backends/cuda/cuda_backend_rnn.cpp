@@ -224,27 +224,6 @@ void backward_kernel(const KernelArgs& a) {
                             opt_out(a, b.db_hh));
 }
 
-// ---- `add` where a value feeds both directions of a bidirectional module (the gradients' sum):
-// float32, same shape (no broadcasting). concat / slice / slice_backward around the layers are the
-// shape family's (cuda_backend_shape.cpp).
-bool all_f32(const Graph& g, const Node& node) {
-  for (int v : node.inputs)
-    if (g.info(v).dtype != DType::f32) return false;
-  return true;
-}
-
-bool accepts_add(const Graph& g, const Node& node) {
-  return all_f32(g, node) && shape_of(g, node.inputs[0]) == shape_of(g, node.inputs[1]);
-}
-
-// y = a, then y += b (the plan never gives `add` its output in place of an input).
-void add_kernel(const KernelArgs& a) {
-  const int64_t n = a.out[0].numel;
-  if (n == 0) return;
-  copy_device_to_device_async(out_f(a), in_f(a, 0), static_cast<std::size_t>(n) * sizeof(float), stream_of(a));
-  add_into(out_f(a), in_f(a, 1), n, stream_of(a));
-}
-
 }  // namespace
 
 std::vector<OpEntry> rnn_op_entries() {
@@ -254,7 +233,6 @@ std::vector<OpEntry> rnn_op_entries() {
     entries.push_back({cell, &accepts_forward, &prepare_forward, &forward_kernel, false});
     entries.push_back({std::string(cell) + "_backward", &accepts_backward, &prepare_backward, &backward_kernel, false});
   }
-  entries.push_back({"add", &accepts_add, nullptr, &add_kernel});
   return entries;
 }
 

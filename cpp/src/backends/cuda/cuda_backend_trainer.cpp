@@ -22,6 +22,7 @@
 #include "backends/cuda/device_allocator.hpp"
 #include "backends/cuda/device_copy.hpp"
 #include "backends/cuda/loss_scale.hpp"
+#include "core/op_registry.hpp"
 #include "core/plan.hpp"
 #include "nn/loss_scaler.hpp"
 #include "treadle/error.hpp"
@@ -205,6 +206,17 @@ void enqueue_accumulate(const Plan& p, Context& ctx, const Bindings& b, void* gr
 }
 
 // `seed`: the loss gradient's seed (loss scaling: the scale, on the device), or null for 1.
+// A replayed graph keeps the RNG counter of its capture: dropout would draw the same mask every
+// step. Refused before the first step of the signature, so nothing has changed yet.
+void refuse_random_ops_in_graph(const Plan& p) {
+  const int dropout = OpRegistry::instance().id("dropout");
+  for (const Node& node : p.graph.nodes())
+    if (node.op == dropout)
+      throw_value_error("Trainer.step: cuda_graph with dropout (module '", node.scope.empty() ? "<root>" : node.scope,
+                        "'): a replayed step would reuse the captured random numbers, the same mask every step; ",
+                        "turn cuda_graph off, or set the dropout probability to 0 for this model");
+}
+
 Bindings device_bindings(void* params, std::span<void* const> inputs, void* const* target, void* const* seed = nullptr) {
   Bindings b{params, inputs, std::span<void* const>(target, 1), std::span<void* const>(seed, seed ? 1 : 0)};
   b.device = cuda::kTrainDevice;
@@ -365,6 +377,7 @@ double Trainer::device_graph_step(Inputs xs, const Tensor& y) {
                       "or turn cuda_graph off");
   zero_grad();
   std::shared_ptr<const Plan> p = plan_for(PlanMode::train_loss, xs, &y, false);
+  refuse_random_ops_in_graph(*p);
   const ValueInfo& out = p->graph.info(p->outputs.at(0));
   loss_.check_target(out.shape, out.dtype, y);  // class indices in range: the device kernel cannot raise
   DeviceStep& d = device_step();
@@ -400,7 +413,7 @@ double Trainer::device_graph_step(Inputs xs, const Tensor& y) {
     graph.pointers = pointers;
     graph.clip_grad_norm = options_.clip_grad_norm;
   } else {
-    ctx_.next_rng_counter();  // as the run a replay stands for (no device kernel draws random numbers)
+    ctx_.next_rng_counter();  // as the run a replay stands for (plans with dropout are refused above)
   }
   graph.exec.launch(s);
   optimizer_->set_step_count(t);
