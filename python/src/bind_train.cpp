@@ -86,6 +86,13 @@ void bind_train(py::module_& m) {
            }),
            py::arg("model"), py::arg("loss"), py::arg("optimizer"), py::arg("options") = TrainerOptions(),
            py::arg("seed") = 0, py::arg("executor") = nullptr, py::keep_alive<1, 2>(), py::keep_alive<1, 7>())
+      // With backend "cuda" the optimizer's state lives on the device: this copies it back (and marks
+      // the host copy as the one to upload before the next device update), so that reading or
+      // writing the optimizer's state from Python sees and changes the current values.
+      .def("optimizer_to_host", [](Trainer& t) {
+        py::gil_scoped_release release;
+        t.optimizer();
+      })
       .def("step", [](Trainer& t, const py::handle& x, const py::handle& y) {
         std::vector<Tensor> xs = model_inputs(x, "step(x)");
         Tensor ty = target_of(y, "step(y)");

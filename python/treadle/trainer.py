@@ -59,12 +59,19 @@ class Trainer:
             if int(memory_budget) <= 0:
                 raise ValueError(f"Trainer: memory_budget must be a positive number of bytes, got {memory_budget}")
             options.memory_budget = int(memory_budget)
-        self.model, self.loss, self.optimizer, self.schedule = model, loss, optimizer, schedule
+        self.model, self.loss, self._optimizer, self.schedule = model, loss, optimizer, schedule
         self.executor = executor  # a tl.PoolExecutor lending the host's workers, or None (calling thread only)
         self._native = _core.Trainer(model._compiled(), loss._native, optimizer._native, options, int(seed), executor)
         if schedule is not None:
             self._native.set_schedule(schedule._native)
         self.detect_anomaly = detect_anomaly
+
+    @property
+    def optimizer(self):
+        """The optimizer, its state current: with backend "cuda" the state is first copied back from
+        the device (and uploaded again before the next update, since the caller may change it)."""
+        self._native.optimizer_to_host()
+        return self._optimizer
 
     def step(self, x, y):
         """One training step on a batch; returns the loss (float)."""
