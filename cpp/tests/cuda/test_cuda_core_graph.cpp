@@ -28,6 +28,13 @@ bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// The indirect and launched updates run the same arithmetic; as in step_indirect_updates a compiler
+// may contract the two forms differently, so 1e-6 is allowed and the detail says which it was.
+bool same_or_close(const std::string& what, const std::vector<float>& got, const std::vector<float>& want) {
+  compare(what, got, std::vector<double>(want.begin(), want.end()), 1e-6);
+  return bitwise_equal(got, want);
+}
+
 // Option sets of the rule: torch's defaults, factors float32 cannot represent (the products must be
 // rounded once from double on both sides), a scale near FLT_MAX (growth refused), interval 1.
 std::vector<LossScaling> rule_cases() {
@@ -201,6 +208,7 @@ std::string update_skip_flag(Env& env) {
   }
   const int32_t pattern[] = {0, 1, 1, 0, 1, 0};
   int64_t t = 0;
+  bool bitwise = true;
   for (int32_t f : pattern) {
     const std::vector<float> before = pb.download();
     flag.upload({f});
@@ -214,9 +222,10 @@ std::string update_skip_flag(Env& env) {
     const std::vector<float> after = pb.download();
     expect(f ? bitwise_equal(after, before) : !bitwise_equal(after, before), "adam flag ", f, ": parameters ",
            f ? "changed" : "unchanged");
-    expect(bitwise_equal(after, pa.download()) && bitwise_equal(mb.download(), ma.download()) &&
-               bitwise_equal(vb.download(), va.download()),
-           "adam after flag ", f, ": differs from the launched updates of the unskipped steps");
+    // Against the launched updates of the unskipped steps only.
+    bitwise &= same_or_close("adam p", after, pa.download());
+    bitwise &= same_or_close("adam m", mb.download(), ma.download());
+    bitwise &= same_or_close("adam v", vb.download(), va.download());
   }
   DeviceArray<float> sa(env, p0), sb(env, p0), ba(env, n), bb(env, n);
   DeviceArray<SgdCoefficients> sk(env, 1);
@@ -228,10 +237,11 @@ std::string update_skip_flag(Env& env) {
   flag.upload({0});
   sgd_update_indirect(sb.get(), g.get(), bb.get(), n, k, sk.get(), env.s(), flag.get());
   sgd_update(sa.get(), g.get(), ba.get(), n, k, env.s());
-  expect(bitwise_equal(sb.download(), sa.download()) && bitwise_equal(bb.download(), ba.download()),
-         "sgd with the flag clear differs from sgd_update");
-  return detail::concat("adam graph replays with flags 0,1,1,0,1,0: ", t, " updates, bitwise the launched ones; ",
-                        "sgd skipped and applied");
+  bitwise &= same_or_close("sgd p", sb.download(), sa.download());
+  bitwise &= same_or_close("sgd buffer", bb.download(), ba.download());
+  return detail::concat("adam graph replays with flags 0,1,1,0,1,0: parameters and state untouched on 1, ", t,
+                        " updates equal to the launched ones (", bitwise ? "bitwise" : "within 1e-6, not bitwise",
+                        "); sgd skipped and applied");
 }
 
 // loss_scale_update on the device with each rule case against LossScaler over 64 flags: the same
