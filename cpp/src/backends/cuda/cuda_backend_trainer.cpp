@@ -115,6 +115,12 @@ struct Trainer::DeviceStep {
     cuda::GraphExec exec;
   };
   std::vector<Graph> graphs;
+  // (Re-)captures `g`: the step's body after the upload, which device_graph_step then launches.
+  // `enqueue_update(skip)` enqueues the update reading its coefficients from the upload.
+  template <typename EnqueueUpdate>
+  void capture(Graph& g, const Plan& p, Context& ctx, const Bindings& b, const Model::DeviceBuffers& mb,
+               const void* rng_slot, uint64_t counter, const LossScaler* scaler, const TrainerOptions& options,
+               int64_t n, cudaStream_t s, EnqueueUpdate&& enqueue_update);
 };
 
 void Trainer::DeviceStepDeleter::operator()(DeviceStep* d) const noexcept { delete d; }
@@ -447,6 +453,30 @@ bool Trainer::device_unscale_and_check(float* grads, int64_t n, void* stream) {
   return false;
 }
 
+// The plan's dropout kernels read the RNG state from the upload (`rng_slot`): `counter` now, each
+// replay's own counter later. Loss scaling's unscaling and rule precede clipping, and the update
+// skips on its flag.
+template <typename EnqueueUpdate>
+void Trainer::DeviceStep::capture(Graph& g, const Plan& p, Context& ctx, const Bindings& b,
+                                  const Model::DeviceBuffers& mb, const void* rng_slot, uint64_t counter,
+                                  const LossScaler* scaler, const TrainerOptions& options, int64_t n, cudaStream_t s,
+                                  EnqueueUpdate&& enqueue_update) {
+  g.exec = cuda::GraphExec();
+  if (options.clip_grad_norm > 0) ready_clip(n, s);  // no allocation in a capture
+  cuda::StreamCapture capture(s);
+  {
+    const cuda::DeviceRngScope rng(s, static_cast<const cuda::DeviceRngState*>(rng_slot));
+    p.run_with_counter(ctx, b, 0, p.num_steps(), counter);
+  }
+  enqueue_accumulate(p, ctx, b, mb.grads, s);
+  auto* grads = static_cast<float*>(mb.grads);
+  const int32_t* skip = scaler ? enqueue_unscale(grads, n, *scaler, s) : nullptr;
+  if (options.clip_grad_norm > 0) clip(grads, n, options.clip_grad_norm, s);
+  enqueue_update(skip);
+  g.exec = cuda::GraphExec(capture.finish("Trainer.step"), "Trainer.step");
+  g.clip_grad_norm = options.clip_grad_norm;
+}
+
 // step() as one graph launch. The first step of a signature runs as launched kernels: it creates
 // what a capture must not (library handles, the grown arena, the optimizer's device state).
 double Trainer::device_graph_step(Inputs xs, const Tensor& y) {
@@ -485,24 +515,13 @@ double Trainer::device_graph_step(Inputs xs, const Tensor& y) {
                                              d.state_ptr(0), d.state_ptr(1), d.state_ptr(2), d.scaling.data()};
   DeviceStep::Graph& graph = *it;
   if (!graph.exec.valid() || graph.pointers != pointers || graph.clip_grad_norm != options_.clip_grad_norm) {
-    graph.exec = cuda::GraphExec();
-    if (options_.clip_grad_norm > 0) d.ready_clip(model_->num_trainable(), s);  // no allocation in a capture
-    // The plan's dropout kernels read the RNG state from the upload: `counter` now, each replay's
-    // own counter later. The update reads its coefficients there and skips on loss scaling's flag.
-    cuda::StreamCapture capture(s);
-    const cuda::DeviceRngScope rng(s, reinterpret_cast<const cuda::DeviceRngState*>(
-                                          static_cast<char*>(slots.coefficients) + offsetof(GraphConstants, rng)));
-    p->run_with_counter(ctx_, b, 0, p->num_steps(), constants.rng.counter);
-    enqueue_accumulate(*p, ctx_, b, mb.grads, s);
-    auto* grads = static_cast<float*>(mb.grads);
-    const int64_t n = model_->num_trainable();
-    const int32_t* skip = scaler_ ? d.enqueue_unscale(grads, n, *scaler_, s) : nullptr;
-    if (options_.clip_grad_norm > 0) d.clip(grads, n, options_.clip_grad_norm, s);
-    enqueue_update(k, slots.coefficients, static_cast<float*>(mb.params), grads,
-                   {d.state_ptr(0), d.state_ptr(1), d.state_ptr(2)}, n, s, skip);
-    graph.exec = cuda::GraphExec(capture.finish("Trainer.step"), "Trainer.step");
+    d.capture(graph, *p, ctx_, b, mb, static_cast<char*>(slots.coefficients) + offsetof(GraphConstants, rng),
+              constants.rng.counter, scaler_.get(), options_, model_->num_trainable(), s, [&](const int32_t* skip) {
+                enqueue_update(k, slots.coefficients, static_cast<float*>(mb.params),
+                               static_cast<const float*>(mb.grads), {d.state_ptr(0), d.state_ptr(1), d.state_ptr(2)},
+                               model_->num_trainable(), s, skip);
+              });
     graph.pointers = pointers;
-    graph.clip_grad_norm = options_.clip_grad_norm;
   }
   graph.exec.launch(s);
   d.state_at = DeviceStep::Side::device;
