@@ -8,9 +8,10 @@
 //                                                   asymmetric padding (padding_end != padding)
 //                                                   through an explicitly padded copy of the input
 //                                                   (conv_pad_kernels.hpp) and unpadded cuDNN calls
-//   max_pool, max_pool_backward                  -> the index kernels (the core's int64 argmax)
-//   avg_pool, avg_pool_backward                  -> CudnnPool2d (no divisor_override, no ceil_mode
-//                                                   that changes the size)
+//   max_pool, max_pool_backward                  -> the index kernels (the core's int64 argmax; 3-d too)
+//   avg_pool, avg_pool_backward                  -> CudnnPool2d where cuDNN can say the pool, else
+//                                                   the own kernels (divisor_override, ceil_mode
+//                                                   that changes the size, 3-d windows)
 //   batch_norm, batch_norm_eval, batch_norm_backward -> CudnnBatchNorm (spatial mode)
 //   batch_norm_update_stats                      -> an own kernel (the count lives on the device)
 // Precision "bf16" / "fp16" (ops/precision.hpp): the two operands are rounded into float32 copies
@@ -22,6 +23,7 @@
 #include <string>
 #include <utility>
 
+#include "backends/cuda/avg_pool_kernels.hpp"
 #include "backends/cuda/conv_pad_kernels.hpp"
 #include "backends/cuda/cuda_backend_kernels.hpp"
 #include "backends/cuda/cuda_backend_ops.hpp"
@@ -255,12 +257,16 @@ MaxPoolGeometry max_geometry(const PoolGeometry& p) {
   m.pad_w = p.pad[2];
   m.dilation_h = p.dilation[1];
   m.dilation_w = p.dilation[2];
+  m.in_d = p.in[0];
+  m.out_d = p.out[0];
+  m.kernel_d = p.kernel[0];
+  m.stride_d = p.stride[0];
+  m.pad_d = p.pad[0];
+  m.dilation_d = p.dilation[0];
   return m;
 }
 
-bool accepts_max_pool(const Graph& g, const Node& node) {
-  return float32_operands(g, node) && pool_geometry_of(g, node, "max").nd <= 2;
-}
+bool accepts_max_pool(const Graph& g, const Node& node) { return float32_operands(g, node); }
 
 PreparedNode prepare_max_pool(const Graph& g, const Node& node) {
   PreparedNode p;
@@ -295,32 +301,63 @@ Pool2dConfig avg_config(const PoolGeometry& p, const Attrs& attrs) {
   return c;
 }
 
-bool accepts_avg_pool(const Graph& g, const Node& node) {
-  if (!float32_operands(g, node)) return false;
-  const PoolGeometry p = pool_geometry_of(g, node, "avg");
+// cuDNN where it can say the pool (1-d and 2-d, no divisor_override, ceil_mode not changing the
+// size); else the own kernels (avg_pool_kernels.hpp), which follow the reference in everything.
+struct AvgPoolState {
+  std::unique_ptr<CudnnPool2d> cudnn;
+  AvgPoolGeometry own;
+};
+
+bool cudnn_can_pool(const PoolGeometry& p, const Attrs& attrs) {
   if (p.nd > 2) return false;
   try {
-    validate_pool2d(avg_config(p, node.attrs));  // refuses divisor_override and size-changing ceil_mode
+    validate_pool2d(avg_config(p, attrs));  // refuses divisor_override and size-changing ceil_mode
   } catch (const ValueError&) {
     return false;
   }
   return true;
 }
 
+AvgPoolGeometry own_avg_geometry(const PoolGeometry& p, const Attrs& attrs) {
+  AvgPoolGeometry g;
+  g.planes = p.planes;
+  for (int d = 0; d < 3; ++d) {
+    g.in[d] = p.in[d];
+    g.out[d] = p.out[d];
+    g.kernel[d] = p.kernel[d];
+    g.stride[d] = p.stride[d];
+    g.pad[d] = p.pad[d];
+  }
+  g.include_pad = attrs.i_or("count_include_pad", 1) != 0;
+  g.divisor_override = attrs.i_or("divisor_override", 0);
+  return g;
+}
+
+bool accepts_avg_pool(const Graph& g, const Node& node) { return float32_operands(g, node); }
+
 PreparedNode prepare_avg_pool(const Graph& g, const Node& node) {
+  const PoolGeometry geo = pool_geometry_of(g, node, "avg");
+  auto s = std::make_shared<AvgPoolState>();
+  if (cudnn_can_pool(geo, node.attrs)) s->cudnn = std::make_unique<CudnnPool2d>(avg_config(geo, node.attrs));
+  else s->own = own_avg_geometry(geo, node.attrs);
   PreparedNode p;
-  p.state = std::make_shared<CudnnPool2d>(avg_config(pool_geometry_of(g, node, "avg"), node.attrs));
+  p.state = std::move(s);
   return p;
 }
 
+const AvgPoolState& avg_state(const KernelArgs& a) { return *static_cast<const AvgPoolState*>(a.state); }
+
 void avg_pool_kernel(const KernelArgs& a) {
-  static_cast<const CudnnPool2d*>(a.state)->forward(cudnn_handle(stream_of(a)), in_f(a, 0), out_f(a));
+  const AvgPoolState& s = avg_state(a);
+  if (s.cudnn) s.cudnn->forward(cudnn_handle(stream_of(a)), in_f(a, 0), out_f(a));
+  else avg_pool_forward(in_f(a, 0), out_f(a), s.own, stream_of(a));
 }
 
 // (dy) -> dx; the average modes read neither x nor y.
 void avg_pool_backward_kernel(const KernelArgs& a) {
-  static_cast<const CudnnPool2d*>(a.state)->backward(cudnn_handle(stream_of(a)), nullptr, nullptr, in_f(a, 0),
-                                                       out_f(a));
+  const AvgPoolState& s = avg_state(a);
+  if (s.cudnn) s.cudnn->backward(cudnn_handle(stream_of(a)), nullptr, nullptr, in_f(a, 0), out_f(a));
+  else avg_pool_backward(in_f(a, 0), out_f(a), s.own, stream_of(a));
 }
 
 // ---- batch norm (spatial): x (N, C, *) seen as (N, C, S, 1). The node's x is input 0, or input 1
