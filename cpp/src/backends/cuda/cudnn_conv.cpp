@@ -204,7 +204,11 @@ CudnnConv2d::CudnnConv2d(cudnnHandle_t handle, const Conv2dConfig& c) : config_(
   // Our output size must be cuDNN's: a disagreement would be a semantic mismatch, not a detail.
   int dims[5] = {0, 0, 0, 0, 0};
   const int rank = c.depth > 0 ? 5 : 4;
-  TREADLE_CUDNN_CHECK(cudnnGetConvolutionNdForwardOutputDim(fwd_desc_.get(), x_.get(), w_.get(), rank, dims));
+  if (rank == 5)
+    TREADLE_CUDNN_CHECK(cudnnGetConvolutionNdForwardOutputDim(fwd_desc_.get(), x_.get(), w_.get(), rank, dims));
+  else
+    TREADLE_CUDNN_CHECK(
+        cudnnGetConvolution2dForwardOutputDim(fwd_desc_.get(), x_.get(), w_.get(), &dims[0], &dims[1], &dims[2], &dims[3]));
   const int64_t want[5] = {c.batch, c.out_channels, c.depth > 0 ? out_d_ : out_.h, c.depth > 0 ? out_.h : out_.w,
                            out_.w};
   for (int i = 0; i < rank; ++i)
