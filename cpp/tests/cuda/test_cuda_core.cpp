@@ -200,19 +200,21 @@ std::string uncovered_op_fails_at_finalize() {
   PlanKey key = training_key("cuda", loss::cross_entropy());
   key.mode = PlanMode::train_seeded;
   key.loss_key.clear();
-  // The plain (tanh) RNN layer: cuDNN could run it, but no adapter takes it.
-  auto w_ih = param(rng, {kHidden, kFeatures}), w_hh = param(rng, {kHidden, kHidden});
+  // A float64 plain (tanh) RNN layer: the adapter takes float32 only.
+  auto w_ih = std::make_shared<Parameter>(Tensor({kHidden, kFeatures}, DType::f64));
+  auto w_hh = std::make_shared<Parameter>(Tensor({kHidden, kHidden}, DType::f64));
+  auto h0 = std::make_shared<Parameter>(Tensor({kRnnInput[0], kHidden}, DType::f64));  // the rnn_layer is node 0
   Model rnn([&](Graph& g, const std::vector<Value>& in) {
-    const Attrs zeros{{"shape", Shape{in[0].dim(0), kHidden}}, {"value", 0.0}, {"dtype", std::string("float32")}};
-    return std::vector<Value>{ops::recurrent_layer("rnn_tanh", in[0], g.apply1("constant", {}, zeros),
-                                                   Value(), g.add_parameter(w_ih), g.add_parameter(w_hh), Value(),
-                                                   Value(), Value(), true)
+    return std::vector<Value>{ops::recurrent_layer("rnn_tanh", in[0], g.add_parameter(h0), Value(),
+                                                   g.add_parameter(w_ih), g.add_parameter(w_hh), Value(), Value(),
+                                                   Value(), true)
                                   .output};
-  }, {{"rnn.w_ih", w_ih}, {"rnn.w_hh", w_hh}});
+  }, {{"rnn.h0", h0}, {"rnn.w_ih", w_ih}, {"rnn.w_hh", w_hh}});
   PlanKey rnn_key = key;
   rnn_key.input_shapes = {kRnnInput};
-  const std::string m = expect_throw<ValueError>("rnn_layer on cuda", [&] { rnn.plan(rnn_key); },
-                                                 "rnn_layer: no CUDA kernel for float32 on cuda:0");
+  rnn_key.input_dtypes = {DType::f64};
+  const std::string m = expect_throw<ValueError>("float64 rnn_layer on cuda", [&] { rnn.plan(rnn_key); },
+                                                 "rnn_layer: no CUDA kernel for float64 on cuda:0");
   // A covered op in a dtype the backend has no kernel for.
   auto w = std::make_shared<Parameter>(Tensor({kClasses, kFeatures}, DType::f64));
   Model wide([&](Graph& g, const std::vector<Value>& in) {

@@ -124,6 +124,7 @@ int main(int argc, char** argv) {
                                       {"pool_norm_validation", [](Env&) { return pool_norm_validation(); }},
                                       {"loss_scaler_logic", [](Env&) { return loss_scaler_logic(); }},
                                       {"rnn_validation", [](Env&) { return rnn_validation(); }},
+                                      {"layer_gap_validation", [](Env&) { return layer_gap_validation(); }},
                                       {"step_kernel_validation", [](Env&) { return train_kernel_validation(); }}};
 #ifdef TREADLE_CUDA_TEST_CORE
   add_core_host_tests(host_tests);
@@ -158,6 +159,7 @@ int main(int argc, char** argv) {
     add_loss_scale_tests(tests);
     add_rnn_tests(tests);
     add_cnn_tests(tests);
+    add_gap_tests(tests);
     add_train_kernel_tests(tests);
 #ifdef TREADLE_CUDA_TEST_CORE
     add_core_device_tests(tests);

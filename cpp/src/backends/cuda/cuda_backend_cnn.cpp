@@ -1,23 +1,30 @@
-// Op adapters of the CUDA backend for convolutional networks, float32, convolution and pooling 1-d
-// and 2-d only (a 1-d problem is a 2-d one of height 1, as the core's geometry already stores it):
-//   conv (optional bias, fused relu/tanh/sigmoid applied after), conv_backward_data,
+// Op adapters of the CUDA backend for convolutional networks, float32, convolution and pooling 1-d,
+// 2-d and 3-d (a 1-d problem is a 2-d one of height 1, as the core's geometry already stores it; a
+// 3-d convolution runs on cuDNN's Nd descriptors):
+//   conv (optional bias, fused relu/tanh/sigmoid applied after), conv_backward_data (with a bias:
+//   the core's conv_transpose, the bias added per channel afterwards),
 //   conv_backward_weight, conv_backward_bias     -> CudnnConv2d, one per node, deterministic
-//                                                   algorithms with FMA-only float32 math
-//   max_pool, max_pool_backward                  -> the index kernels (the core's int64 argmax)
-//   avg_pool, avg_pool_backward                  -> CudnnPool2d (no divisor_override, no ceil_mode
-//                                                   that changes the size)
+//                                                   algorithms with FMA-only float32 math;
+//                                                   asymmetric padding (padding_end != padding)
+//                                                   through an explicitly padded copy of the input
+//                                                   (conv_pad_kernels.hpp) and unpadded cuDNN calls
+//   max_pool, max_pool_backward                  -> the index kernels (the core's int64 argmax; 3-d too)
+//   avg_pool, avg_pool_backward                  -> CudnnPool2d where cuDNN can say the pool, else
+//                                                   the own kernels (divisor_override, ceil_mode
+//                                                   that changes the size, 3-d windows)
 //   batch_norm, batch_norm_eval, batch_norm_backward -> CudnnBatchNorm (spatial mode)
 //   batch_norm_update_stats                      -> an own kernel (the count lives on the device)
 // Precision "bf16" / "fp16" (ops/precision.hpp): the two operands are rounded into float32 copies
 // in the workspace (round_operand) and the float32 FMA convolution reads them; products of rounded
 // values are exact in float32, so this is the core's definition, not an approximation of it (no
 // tensor cores: cuDNN's half convolutions round the output to half as well).
-// Not taken (so a cuda plan holding them fails at finalize): 3-d windows, asymmetric padding
-// (padding_end), conv_backward_data with a bias (conv_transpose), batch_norm_eval_backward.
+// Not taken (so a cuda plan holding them fails at finalize): batch_norm_eval_backward.
 #include <memory>
 #include <string>
 #include <utility>
 
+#include "backends/cuda/avg_pool_kernels.hpp"
+#include "backends/cuda/conv_pad_kernels.hpp"
 #include "backends/cuda/cuda_backend_kernels.hpp"
 #include "backends/cuda/cuda_backend_ops.hpp"
 #include "backends/cuda/cuda_kernels.hpp"
@@ -57,28 +64,53 @@ ConvGeometry conv_geometry_of(const Graph& g, const Node& node) {
   return conv_geometry_forward(a, w, Attrs{});
 }
 
+// Asymmetric padding: cuDNN then sees the explicitly padded input (padding 0).
+bool explicit_padding(const ConvGeometry& g) { return g.pad_begin != g.pad_end; }
+
 Conv2dConfig conv_config(const ConvGeometry& g) {
+  const bool pad = explicit_padding(g);
+  auto size = [&](int d) { return pad ? g.in[d] + g.pad_begin[d] + g.pad_end[d] : g.in[d]; };
+  auto padding = [&](int d) { return pad ? int64_t{0} : g.pad_begin[d]; };
   Conv2dConfig c;
   c.batch = g.batch;
   c.in_channels = g.channels;
-  c.height = g.in[1];
-  c.width = g.in[2];
+  c.height = size(1);
+  c.width = size(2);
   c.out_channels = g.out_channels;
   c.kernel = {g.kernel[1], g.kernel[2]};
   c.stride = {g.stride[1], g.stride[2]};
-  c.padding = {g.pad_begin[1], g.pad_begin[2]};
+  c.padding = {padding(1), padding(2)};
   c.dilation = {g.dilation[1], g.dilation[2]};
   c.groups = g.groups;
+  if (g.nd == 3) {
+    c.depth = size(0);
+    c.kernel_d = g.kernel[0];
+    c.stride_d = g.stride[0];
+    c.padding_d = padding(0);
+    c.dilation_d = g.dilation[0];
+  }
   return c;
+}
+
+// The padded volume of the convolution's input x (conv, conv_backward_weight) or of dx
+// (conv_backward_data): the same shapes, so one geometry.
+PadGeometry pad_geometry(const ConvGeometry& g) {
+  PadGeometry p;
+  p.planes = g.batch * g.channels;
+  for (int d = 0; d < 3; ++d) {
+    p.in[d] = g.in[d];
+    p.pad_begin[d] = g.pad_begin[d];
+    p.pad_end[d] = g.pad_end[d];
+  }
+  return p;
 }
 
 bool accepts_conv(const Graph& g, const Node& node) {
   if (!float32_operands(g, node)) return false;
-  if (op_name(node) == "conv_backward_data" && node.inputs.size() != 2) return false;  // conv_transpose's bias
   try {
     // conv_backward_bias accepts any (N, C, ...) gradient; the geometry needs 1 to 3 spatial dims.
     const ConvGeometry geo = conv_geometry_of(g, node);
-    if (geo.nd > 2 || geo.pad_begin != geo.pad_end) return false;
+    if (explicit_padding(geo) && pad_geometry(geo).padded_elements() < 1) return false;
     validate_conv2d(conv_config(geo));  // host-only: the limits of cuDNN's descriptors
   } catch (const ValueError&) {
     return false;
@@ -95,6 +127,10 @@ struct ConvState {
   // Mixed precision: the rounded copies of inputs 0 and 1 in the workspace.
   OperandRounding rounding = OperandRounding::none;
   std::size_t rounded_offset[2] = {0, 0};
+  // Asymmetric padding: the padded x (or dx) in the workspace.
+  bool padded = false;
+  PadGeometry pad;
+  std::size_t pad_offset = 0;
 };
 
 std::size_t align256(std::size_t n) { return (n + 255) / 256 * 256; }
@@ -116,6 +152,9 @@ PreparedNode prepare_conv(const Graph& g, const Node& node) {
   if (s->conv.out_height() != geo.out[1] || s->conv.out_width() != geo.out[2])
     throw_runtime_error(op_name(node), ": cuDNN's output size (", s->conv.out_height(), ", ", s->conv.out_width(),
                         ") differs from the core's (", geo.out[1], ", ", geo.out[2], ")");
+  if (geo.nd == 3 && s->conv.out_depth() != geo.out[0])
+    throw_runtime_error(op_name(node), ": cuDNN's output depth ", s->conv.out_depth(), " differs from the core's ",
+                        geo.out[0]);
   const std::string& act = fused_activation(node.attrs);
   PreparedNode p;
   p.workspace = s->conv.workspace_bytes();
@@ -133,30 +172,62 @@ PreparedNode prepare_conv(const Graph& g, const Node& node) {
       p.workspace = s->rounded_offset[k] + static_cast<std::size_t>(shape_numel(shape_of(g, node.inputs[k]))) * sizeof(float);
     }
   }
+  if (explicit_padding(geo)) {
+    s->padded = true;
+    s->pad = pad_geometry(geo);
+    s->pad_offset = align256(p.workspace);
+    p.workspace = s->pad_offset + static_cast<std::size_t>(s->pad.padded_elements()) * sizeof(float);
+  }
   p.state = std::move(s);
   return p;
 }
 
 const ConvState& conv_state(const KernelArgs& a) { return *static_cast<const ConvState*>(a.state); }
 
+float* padded_buffer(const KernelArgs& a, const ConvState& s) {
+  return reinterpret_cast<float*>(static_cast<char*>(a.workspace) + s.pad_offset);
+}
+
+// The convolution's input as cuDNN sees it: x itself, or its explicitly padded copy.
+const float* conv_input(const KernelArgs& a, const ConvState& s, const float* x) {
+  if (!s.padded) return x;
+  float* xp = padded_buffer(a, s);
+  pad_volume(x, xp, s.pad, stream_of(a));
+  return xp;
+}
+
 void conv_kernel(const KernelArgs& a) {
   const ConvState& s = conv_state(a);
   float* y = s.post ? reinterpret_cast<float*>(static_cast<char*>(a.workspace) + s.product_offset) : out_f(a);
-  const auto [x, w] = conv_operands(a, s);
+  const auto [x_in, w] = conv_operands(a, s);
+  const float* x = conv_input(a, s, x_in);
   s.conv.forward(cudnn_handle(stream_of(a)), x, w, a.num_in == 3 ? in_f(a, 2) : nullptr, y, a.workspace);
   if (s.post) activation_forward(s.act, y, out_f(a), a.out[0].numel, stream_of(a));
 }
 
-// (dy, w) -> dx
+// (dy, w[, bias]) -> dx; with the bias, the core's conv_transpose: dx + bias per channel (not
+// rounded under a precision attribute: the core adds it in float32 too).
 void conv_backward_data_kernel(const KernelArgs& a) {
-  const auto [dy, w] = conv_operands(a, conv_state(a));
-  conv_state(a).conv.backward_data(cudnn_handle(stream_of(a)), dy, w, out_f(a), false, a.workspace);
+  const ConvState& s = conv_state(a);
+  const auto [dy, w] = conv_operands(a, s);
+  const float* bias = a.num_in == 3 ? in_f(a, 2) : nullptr;
+  cudnnHandle_t h = cudnn_handle(stream_of(a));
+  if (s.padded) {  // the padded gradient, cropped (and the bias added) into dx
+    float* dxp = padded_buffer(a, s);
+    s.conv.backward_data(h, dy, w, dxp, false, a.workspace);
+    crop_volume(dxp, out_f(a), s.pad, bias, s.conv.config().in_channels, stream_of(a));
+    return;
+  }
+  s.conv.backward_data(h, dy, w, out_f(a), false, a.workspace);
+  if (bias != nullptr) s.conv.add_input_bias(h, bias, out_f(a));
 }
 
 // (x, dy) -> dw
 void conv_backward_weight_kernel(const KernelArgs& a) {
-  const auto [x, dy] = conv_operands(a, conv_state(a));
-  conv_state(a).conv.backward_filter(cudnn_handle(stream_of(a)), x, dy, out_f(a), false, a.workspace);
+  const ConvState& s = conv_state(a);
+  const auto [x_in, dy] = conv_operands(a, s);
+  const float* x = conv_input(a, s, x_in);
+  s.conv.backward_filter(cudnn_handle(stream_of(a)), x, dy, out_f(a), false, a.workspace);
 }
 
 // (dy) -> db
@@ -186,12 +257,16 @@ MaxPoolGeometry max_geometry(const PoolGeometry& p) {
   m.pad_w = p.pad[2];
   m.dilation_h = p.dilation[1];
   m.dilation_w = p.dilation[2];
+  m.in_d = p.in[0];
+  m.out_d = p.out[0];
+  m.kernel_d = p.kernel[0];
+  m.stride_d = p.stride[0];
+  m.pad_d = p.pad[0];
+  m.dilation_d = p.dilation[0];
   return m;
 }
 
-bool accepts_max_pool(const Graph& g, const Node& node) {
-  return float32_operands(g, node) && pool_geometry_of(g, node, "max").nd <= 2;
-}
+bool accepts_max_pool(const Graph& g, const Node& node) { return float32_operands(g, node); }
 
 PreparedNode prepare_max_pool(const Graph& g, const Node& node) {
   PreparedNode p;
@@ -226,32 +301,63 @@ Pool2dConfig avg_config(const PoolGeometry& p, const Attrs& attrs) {
   return c;
 }
 
-bool accepts_avg_pool(const Graph& g, const Node& node) {
-  if (!float32_operands(g, node)) return false;
-  const PoolGeometry p = pool_geometry_of(g, node, "avg");
+// cuDNN where it can say the pool (1-d and 2-d, no divisor_override, ceil_mode not changing the
+// size); else the own kernels (avg_pool_kernels.hpp), which follow the reference in everything.
+struct AvgPoolState {
+  std::unique_ptr<CudnnPool2d> cudnn;
+  AvgPoolGeometry own;
+};
+
+bool cudnn_can_pool(const PoolGeometry& p, const Attrs& attrs) {
   if (p.nd > 2) return false;
   try {
-    validate_pool2d(avg_config(p, node.attrs));  // refuses divisor_override and size-changing ceil_mode
+    validate_pool2d(avg_config(p, attrs));  // refuses divisor_override and size-changing ceil_mode
   } catch (const ValueError&) {
     return false;
   }
   return true;
 }
 
+AvgPoolGeometry own_avg_geometry(const PoolGeometry& p, const Attrs& attrs) {
+  AvgPoolGeometry g;
+  g.planes = p.planes;
+  for (int d = 0; d < 3; ++d) {
+    g.in[d] = p.in[d];
+    g.out[d] = p.out[d];
+    g.kernel[d] = p.kernel[d];
+    g.stride[d] = p.stride[d];
+    g.pad[d] = p.pad[d];
+  }
+  g.include_pad = attrs.i_or("count_include_pad", 1) != 0;
+  g.divisor_override = attrs.i_or("divisor_override", 0);
+  return g;
+}
+
+bool accepts_avg_pool(const Graph& g, const Node& node) { return float32_operands(g, node); }
+
 PreparedNode prepare_avg_pool(const Graph& g, const Node& node) {
+  const PoolGeometry geo = pool_geometry_of(g, node, "avg");
+  auto s = std::make_shared<AvgPoolState>();
+  if (cudnn_can_pool(geo, node.attrs)) s->cudnn = std::make_unique<CudnnPool2d>(avg_config(geo, node.attrs));
+  else s->own = own_avg_geometry(geo, node.attrs);
   PreparedNode p;
-  p.state = std::make_shared<CudnnPool2d>(avg_config(pool_geometry_of(g, node, "avg"), node.attrs));
+  p.state = std::move(s);
   return p;
 }
 
+const AvgPoolState& avg_state(const KernelArgs& a) { return *static_cast<const AvgPoolState*>(a.state); }
+
 void avg_pool_kernel(const KernelArgs& a) {
-  static_cast<const CudnnPool2d*>(a.state)->forward(cudnn_handle(stream_of(a)), in_f(a, 0), out_f(a));
+  const AvgPoolState& s = avg_state(a);
+  if (s.cudnn) s.cudnn->forward(cudnn_handle(stream_of(a)), in_f(a, 0), out_f(a));
+  else avg_pool_forward(in_f(a, 0), out_f(a), s.own, stream_of(a));
 }
 
 // (dy) -> dx; the average modes read neither x nor y.
 void avg_pool_backward_kernel(const KernelArgs& a) {
-  static_cast<const CudnnPool2d*>(a.state)->backward(cudnn_handle(stream_of(a)), nullptr, nullptr, in_f(a, 0),
-                                                       out_f(a));
+  const AvgPoolState& s = avg_state(a);
+  if (s.cudnn) s.cudnn->backward(cudnn_handle(stream_of(a)), nullptr, nullptr, in_f(a, 0), out_f(a));
+  else avg_pool_backward(in_f(a, 0), out_f(a), s.own, stream_of(a));
 }
 
 // ---- batch norm (spatial): x (N, C, *) seen as (N, C, S, 1). The node's x is input 0, or input 1

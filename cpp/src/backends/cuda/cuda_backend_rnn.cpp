@@ -1,4 +1,4 @@
-// LSTM and GRU layers of the CUDA backend on cuDNN's RNN API (cudnn_rnn.hpp): float32, forward or
+// LSTM, GRU and plain RNN layers of the CUDA backend on cuDNN's RNN API (cudnn_rnn.hpp): float32, forward or
 // reversed (`reverse`: a bidirectional module's second half; the wrapper reverses each sequence
 // within its length around cuDNN's forward direction), full-length or variable-length sequences.
 //
@@ -9,6 +9,11 @@
 // so the weights are packed once per step. cuDNN's backward_data also writes into the reserve
 // ("completes" it for backward_weights): `saved` is read by that one backward node only, so this
 // is safe. An inference plan (nobody reads `saved`) keeps both spaces in the forward's workspace.
+//
+// The plain RNN (rnn_layer, tanh or relu) has no `saved` output: the core's backward needs only y.
+// Its forward keeps the spaces in its workspace, and its backward recomputes the forward (packing
+// the weights, cuDNN's training forward into its own y and h_n) to get a reserve of its own, then
+// runs cuDNN's backward on that y. One more forward per step, for an unchanged op signature.
 //
 // Sequence lengths. Full-length layers read the lengths cuDNN wants on the device from the
 // wrapper's copy, uploaded once when the node is prepared: a call copies nothing from the host and
@@ -42,7 +47,18 @@ float* opt_out(const KernelArgs& a, int k) { return k < 0 ? nullptr : out_f(a, k
 
 std::size_t align256(std::size_t n) { return (n + 255) / 256 * 256; }
 
-rnn::Cell cell_of(const Node& node) { return op_name(node).starts_with("gru") ? rnn::Cell::gru : rnn::Cell::lstm; }
+rnn::Cell cell_of(const Node& node) {
+  const std::string& name = op_name(node);
+  return name.starts_with("gru") ? rnn::Cell::gru : name.starts_with("rnn") ? rnn::Cell::rnn : rnn::Cell::lstm;
+}
+
+// The wrapper's cell; the plain RNN by its `nonlinearity` (the core stores "tanh" when none is given).
+RnnCell cudnn_cell(rnn::Cell cell, const Node& node) {
+  if (cell == rnn::Cell::gru) return RnnCell::gru;
+  if (cell == rnn::Cell::lstm) return RnnCell::lstm;
+  const bool relu = node.attrs.has("nonlinearity") && node.attrs.s("nonlinearity") == "relu";
+  return relu ? RnnCell::rnn_relu : RnnCell::rnn_tanh;
+}
 
 // The cuDNN layer of a forward (backward = false) or backward node, when this backend can run it.
 std::optional<RnnConfig> config_of(const Graph& g, const Node& node, bool backward) {
@@ -65,7 +81,7 @@ std::optional<RnnConfig> config_of(const Graph& g, const Node& node, bool backwa
     if (g.info(node.inputs[k]).dtype != (k == lengths ? DType::i64 : DType::f32)) return std::nullopt;
   const Shape& x = g.info(node.inputs[0]).shape;
   RnnConfig c;
-  c.cell = cell == rnn::Cell::gru ? RnnCell::gru : RnnCell::lstm;
+  c.cell = cudnn_cell(cell, node);
   c.batch_first = node.attrs.i_or("batch_first", 0) != 0;
   c.seq_len = c.batch_first ? x[1] : x[0];
   c.batch = c.batch_first ? x[0] : x[1];
@@ -100,6 +116,7 @@ struct RnnState {
   std::size_t reserve_offset = 0;   // the reserve, after the weight space
   std::size_t work_offset = 0;      // the wrapper's workspace within the node's workspace
   std::size_t dweights_offset = 0;  // backward: the gradient weight space within the workspace
+  std::size_t y_offset = 0;         // plain RNN backward: the recomputed y, then h_n, in the workspace
   mutable std::mutex mu;
   mutable PinnedHostBuffer host_lengths;
 };
@@ -141,6 +158,7 @@ RnnLengths read_lengths(const RnnState& s, const KernelArgs& a, int slot) {
 // op reads it (the host reading cuDNN's spaces would get no numbers of ours).
 bool accepts_forward(const Graph& g, const Node& node) {
   if (!config_of(g, node, false)) return false;
+  if (cell_of(node) == rnn::Cell::rnn) return true;  // no `saved` output (see the top)
   const int saved = node.outputs.back();
   const ValueInfo& info = g.info(saved);
   return !info.read || read_only_by(g, saved, op_name(node) + "_backward");
@@ -153,7 +171,7 @@ PreparedNode prepare_forward(const Graph& g, const Node& node) {
   auto s = std::make_shared<RnnState>(node, *c);
   s->reserve_offset = align256(s->rnn.weight_space_bytes());
   const std::size_t spaces = s->reserve_offset + align256(s->rnn.reserve_bytes());
-  s->in_saved = g.info(node.outputs.back()).read;
+  s->in_saved = cell_of(node) != rnn::Cell::rnn && g.info(node.outputs.back()).read;
   s->spaces_offset = s->lengths_bytes;
   s->work_offset = s->lengths_bytes + (s->in_saved ? 0 : spaces);
   PreparedNode p;
@@ -186,13 +204,21 @@ void forward_kernel(const KernelArgs& a) {
 // forward is taken whenever this backward can be (same layer, `saved` read by this op only).
 bool accepts_backward(const Graph& g, const Node& node) { return config_of(g, node, true).has_value(); }
 
-// Workspace: [int32 lengths (variable lengths only) | the wrapper's | the gradient weight space].
+// Workspace: [int32 lengths (variable lengths only) | plain RNN: the spaces, y, h_n | the wrapper's |
+// the gradient weight space].
 PreparedNode prepare_backward(const Graph& g, const Node& node) {
   const std::optional<RnnConfig> c = config_of(g, node, true);
   if (!c) throw_runtime_error(op_name(node), ": no cuDNN layer at prepare time");
   auto s = std::make_shared<RnnState>(node, *c);
   s->reserve_offset = align256(s->rnn.weight_space_bytes());
   s->work_offset = s->lengths_bytes;
+  if (cell_of(node) == rnn::Cell::rnn) {
+    s->spaces_offset = s->lengths_bytes;
+    s->y_offset = s->spaces_offset + s->reserve_offset + align256(s->rnn.reserve_bytes());
+    const std::size_t y_bytes = static_cast<std::size_t>(c->seq_len * c->batch * c->hidden_size) * sizeof(float);
+    const std::size_t h_bytes = static_cast<std::size_t>(c->batch * c->hidden_size) * sizeof(float);
+    s->work_offset = s->y_offset + align256(y_bytes) + align256(h_bytes);
+  }
   s->dweights_offset = s->work_offset + align256(s->rnn.workspace_bytes());
   PreparedNode p;
   p.workspace = s->dweights_offset + s->rnn.weight_space_bytes();
@@ -205,20 +231,33 @@ void backward_kernel(const KernelArgs& a) {
   const rnn::CellInfo ci = rnn::cell_info(cell_of(a.node));
   const rnn::BackwardSlots b = rnn::backward_slots(ci, a.num_in);
   cudnnHandle_t h = cudnn_handle(stream_of(a));
-  char* spaces = static_cast<char*>(a.in[b.saved].data);  // read by this node only (see the top)
+  char* ws = static_cast<char*>(a.workspace);
+  // `saved` is read by this node only (see the top); the plain RNN recomputes its spaces below.
+  char* spaces = b.saved >= 0 ? static_cast<char*>(a.in[b.saved].data) : ws + s.spaces_offset;
   void* reserve = spaces + s.reserve_offset;
-  void* work = static_cast<char*>(a.workspace) + s.work_offset;
-  void* dweights = static_cast<char*>(a.workspace) + s.dweights_offset;
+  void* work = ws + s.work_offset;
+  void* dweights = ws + s.dweights_offset;
   std::unique_lock<std::mutex> lock(s.mu, std::defer_lock);
   RnnLengths lengths;
   if (b.lengths >= 0) {
     lock.lock();
     lengths = read_lengths(s, a, b.lengths);
   }
-  s.rnn.backward_data(h, opt_in(a, b.y), opt_in(a, b.dy), opt_in(a, b.dh_n), opt_in(a, b.dc_n), opt_in(a, b.h0),
+  const float* y = opt_in(a, b.y);
+  if (b.saved < 0) {  // the reserve cuDNN's backward needs, from a forward of our own
+    const RnnConfig& c = s.rnn.config();
+    auto* y_own = reinterpret_cast<float*>(ws + s.y_offset);
+    auto* h_own = reinterpret_cast<float*>(
+        ws + s.y_offset + align256(static_cast<std::size_t>(c.seq_len * c.batch * c.hidden_size) * sizeof(float)));
+    s.rnn.pack_weights(h, opt_in(a, b.w_ih), opt_in(a, b.w_hh), opt_in(a, b.b_ih), opt_in(a, b.b_hh), spaces);
+    s.rnn.forward_training(h, opt_in(a, b.x), opt_in(a, b.h0), nullptr, spaces, y_own, h_own, nullptr, work,
+                           reserve, lengths);
+    y = y_own;
+  }
+  s.rnn.backward_data(h, y, opt_in(a, b.dy), opt_in(a, b.dh_n), opt_in(a, b.dc_n), opt_in(a, b.h0),
                       opt_in(a, b.c0), spaces, opt_out(a, b.dx), opt_out(a, b.dh0), opt_out(a, b.dc0), work, reserve,
                       lengths);
-  s.rnn.backward_weights(h, opt_in(a, b.x), opt_in(a, b.h0), opt_in(a, b.y), dweights, false, work, reserve,
+  s.rnn.backward_weights(h, opt_in(a, b.x), opt_in(a, b.h0), y, dweights, false, work, reserve,
                          lengths);
   s.rnn.unpack_weight_grads(h, dweights, opt_out(a, b.dw_ih), opt_out(a, b.dw_hh), opt_out(a, b.db_ih),
                             opt_out(a, b.db_hh));
@@ -228,7 +267,7 @@ void backward_kernel(const KernelArgs& a) {
 
 std::vector<OpEntry> rnn_op_entries() {
   std::vector<OpEntry> entries;
-  for (const char* cell : {"lstm_layer", "gru_layer"}) {
+  for (const char* cell : {"lstm_layer", "gru_layer", "rnn_layer"}) {
     // Not claimed bitwise repeatable: cuDNN's RNN weight gradients are not documented to be.
     entries.push_back({cell, &accepts_forward, &prepare_forward, &forward_kernel, false});
     entries.push_back({std::string(cell) + "_backward", &accepts_backward, &prepare_backward, &backward_kernel, false});

@@ -1,4 +1,4 @@
-// 2-d convolution through cuDNN: validation, descriptors, algorithm choice, launches.
+// 2-d and 3-d convolution through cuDNN: validation, descriptors, algorithm choice, launches.
 #include "backends/cuda/cudnn_conv.hpp"
 
 #include <algorithm>
@@ -16,6 +16,9 @@ constexpr int kMaxPerfs = 16;
 
 std::string shape_text(const Conv2dConfig& c) {
   std::ostringstream os;
+  if (c.depth > 0)
+    os << "depth " << c.depth << " (kernel " << c.kernel_d << ", stride " << c.stride_d << ", padding " << c.padding_d
+       << ", dilation " << c.dilation_d << "), ";
   os << "x (" << c.batch << ", " << c.in_channels << ", " << c.height << ", " << c.width << "), weight ("
      << c.out_channels << ", " << (c.groups > 0 ? c.in_channels / c.groups : 0) << ", " << c.kernel.h << ", "
      << c.kernel.w << "), stride (" << c.stride.h << ", " << c.stride.w << "), padding (" << c.padding.h << ", "
@@ -103,11 +106,52 @@ void choose_algorithm(const char* pass, const Conv2dConfig& c, const std::array<
 }
 
 void set_convolution(cudnnConvolutionDescriptor_t d, const Conv2dConfig& c) {
-  TREADLE_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
-      d, static_cast<int>(c.padding.h), static_cast<int>(c.padding.w), static_cast<int>(c.stride.h),
-      static_cast<int>(c.stride.w), static_cast<int>(c.dilation.h), static_cast<int>(c.dilation.w),
-      CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  if (c.depth > 0) {
+    const int pad[3] = {static_cast<int>(c.padding_d), static_cast<int>(c.padding.h), static_cast<int>(c.padding.w)};
+    const int stride[3] = {static_cast<int>(c.stride_d), static_cast<int>(c.stride.h), static_cast<int>(c.stride.w)};
+    const int dil[3] = {static_cast<int>(c.dilation_d), static_cast<int>(c.dilation.h),
+                        static_cast<int>(c.dilation.w)};
+    TREADLE_CUDNN_CHECK(
+        cudnnSetConvolutionNdDescriptor(d, 3, pad, stride, dil, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  } else {
+    TREADLE_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
+        d, static_cast<int>(c.padding.h), static_cast<int>(c.padding.w), static_cast<int>(c.stride.h),
+        static_cast<int>(c.stride.w), static_cast<int>(c.dilation.h), static_cast<int>(c.dilation.w),
+        CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  }
   TREADLE_CUDNN_CHECK(cudnnSetConvolutionGroupCount(d, static_cast<int>(c.groups)));
+}
+
+// A packed float32 (n, c, d, h, w) tensor; the sizes checked as the 4-d setter checks them (d * h
+// standing for two dimensions: when it fits, both do).
+void set_tensor_5d(TensorDescriptor& t, const char* what, int64_t n, int64_t c, int64_t d, int64_t h, int64_t w) {
+  check_cudnn_sizes(kWho, what, n, c, d * h, w);
+  const int dims[5] = {static_cast<int>(n), static_cast<int>(c), static_cast<int>(d), static_cast<int>(h),
+                       static_cast<int>(w)};
+  const int strides[5] = {static_cast<int>(c * d * h * w), static_cast<int>(d * h * w), static_cast<int>(h * w),
+                          static_cast<int>(w), 1};
+  TREADLE_CUDNN_CHECK(cudnnSetTensorNdDescriptor(t.get(), CUDNN_DATA_FLOAT, 5, dims, strides));
+}
+
+void check_scalar(const char* name, int64_t v, int64_t min_value) {
+  constexpr int64_t kMax = 1 << 24;
+  if (v < min_value || v > kMax) throw_value_error(kWho, ": ", name, " must be in [", min_value, ", ", kMax, "], got ", v);
+}
+
+// The 3-d parts of validate_conv2d: the depth window and the 5-d sizes.
+void validate_depth(const Conv2dConfig& c, int64_t oh, int64_t ow) {
+  check_scalar("depth", c.depth, 1);
+  check_scalar("depth kernel", c.kernel_d, 1);
+  check_scalar("depth stride", c.stride_d, 1);
+  check_scalar("depth dilation", c.dilation_d, 1);
+  check_scalar("depth padding", c.padding_d, 0);
+  const int64_t od = conv_output_size(c.depth, c.kernel_d, c.stride_d, c.padding_d, c.dilation_d);
+  if (od < 1)
+    throw_value_error(kWho, ": depth ", c.depth, " with padding ", c.padding_d, " is too small for kernel ", c.kernel_d,
+                      " with dilation ", c.dilation_d);
+  check_cudnn_sizes(kWho, "input", c.batch, c.in_channels, c.depth * c.height, c.width);
+  check_cudnn_sizes(kWho, "output", c.batch, c.out_channels, od * oh, ow);
+  check_cudnn_sizes(kWho, "weight", c.out_channels, c.in_channels / c.groups, c.kernel_d * c.kernel.h, c.kernel.w);
 }
 
 void check_window(const char* name, const Hw& v, int64_t min_value) {
@@ -147,6 +191,7 @@ void validate_conv2d(const Conv2dConfig& c) {
                       c.dilation.h, ", ", c.dilation.w, ")");
   check_cudnn_sizes(kWho, "output", c.batch, c.out_channels, oh, ow);
   check_cudnn_sizes(kWho, "weight", c.out_channels, c.in_channels / c.groups, c.kernel.h, c.kernel.w);
+  if (c.depth != 0) validate_depth(c, oh, ow);
 }
 
 CudnnConv2d::CudnnConv2d(cudnnHandle_t handle, const Conv2dConfig& c) : config_(c) {
@@ -154,22 +199,49 @@ CudnnConv2d::CudnnConv2d(cudnnHandle_t handle, const Conv2dConfig& c) : config_(
   check_cudnn_handle(kWho, handle);
   out_ = {conv_output_size(c.height, c.kernel.h, c.stride.h, c.padding.h, c.dilation.h),
           conv_output_size(c.width, c.kernel.w, c.stride.w, c.padding.w, c.dilation.w)};
-  x_.set_nchw(kWho, "input", c.batch, c.in_channels, c.height, c.width);
-  y_.set_nchw(kWho, "output", c.batch, c.out_channels, out_.h, out_.w);
-  bias_.set_nchw(kWho, "bias", 1, c.out_channels, 1, 1);
-  w_.set_kchw(kWho, c.out_channels, c.in_channels / c.groups, c.kernel.h, c.kernel.w);
-  for (const ConvolutionDescriptor* d : {&fwd_desc_, &data_desc_, &filter_desc_}) set_convolution(d->get(), c);
+  if (c.depth > 0) out_d_ = conv_output_size(c.depth, c.kernel_d, c.stride_d, c.padding_d, c.dilation_d);
+  set_descriptors();
   // Our output size must be cuDNN's: a disagreement would be a semantic mismatch, not a detail.
-  int n = 0, k = 0, oh = 0, ow = 0;
-  TREADLE_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(fwd_desc_.get(), x_.get(), w_.get(), &n, &k, &oh, &ow));
-  if (n != c.batch || k != c.out_channels || oh != out_.h || ow != out_.w)
-    throw RuntimeError(detail::concat(kWho, ": cuDNN's output (", n, ", ", k, ", ", oh, ", ", ow,
-                                      ") differs from the expected (", c.batch, ", ", c.out_channels, ", ", out_.h,
-                                      ", ", out_.w, ") for ", shape_text(c)));
+  int dims[5] = {0, 0, 0, 0, 0};
+  const int rank = c.depth > 0 ? 5 : 4;
+  if (rank == 5)
+    TREADLE_CUDNN_CHECK(cudnnGetConvolutionNdForwardOutputDim(fwd_desc_.get(), x_.get(), w_.get(), rank, dims));
+  else
+    TREADLE_CUDNN_CHECK(
+        cudnnGetConvolution2dForwardOutputDim(fwd_desc_.get(), x_.get(), w_.get(), &dims[0], &dims[1], &dims[2], &dims[3]));
+  const int64_t want[5] = {c.batch, c.out_channels, c.depth > 0 ? out_d_ : out_.h, c.depth > 0 ? out_.h : out_.w,
+                           out_.w};
+  for (int i = 0; i < rank; ++i)
+    if (dims[i] != want[i])
+      throw RuntimeError(detail::concat(kWho, ": cuDNN's output (", dims[0], ", ", dims[1], ", ", dims[2], ", ",
+                                        dims[3], rank == 5 ? detail::concat(", ", dims[4]) : std::string(),
+                                        ") differs from the expected for ", shape_text(c), " (dimension ", i, ": ",
+                                        want[i], ")"));
   choose_forward(handle);
   choose_backward_data(handle);
   choose_backward_filter(handle);
   workspace_ = std::max({fwd_ws_, data_ws_, filter_ws_});
+}
+
+void CudnnConv2d::set_descriptors() {
+  const Conv2dConfig& c = config_;
+  const int64_t cg = c.in_channels / c.groups;
+  if (c.depth > 0) {
+    set_tensor_5d(x_, "input", c.batch, c.in_channels, c.depth, c.height, c.width);
+    set_tensor_5d(y_, "output", c.batch, c.out_channels, out_d_, out_.h, out_.w);
+    set_tensor_5d(bias_, "bias", 1, c.out_channels, 1, 1, 1);
+    set_tensor_5d(in_bias_, "input bias", 1, c.in_channels, 1, 1, 1);
+    const int dims[5] = {static_cast<int>(c.out_channels), static_cast<int>(cg), static_cast<int>(c.kernel_d),
+                         static_cast<int>(c.kernel.h), static_cast<int>(c.kernel.w)};
+    TREADLE_CUDNN_CHECK(cudnnSetFilterNdDescriptor(w_.get(), CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, 5, dims));
+  } else {
+    x_.set_nchw(kWho, "input", c.batch, c.in_channels, c.height, c.width);
+    y_.set_nchw(kWho, "output", c.batch, c.out_channels, out_.h, out_.w);
+    bias_.set_nchw(kWho, "bias", 1, c.out_channels, 1, 1);
+    in_bias_.set_nchw(kWho, "input bias", 1, c.in_channels, 1, 1);
+    w_.set_kchw(kWho, c.out_channels, cg, c.kernel.h, c.kernel.w);
+  }
+  for (const ConvolutionDescriptor* d : {&fwd_desc_, &data_desc_, &filter_desc_}) set_convolution(d->get(), c);
 }
 
 void CudnnConv2d::choose_forward(cudnnHandle_t handle) {
@@ -268,6 +340,15 @@ void CudnnConv2d::backward_filter(cudnnHandle_t handle, const float* x, const fl
   const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   TREADLE_CUDNN_CHECK(cudnnConvolutionBackwardFilter(handle, &one, x_.get(), x, y_.get(), dy, filter_desc_.get(),
                                                      filter_algo_, workspace, filter_ws_, &beta, w_.get(), dw));
+}
+
+void CudnnConv2d::add_input_bias(cudnnHandle_t handle, const float* bias, float* dx) const {
+  const char* who = "conv2d_cudnn add_input_bias";
+  check_cudnn_handle(who, handle);
+  check_device_pointer(who, "bias", bias);
+  check_device_pointer(who, "dx", dx);
+  const float one = 1.0f;
+  TREADLE_CUDNN_CHECK(cudnnAddTensor(handle, &one, in_bias_.get(), bias, &one, x_.get(), dx));
 }
 
 void CudnnConv2d::backward_bias(cudnnHandle_t handle, const float* dy, float* db, bool accumulate) const {

@@ -1,5 +1,5 @@
 #pragma once
-// 2-d NCHW float32 convolution through cuDNN's legacy API, as the core's `conv` op defines it:
+// 2-d NCHW (and 3-d NCDHW) float32 convolution through cuDNN's legacy API, as the core's `conv` op defines it:
 // cross-correlation, weight (out_channels, in_channels/groups, kH, kW), stride / padding /
 // dilation / groups, optional bias; and the three gradients (data, filter, bias) that the core's
 // conv_backward_data / conv_backward_weight / conv_backward_bias ops compute.
@@ -45,6 +45,9 @@ struct Conv2dConfig {
   // absent): anything else is refused with ValueError.
   std::optional<Hw> padding_end;
   int64_t groups = 1;
+  // A 3-d convolution, x (N, C, D, H, W), when depth > 0: cuDNN's Nd descriptors (5-d tensors), the
+  // window's depth parts here. 0: a 2-d one on the 4-d descriptors.
+  int64_t depth = 0, kernel_d = 1, stride_d = 1, padding_d = 0, dilation_d = 1;
   ConvMath math = ConvMath::fp32;
   bool deterministic = true;
   std::size_t workspace_limit = kDefaultConvWorkspace;
@@ -67,6 +70,7 @@ class CudnnConv2d {
   const Conv2dConfig& config() const { return config_; }
   int64_t out_height() const { return out_.h; }
   int64_t out_width() const { return out_.w; }
+  int64_t out_depth() const { return out_d_; }  // 0 for a 2-d convolution
   std::size_t workspace_bytes() const { return workspace_; }
   // The chosen algorithms, their math types and workspaces, for logs and benchmark records.
   std::string describe() const;
@@ -80,6 +84,8 @@ class CudnnConv2d {
   // dw = conv_backward_weight(x, dy), or dw += ... when `accumulate`.
   void backward_filter(cudnnHandle_t handle, const float* x, const float* dy, float* dw, bool accumulate,
                        void* workspace) const;
+  // dx += bias per input channel (the core's conv_transpose: conv_backward_data with a bias).
+  void add_input_bias(cudnnHandle_t handle, const float* bias, float* dx) const;
   // db[k] = sum over n, oh, ow of dy, or db += ... when `accumulate`.
   void backward_bias(cudnnHandle_t handle, const float* dy, float* db, bool accumulate) const;
 
@@ -88,10 +94,12 @@ class CudnnConv2d {
   void choose_backward_data(cudnnHandle_t handle);
   void choose_backward_filter(cudnnHandle_t handle);
   void check_workspace(const char* who, std::size_t need, const void* workspace) const;
+  void set_descriptors();  // x_, y_, bias_, in_bias_, w_ and the convolution descriptors
 
   Conv2dConfig config_;
   Hw out_;
-  TensorDescriptor x_, y_, bias_;
+  int64_t out_d_ = 0;
+  TensorDescriptor x_, y_, bias_, in_bias_;
   FilterDescriptor w_;
   // One convolution descriptor per pass: each carries the math type of its chosen algorithm.
   ConvolutionDescriptor fwd_desc_, data_desc_, filter_desc_;

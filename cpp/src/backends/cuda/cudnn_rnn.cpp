@@ -25,7 +25,31 @@ cudaStream_t stream_of(cudnnHandle_t handle) {
 
 }  // namespace
 
-const char* rnn_cell_name(RnnCell c) { return c == RnnCell::lstm ? "lstm" : "gru"; }
+const char* rnn_cell_name(RnnCell c) {
+  switch (c) {
+    case RnnCell::lstm: return "lstm";
+    case RnnCell::gru: return "gru";
+    case RnnCell::rnn_tanh: return "rnn_tanh";
+    case RnnCell::rnn_relu: return "rnn_relu";
+  }
+  return "?";
+}
+
+int rnn_cell_gates(RnnCell c) { return c == RnnCell::lstm ? 4 : c == RnnCell::gru ? 3 : 1; }
+
+namespace {
+
+cudnnRNNMode_t rnn_mode(RnnCell c) {
+  switch (c) {
+    case RnnCell::lstm: return CUDNN_LSTM;
+    case RnnCell::gru: return CUDNN_GRU;
+    case RnnCell::rnn_tanh: return CUDNN_RNN_TANH;
+    case RnnCell::rnn_relu: return CUDNN_RNN_RELU;
+  }
+  return CUDNN_LSTM;
+}
+
+}  // namespace
 
 void validate_rnn(const RnnConfig& c) {
   constexpr int64_t kMax = std::numeric_limits<int>::max();
@@ -34,7 +58,7 @@ void validate_rnn(const RnnConfig& c) {
     if (v < 1 || v > kMax)
       throw_value_error(kWho, ": seq_len, batch, input_size and hidden_size must be in [1, 2^31 - 1], got (",
                         c.seq_len, ", ", c.batch, ", ", c.input_size, ", ", c.hidden_size, ")");
-  const int64_t g = c.cell == RnnCell::lstm ? 4 : 3;
+  const int64_t g = rnn_cell_gates(c.cell);
   check_cudnn_sizes(kWho, "x (T, N, F)", c.seq_len, c.batch, c.input_size, 1);
   check_cudnn_sizes(kWho, "y (T, N, H)", c.seq_len, c.batch, c.hidden_size, 1);
   check_cudnn_sizes(kWho, "w_ih (G*H, F)", g * c.hidden_size, c.input_size, 1, 1);
@@ -50,7 +74,7 @@ CudnnRnn::CudnnRnn(cudnnHandle_t handle, const RnnConfig& c) : config_(c) {
   // A single layer has no inter-layer dropout; cuDNN still wants a descriptor (dropout 0, no states).
   TREADLE_CUDNN_CHECK(cudnnSetDropoutDescriptor(dropout_.get(), handle, 0.0f, nullptr, 0, 0));
   TREADLE_CUDNN_CHECK(cudnnSetRNNDescriptor_v8(
-      rnn_.get(), CUDNN_RNN_ALGO_STANDARD, c.cell == RnnCell::lstm ? CUDNN_LSTM : CUDNN_GRU,
+      rnn_.get(), CUDNN_RNN_ALGO_STANDARD, rnn_mode(c.cell),
       c.bias ? CUDNN_RNN_DOUBLE_BIAS : CUDNN_RNN_NO_BIAS, CUDNN_UNIDIRECTIONAL, CUDNN_LINEAR_INPUT, CUDNN_DATA_FLOAT,
       CUDNN_DATA_FLOAT, c.tensor_op ? CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION : CUDNN_FMA_MATH, f, h, h, 1,
       dropout_.get(), CUDNN_RNN_PADDED_IO_ENABLED));
@@ -212,8 +236,8 @@ void CudnnRnn::forward_training(cudnnHandle_t handle, const float* x, const floa
   check_device_pointer(who, "weight_space", weight_space);
   check_device_pointer(who, "y", y);
   check_spaces(who, workspace, reserve);
-  if (config_.cell == RnnCell::gru && (c0 != nullptr || c_n != nullptr))
-    throw_value_error(who, ": a GRU has no cell state; c0 and c_n must be null");
+  if (config_.cell != RnnCell::lstm && (c0 != nullptr || c_n != nullptr))
+    throw_value_error(who, ": only an LSTM has a cell state; c0 and c_n must be null for ", rnn_cell_name(config_.cell));
   const Call call(*this, who, lengths);
   const cudaStream_t s = stream_of(handle);
   const RnnConfig& c = config_;
@@ -245,8 +269,9 @@ void CudnnRnn::backward_data(cudnnHandle_t handle, const float* y, const float* 
   check_device_pointer(who, "weight_space", weight_space);
   check_device_pointer(who, "dx", dx);
   check_spaces(who, workspace, reserve);
-  if (config_.cell == RnnCell::gru && (c0 != nullptr || dc_n != nullptr || dc0 != nullptr))
-    throw_value_error(who, ": a GRU has no cell state; c0, dc_n and dc0 must be null");
+  if (config_.cell != RnnCell::lstm && (c0 != nullptr || dc_n != nullptr || dc0 != nullptr))
+    throw_value_error(who, ": only an LSTM has a cell state; c0, dc_n and dc0 must be null for ",
+                      rnn_cell_name(config_.cell));
   const Call call(*this, who, lengths);
   const cudaStream_t s = stream_of(handle);
   const RnnConfig& c = config_;

@@ -1,7 +1,8 @@
 #pragma once
-// One LSTM or GRU layer (one direction) over a whole sequence through cuDNN's v8 RNN API, as the
-// core's lstm_layer / gru_layer ops define it: PyTorch's gate order (LSTM i, f, g, o; GRU r, z, n
-// with n = tanh(W_in x + b_in + r * (W_hn h + b_hn))) and weights w_ih (G*H, F), w_hh (G*H, H),
+// One LSTM, GRU or plain RNN layer (one direction) over a whole sequence through cuDNN's v8 RNN API,
+// as the core's lstm_layer / gru_layer / rnn_layer ops define it: PyTorch's gate order (LSTM i, f,
+// g, o; GRU r, z, n with n = tanh(W_in x + b_in + r * (W_hn h + b_hn)); the plain RNN
+// h' = act(W_ih x + b_ih + W_hh h + b_hh), act tanh or relu) and weights w_ih (G*H, F), w_hh (G*H, H),
 // b_ih, b_hh (G*H). x and y are (T, N, F) / (T, N, H), or (N, T, ...) with batch_first; the states
 // h0, h_n, c0, c_n are (N, H).
 //
@@ -29,7 +30,9 @@
 
 namespace treadle::cuda {
 
-enum class RnnCell { lstm, gru };
+enum class RnnCell { lstm, gru, rnn_tanh, rnn_relu };
+// Gates per cell: the rows of w_ih are gates * H.
+int rnn_cell_gates(RnnCell c);
 const char* rnn_cell_name(RnnCell c);
 
 struct RnnConfig {
@@ -63,7 +66,7 @@ class CudnnRnn {
   CudnnRnn& operator=(const CudnnRnn&) = delete;
 
   const RnnConfig& config() const { return config_; }
-  int gates() const { return config_.cell == RnnCell::lstm ? 4 : 3; }
+  int gates() const { return rnn_cell_gates(config_.cell); }
   std::size_t weight_space_bytes() const { return weight_space_; }
   std::size_t workspace_bytes() const { return workspace_; }
   std::size_t reserve_bytes() const { return reserve_; }
@@ -74,7 +77,7 @@ class CudnnRnn {
   void unpack_weight_grads(cudnnHandle_t handle, const void* dweight_space, float* dw_ih, float* dw_hh, float* db_ih,
                            float* db_hh) const;
 
-  // h0 / c0 may be null (zeros); c0, c_n only for LSTM (null for GRU).
+  // h0 / c0 may be null (zeros); c0, c_n only for LSTM (null otherwise).
   void forward_training(cudnnHandle_t handle, const float* x, const float* h0, const float* c0,
                         const void* weight_space, float* y, float* h_n, float* c_n, void* workspace,
                         void* reserve, const RnnLengths& lengths = {}) const;

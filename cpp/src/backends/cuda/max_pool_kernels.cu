@@ -12,21 +12,27 @@ constexpr const char* kWho = "max_pool2d_indices";
 
 __global__ void max_pool_forward_kernel(const float* __restrict__ x, float* __restrict__ y,
                                         int64_t* __restrict__ indices, MaxPoolGeometry g) {
-  const int64_t total = g.planes * g.out_h * g.out_w, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t total = g.planes * g.out_d * g.out_h * g.out_w, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t o = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; o < total; o += stride) {
-    const int64_t ow = o % g.out_w, oh = (o / g.out_w) % g.out_h, plane = o / (g.out_w * g.out_h);
-    const float* xp = x + plane * g.in_h * g.in_w;
-    const int64_t h0 = oh * g.stride_h - g.pad_h, w0 = ow * g.stride_w - g.pad_w;
+    const int64_t ow = o % g.out_w, oh = (o / g.out_w) % g.out_h, od = (o / (g.out_w * g.out_h)) % g.out_d;
+    const int64_t plane = o / (g.out_w * g.out_h * g.out_d);
+    const float* xp = x + plane * g.in_d * g.in_h * g.in_w;
+    const int64_t d0 = od * g.stride_d - g.pad_d, h0 = oh * g.stride_h - g.pad_h, w0 = ow * g.stride_w - g.pad_w;
     float best = -INFINITY;
     int64_t arg = -1;
-    for (int64_t kh = 0; kh < g.kernel_h; ++kh) {
-      const int64_t h = h0 + kh * g.dilation_h;
-      if (h < 0 || h >= g.in_h) continue;
-      for (int64_t kw = 0; kw < g.kernel_w; ++kw) {
-        const int64_t w = w0 + kw * g.dilation_w;
-        if (w < 0 || w >= g.in_w) continue;
-        const float v = xp[h * g.in_w + w];
-        if (arg < 0 || v > best || isnan(v)) best = v, arg = h * g.in_w + w;  // the reference's rule
+    for (int64_t kd = 0; kd < g.kernel_d; ++kd) {
+      const int64_t d = d0 + kd * g.dilation_d;
+      if (d < 0 || d >= g.in_d) continue;
+      for (int64_t kh = 0; kh < g.kernel_h; ++kh) {
+        const int64_t h = h0 + kh * g.dilation_h;
+        if (h < 0 || h >= g.in_h) continue;
+        for (int64_t kw = 0; kw < g.kernel_w; ++kw) {
+          const int64_t w = w0 + kw * g.dilation_w;
+          if (w < 0 || w >= g.in_w) continue;
+          const int64_t at = (d * g.in_h + h) * g.in_w + w;
+          const float v = xp[at];
+          if (arg < 0 || v > best || isnan(v)) best = v, arg = at;  // the reference's rule
+        }
       }
     }
     y[o] = best;
@@ -46,29 +52,33 @@ __device__ void covering(int64_t i, int64_t kernel, int64_t s, int64_t p, int64_
 
 __global__ void max_pool_backward_kernel(const float* __restrict__ dy, const int64_t* __restrict__ indices,
                                          float* __restrict__ dx, MaxPoolGeometry g) {
-  const int64_t total = g.planes * g.in_h * g.in_w, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t volume = g.in_d * g.in_h * g.in_w;
+  const int64_t total = g.planes * volume, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
-    const int64_t pos = i % (g.in_h * g.in_w), plane = i / (g.in_h * g.in_w);
-    const int64_t h = pos / g.in_w, w = pos % g.in_w;
-    int64_t oh0, oh1, ow0, ow1;
+    const int64_t pos = i % volume, plane = i / volume;
+    const int64_t d = pos / (g.in_h * g.in_w), h = (pos / g.in_w) % g.in_h, w = pos % g.in_w;
+    int64_t od0, od1, oh0, oh1, ow0, ow1;
+    covering(d, g.kernel_d, g.stride_d, g.pad_d, g.dilation_d, g.out_d, od0, od1);
     covering(h, g.kernel_h, g.stride_h, g.pad_h, g.dilation_h, g.out_h, oh0, oh1);
     covering(w, g.kernel_w, g.stride_w, g.pad_w, g.dilation_w, g.out_w, ow0, ow1);
-    const int64_t base = plane * g.out_h * g.out_w;
+    const int64_t base = plane * g.out_d * g.out_h * g.out_w;
     float sum = 0.0f;
-    for (int64_t oh = oh0; oh <= oh1; ++oh)
-      for (int64_t ow = ow0; ow <= ow1; ++ow) {
-        const int64_t o = base + oh * g.out_w + ow;
-        if (indices[o] == pos) sum += dy[o];  // windows that merely cover pos never point at it
-      }
+    for (int64_t od = od0; od <= od1; ++od)
+      for (int64_t oh = oh0; oh <= oh1; ++oh)
+        for (int64_t ow = ow0; ow <= ow1; ++ow) {
+          const int64_t o = base + (od * g.out_h + oh) * g.out_w + ow;
+          if (indices[o] == pos) sum += dy[o];  // windows that merely cover pos never point at it
+        }
     dx[i] = sum;
   }
 }
 
 void check_geometry_pointers(const char* who, const MaxPoolGeometry& g, const void* a, const void* b, const void* c) {
   if (g.planes < 0 || g.in_h < 1 || g.in_w < 1 || g.out_h < 1 || g.out_w < 1 || g.kernel_h < 1 || g.kernel_w < 1 ||
-      g.stride_h < 1 || g.stride_w < 1 || g.dilation_h < 1 || g.dilation_w < 1 || g.pad_h < 0 || g.pad_w < 0)
-    throw_value_error(who, ": invalid geometry (planes ", g.planes, ", in (", g.in_h, ", ", g.in_w, "), out (", g.out_h,
-                      ", ", g.out_w, ")); build it with max_pool_geometry");
+      g.stride_h < 1 || g.stride_w < 1 || g.dilation_h < 1 || g.dilation_w < 1 || g.pad_h < 0 || g.pad_w < 0 ||
+      g.in_d < 1 || g.out_d < 1 || g.kernel_d < 1 || g.stride_d < 1 || g.dilation_d < 1 || g.pad_d < 0)
+    throw_value_error(who, ": invalid geometry (planes ", g.planes, ", in (", g.in_d, ", ", g.in_h, ", ", g.in_w,
+                      "), out (", g.out_d, ", ", g.out_h, ", ", g.out_w, ")); build it with max_pool_geometry");
   if (g.planes > 0 && (a == nullptr || b == nullptr || c == nullptr))
     throw_value_error(who, ": null device pointer for ", g.planes, " planes");
 }
@@ -102,7 +112,7 @@ MaxPoolGeometry max_pool_geometry(const Pool2dConfig& c) {
 void max_pool2d_with_indices(const float* x, float* y, int64_t* indices, const MaxPoolGeometry& g,
                              cudaStream_t stream) {
   check_geometry_pointers("max_pool2d_with_indices", g, x, y, indices);
-  const int64_t n = g.planes * g.out_h * g.out_w;
+  const int64_t n = g.planes * g.out_d * g.out_h * g.out_w;
   if (n == 0) return;
   max_pool_forward_kernel<<<element_blocks(n), kElementThreads, 0, stream>>>(x, y, indices, g);
   check_launch("max_pool2d_with_indices");
@@ -111,7 +121,7 @@ void max_pool2d_with_indices(const float* x, float* y, int64_t* indices, const M
 void max_pool2d_backward_indices(const float* dy, const int64_t* indices, float* dx, const MaxPoolGeometry& g,
                                  cudaStream_t stream) {
   check_geometry_pointers("max_pool2d_backward_indices", g, dy, indices, dx);
-  const int64_t n = g.planes * g.in_h * g.in_w;
+  const int64_t n = g.planes * g.in_d * g.in_h * g.in_w;
   if (n == 0) return;
   max_pool_backward_kernel<<<element_blocks(n), kElementThreads, 0, stream>>>(dy, indices, dx, g);
   check_launch("max_pool2d_backward_indices");
