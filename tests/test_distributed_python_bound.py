@@ -65,19 +65,24 @@ def native_build():
     return build
 
 
-@pytest.fixture(scope="module")
-def parity(native_build, tmp_path_factory):
-    """Both implementations' results on both ranks: ([npz per rank], [json per rank])."""
-    out = tmp_path_factory.mktemp("native")
+def launch_with(build, n, args, timeout=240):
+    """launch() with TREADLE_BUILD_DIR=build in the ranks' environment."""
     old = os.environ.get("TREADLE_BUILD_DIR")
-    os.environ["TREADLE_BUILD_DIR"] = native_build  # launch() passes this environment on
+    os.environ["TREADLE_BUILD_DIR"] = build  # launch() passes this environment on
     try:
-        _, text = launch(2, [os.path.join(SCRIPTS, "native_parity.py"), str(out)], timeout=240)
+        return launch(n, args, timeout=timeout)[1]
     finally:
         if old is None:
             del os.environ["TREADLE_BUILD_DIR"]
         else:
             os.environ["TREADLE_BUILD_DIR"] = old
+
+
+@pytest.fixture(scope="module")
+def parity(native_build, tmp_path_factory):
+    """Both implementations' results on both ranks: ([npz per rank], [json per rank])."""
+    out = tmp_path_factory.mktemp("native")
+    text = launch_with(native_build, 2, [os.path.join(SCRIPTS, "native_parity.py"), str(out)])
     assert "rank 0: done" in text and "rank 1: done" in text, text[-3000:]
     arrays = [np.load(os.path.join(out, f"native.rank{r}.npz")) for r in (0, 1)]
     reports = [json.load(open(os.path.join(out, f"native.rank{r}.json"))) for r in (0, 1)]
@@ -163,6 +168,16 @@ def test_choices_that_need_every_rank(parity):
                                          "asks for the mpi4py implementation; use transport 'mpi'")
         assert m["auto"] == ["mpi", True]  # a CPU model: "auto" keeps to the mpi4py code
         assert m["auto_native"] == ["mpi", False, f"DataParallel(rank={r}, size=2, root=0, transport='mpi')"]
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_gpu_script_harness_on_the_host(native_build, n):
+    """tests/mpi_scripts/dp_cuda_python.py (what tools/gpu_dp_check.sh runs on a GPU) with the
+    data-parallel models on "eigen": its cases, shards, reference and tolerances agree here."""
+    text = launch_with(native_build, n, [os.path.join(SCRIPTS, "dp_cuda_python.py"), "--backend", "eigen"])
+    assert "FAIL" not in text, text
+    assert f"dp python cuda checks ({n} ranks): {4 if n == 1 else 3} passed, 0 failed" in text, text
+    assert "PASS native_mpi_sgd transport mpi (C++)" in text
 
 
 # -- in this process: the Python side of the choice, whatever this build has ------------------------
