@@ -159,11 +159,16 @@ def test_choices_that_need_every_rank(parity):
         assert m["implementations"] == ("DataParallel: implementation is python on rank 1 but treadle._distributed "
                                         "on root rank 0")
         assert m["transports"] == "DataParallel: transport is auto on rank 1 but mpi on root rank 0"
-        # This build has no NCCL: the refusal says how to get it.
-        assert m["nccl"].startswith("DataParallel: rank 0 failed (and 1 more rank): transport 'nccl' is not "
-                                    "available from Python: treadle._distributed, the binding of the C++ "
-                                    "treadle::DataParallel, was built without NCCL: configure with ")
-        assert "-DTREADLE_WITH_NCCL=ON" in m["nccl"]
+        if m["has_nccl"]:  # the C++ class refuses a model on the host
+            assert m["nccl"] == ("DataParallel: rank 0 failed (and 1 more rank): transport 'nccl' is not available "
+                                 "from Python: the NCCL transport of the C++ treadle::DataParallel "
+                                 "needs the model on backend 'cuda', but its backend is automatic host dispatch: set "
+                                 "the model's backend to 'cuda' first, or use transport 'mpi'")
+        else:  # the refusal says how to get NCCL
+            assert m["nccl"].startswith("DataParallel: rank 0 failed (and 1 more rank): transport 'nccl' is not "
+                                        "available from Python: treadle._distributed, the binding of the C++ "
+                                        "treadle::DataParallel, was built without NCCL: configure with ")
+            assert "-DTREADLE_WITH_NCCL=ON" in m["nccl"]
         assert m["nccl_python"].endswith("transport 'nccl' needs the C++ treadle::DataParallel, but native=False "
                                          "asks for the mpi4py implementation; use transport 'mpi'")
         assert m["auto"] == ["mpi", True]  # a CPU model: "auto" keeps to the mpi4py code

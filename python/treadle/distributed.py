@@ -75,6 +75,12 @@ def _implementation_wish(trainer, transport, native):
             raise ValueError("transport 'nccl' is not available from Python: treadle._distributed, the binding of "
                              "the C++ treadle::DataParallel, was built without NCCL: " + _BUILD_HINT +
                              "; or use transport 'mpi'")
+        backend = trainer.model._compiled().backend
+        if backend != "cuda":  # the C++ class would refuse it too; this says it in this module's words
+            where = f"'{backend}'" if backend else "automatic host dispatch"
+            raise ValueError("transport 'nccl' is not available from Python: the NCCL transport of "
+                             "the C++ treadle::DataParallel needs the model on backend 'cuda', but its backend is "
+                             f"{where}: set the model's backend to 'cuda' first, or use transport 'mpi'")
         return "native"
     capable = module is not None and module.has_nccl and trainer.model._compiled().backend == "cuda"
     return "auto" if capable else "python"

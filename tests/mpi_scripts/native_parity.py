@@ -15,6 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cases  # noqa: E402
 
 import treadle as tl  # noqa: E402
+import treadle.distributed as distributed  # noqa: E402
 from treadle.distributed import DataParallel  # noqa: E402
 
 comm = MPI.COMM_WORLD
@@ -149,6 +150,7 @@ def mixed():
             out[name] = str(e)
     dp = DataParallel(cases.build(spec, seed=1), comm, transport="auto")  # CPU model: the mpi4py code
     out["auto"] = [dp.transport, dp._native is None]
+    out["has_nccl"] = distributed._native_module().has_nccl
     dp = DataParallel(cases.build(spec, seed=1), comm, transport="auto", native=True)
     out["auto_native"] = [dp.transport, dp._native is None, repr(dp)]
     return out
