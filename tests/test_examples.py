@@ -88,8 +88,11 @@ def test_installed_package_holds_only_the_public_api(treadle_prefix):
     config = list(treadle_prefix.glob("lib*/cmake/treadle/treadleConfig.cmake"))
     assert len(config) == 1, "treadleConfig.cmake not installed under <prefix>/lib*/cmake/treadle"
     installed = sorted(p.name for p in (treadle_prefix / "include" / "treadle").iterdir())
-    public = sorted(p.name for p in (ROOT / "cpp" / "include" / "treadle").iterdir())
+    # The sources' public headers, plus the one the build generates (treadle/config.hpp includes it).
+    public = sorted([p.name for p in (ROOT / "cpp" / "include" / "treadle").iterdir()] + ["build_config.hpp"])
     assert installed == public
+    generated = (treadle_prefix / "include" / "treadle" / "build_config.hpp").read_text()
+    assert generated.startswith("#pragma once") and "TREADLE_WITH_CUDA" in generated, generated
     assert not list(treadle_prefix.rglob("Eigen*")), "Eigen is private to treadle and must not be installed"
 
 

@@ -1,7 +1,8 @@
 // Training and prediction through the C++ Trainer and Model API on backend "cuda" against the same
 // training on "eigen": an MLP (Adam, AdamW with AMSGrad, SGD with Nesterov momentum) and two small
 // CNNs (one with batch norm), 20 steps each, with and without CUDA graphs; no device allocation after
-// step 1; anomaly mode catching a NaN input on the device; predict on the device against Eigen's.
+// step 1; anomaly mode catching a NaN input on the device; predict on the device against Eigen's;
+// dropout and dynamic loss scaling in CUDA graphs against launched steps and Eigen.
 // Plus the host-side errors: a "cuda" model without a device, unsupported optimizers and options.
 #include <array>
 #include <cmath>
@@ -41,6 +42,21 @@ std::shared_ptr<Model> mlp(uint64_t seed) {
     auto w = [&](int k) { return g.add_parameter(p[k].second); };
     Value h = ops::relu(ops::linear(in[0], w(0), w(1)));
     h = ops::tanh(ops::linear(h, w(2), w(3)));
+    return std::vector<Value>{ops::linear(h, w(4), w(5))};
+  };
+  return std::make_shared<Model>(forward, p);
+}
+
+// The same MLP with dropout after both hidden layers (p 0.3 and 0.2): a new mask every step.
+std::shared_ptr<Model> dropout_mlp(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<NamedParameter> p = {{"fc1.weight", weight(rng, {64, 24})}, {"fc1.bias", weight(rng, {64})},
+                                   {"fc2.weight", weight(rng, {48, 64})}, {"fc2.bias", weight(rng, {48})},
+                                   {"fc3.weight", weight(rng, {kClasses, 48})}, {"fc3.bias", weight(rng, {kClasses})}};
+  auto forward = [p](Graph& g, const std::vector<Value>& in) {
+    auto w = [&](int k) { return g.add_parameter(p[k].second); };
+    Value h = ops::dropout(ops::relu(ops::linear(in[0], w(0), w(1))), 0.3);
+    h = ops::dropout(ops::tanh(ops::linear(h, w(2), w(3))), 0.2);
     return std::vector<Value>{ops::linear(h, w(4), w(5))};
   };
   return std::make_shared<Model>(forward, p);
@@ -198,6 +214,28 @@ std::string training_vs_eigen(Builder build, const Shape& x_shape, const std::ve
   return detail;
 }
 
+// Dropout with CUDA graphs: each replay reads its step's RNG counter from the upload, so the graph
+// trainer draws the launched trainer's masks (the reference's, bit for bit) on every step. A frozen
+// counter would repeat the captured step's mask and leave Eigen's loss curve at once.
+std::string dropout_graph_vs_eigen() {
+  const Batches data = batches(5, kMlpInput, kSteps);
+  const Trained ref = train(dropout_mlp, "eigen", kAdam, false, data);
+  const Trained dev = train(dropout_mlp, "cuda", kAdam, false, data);
+  const Trained graph = train(dropout_mlp, "cuda", kAdam, true, data);
+  std::string detail = "launched: " + compare_training(dev, ref, 1e-4);
+  detail += "; graph: " + compare_training(graph, ref, 1e-4);
+  const std::vector<float> graph_losses(graph.losses.begin(), graph.losses.end());
+  const double losses = relative_error(graph_losses, dev.losses);
+  expect(losses <= 1e-6, "graph vs launched losses differ by ", losses, " (different dropout masks?)");
+  double params = 0;
+  for (const auto& [name, t] : dev.params) params = std::max(params, relative_error(floats(graph.params.at(name)), doubles(t)));
+  expect(params <= 1e-6, "graph vs launched parameters differ by ", params);
+  char buf[128];
+  std::snprintf(buf, sizeof(buf), "; graph vs launched: losses %.1e%s, parameters %.1e", losses,
+                losses == 0 ? " (bitwise)" : "", params);
+  return detail + buf;
+}
+
 // A NaN in the input: anomaly mode on the device names the first node that produced it, and the
 // step changes no parameter; the same for predict with an anomaly-mode context.
 std::string anomaly_on_device() {
@@ -290,6 +328,20 @@ std::string recurrent_models_on_eigen() {
 }
 
 // ---- host-side checks (no device needed)
+// The dropout model of the device test trained on Eigen (no device): its loss falls over kSteps
+// despite the masks, and a second run draws the same masks (the same losses, bit for bit).
+std::string dropout_model_on_eigen() {
+  const Batches data = batches(5, kMlpInput, kSteps);
+  const Trained a = train(dropout_mlp, "eigen", kAdam, false, data);
+  const Trained b = train(dropout_mlp, "eigen", kAdam, false, data);
+  expect(a.losses == b.losses, "two Eigen runs of the dropout model differ");
+  const auto mean4 = [](auto first) { return (first[0] + first[1] + first[2] + first[3]) / 4; };
+  expect(mean4(a.losses.end() - 4) < mean4(a.losses.begin()), "the dropout model's loss did not fall: ",
+         mean4(a.losses.begin()), " -> ", mean4(a.losses.end() - 4));
+  return detail::concat("loss ", mean4(a.losses.begin()), " -> ", mean4(a.losses.end() - 4),
+                        " (mean of 4 steps), repeatable");
+}
+
 std::string trainer_without_device() {
   if (device_count() > 0) return "a device is present: the device tests train on it";
   auto model = mlp(1);
@@ -304,42 +356,62 @@ std::string trainer_without_device() {
 }
 
 // fp16 products with dynamic loss scaling whose first steps overflow (the scaled loss gradient is
-// beyond fp16's range): the device trainer skips the same steps, follows the same scales and ends
-// with the parameters of the Eigen run.
+// beyond fp16's range): the device trainer, launched and as CUDA graphs (the flag skipping the
+// update and the rule run on the device, the host mirroring it from the flag read back), skips the
+// same steps, follows the same scales, counts the same optimizer steps and ends with the
+// parameters of the Eigen run.
+struct ScaledRun {
+  std::vector<double> losses;
+  std::vector<float> scales;
+  int64_t skipped = 0, steps = 0;
+  std::map<std::string, Tensor> params;
+};
+
+ScaledRun scaled_run(const std::string& backend, bool graph, const OptimizerCase& opt, const Batches& data) {
+  auto model = mlp(21);
+  model->set_precision("fp16");
+  model->set_backend(backend);
+  TrainerOptions options;
+  options.cuda_graph = graph;
+  options.loss_scaling = LossScaling::dynamic(16777216.0, 2.0, 0.5, 4);  // 2^24
+  Trainer trainer(model, loss::cross_entropy(), opt.make(), options);
+  ScaledRun r;
+  for (int i = 0; i < kSteps; ++i) {
+    r.losses.push_back(trainer.step(data.x[i], data.y[i]));
+    r.scales.push_back(trainer.loss_scale());
+  }
+  r.skipped = trainer.skipped_steps();
+  r.steps = trainer.steps();
+  r.params = model->state_dict();
+  return r;
+}
+
+std::string compare_scaled(const std::string& what, const ScaledRun& dev, const ScaledRun& ref) {
+  expect(dev.skipped == ref.skipped, what, ": skipped steps ", dev.skipped, ", Eigen ", ref.skipped);
+  expect(dev.steps == ref.steps && ref.steps == kSteps - ref.skipped, what, ": optimizer steps ", dev.steps,
+         ", Eigen ", ref.steps, " (", kSteps, " steps, ", ref.skipped, " skipped)");
+  for (int i = 0; i < kSteps; ++i)
+    expect(dev.scales[i] == ref.scales[i], what, ": scale after step ", i + 1, ": ", dev.scales[i], ", Eigen ",
+           ref.scales[i]);
+  std::string detail =
+      compare(what + " losses", std::vector<float>(dev.losses.begin(), dev.losses.end()), ref.losses, 1e-3);
+  for (const auto& [name, t] : ref.params) compare(what + " " + name, floats(dev.params.at(name)), doubles(t), 1e-3);
+  return detail;
+}
+
 std::string loss_scaling_vs_eigen() {
   const Batches data = batches(5, kMlpInput, kSteps);
-  struct Run {
-    std::vector<double> losses;
-    std::vector<float> scales;
-    int64_t skipped = 0;
-    std::map<std::string, Tensor> params;
-  };
-  auto run = [&](const std::string& backend) {
-    auto model = mlp(21);
-    model->set_precision("fp16");
-    model->set_backend(backend);
-    TrainerOptions options;
-    options.loss_scaling = LossScaling::dynamic(16777216.0, 2.0, 0.5, 4);  // 2^24
-    Trainer trainer(model, loss::cross_entropy(), optim::adam({}), options);
-    Run r;
-    for (int i = 0; i < kSteps; ++i) {
-      r.losses.push_back(trainer.step(data.x[i], data.y[i]));
-      r.scales.push_back(trainer.loss_scale());
-    }
-    r.skipped = trainer.skipped_steps();
-    r.params = model->state_dict();
-    return r;
-  };
-  const Run ref = run("eigen"), dev = run("cuda");
-  expect(ref.skipped > 0 && ref.skipped < kSteps, "the reference skipped ", ref.skipped, " of ", kSteps, " steps");
-  expect(dev.skipped == ref.skipped, "skipped steps: device ", dev.skipped, ", Eigen ", ref.skipped);
-  for (int i = 0; i < kSteps; ++i)
-    expect(dev.scales[i] == ref.scales[i], "scale after step ", i + 1, ": device ", dev.scales[i], ", Eigen ",
-           ref.scales[i]);
-  std::string detail = compare("losses", std::vector<float>(dev.losses.begin(), dev.losses.end()), ref.losses, 1e-3);
-  for (const auto& [name, t] : ref.params) compare(name, floats(dev.params.at(name)), doubles(t), 1e-3);
-  return detail + "; " + std::to_string(ref.skipped) + " steps skipped on both, final scale " +
-         std::to_string(ref.scales.back());
+  std::string detail;
+  for (const OptimizerCase* opt : {&kAdam, &kSgd}) {
+    const ScaledRun ref = scaled_run("eigen", false, *opt, data);
+    expect(ref.skipped > 0 && ref.skipped < kSteps, "the reference skipped ", ref.skipped, " of ", kSteps, " steps");
+    detail += std::string(detail.empty() ? "" : "; ") + opt->name + ": launched " +
+              compare_scaled("launched", scaled_run("cuda", false, *opt, data), ref) + ", graph " +
+              compare_scaled("graph", scaled_run("cuda", true, *opt, data), ref) + ", " +
+              std::to_string(ref.skipped) + " steps skipped on all three, final scale " +
+              std::to_string(ref.scales.back());
+  }
+  return detail;
 }
 
 std::string unsupported_on_device() {
@@ -359,12 +431,12 @@ std::string unsupported_on_device() {
   graph.skip_nonfinite = true;
   expect_throw<ValueError>("graph + skip", [&] { Trainer(model, loss::cross_entropy(), optim::adam({}), graph); },
                            "cuda_graph replays the optimizer in the same graph as the backward pass");
+  // Loss scaling runs inside the graph (the flag skips the update on the device): accepted.
   TrainerOptions scaled_graph;
   scaled_graph.cuda_graph = true;
   scaled_graph.loss_scaling = LossScaling::dynamic();
-  expect_throw<ValueError>(
-      "graph + loss scaling", [&] { Trainer(model, loss::cross_entropy(), optim::adam({}), scaled_graph); },
-      "cannot wait for the non-finite check of loss scaling");
+  Trainer scaled(model, loss::cross_entropy(), optim::adam({}), scaled_graph);
+  expect(scaled.loss_scale() == 65536.0f, "cuda_graph + loss scaling: scale ", scaled.loss_scale());
   // Host backends of a CUDA build keep every optimizer and option.
   model->set_backend("eigen");
   Trainer host(model, loss::cross_entropy(), optim::rmsprop({}), verify);
@@ -375,10 +447,16 @@ std::string unsupported_on_device() {
 
 }  // namespace
 
+// test_cuda_core_graph.cpp: the pieces of a captured step (the RNG slot, the skip flag, the rule).
+void add_core_graph_host_tests(std::vector<TestCase>& out);
+void add_core_graph_device_tests(std::vector<TestCase>& out);
+
 void add_core_train_host_tests(std::vector<TestCase>& out) {
   out.push_back({"core_trainer_without_device", [](Env&) { return trainer_without_device(); }});
   out.push_back({"core_trainer_unsupported", [](Env&) { return unsupported_on_device(); }});
   out.push_back({"core_recurrent_models_on_eigen", [](Env&) { return recurrent_models_on_eigen(); }});
+  out.push_back({"core_dropout_model_on_eigen", [](Env&) { return dropout_model_on_eigen(); }});
+  add_core_graph_host_tests(out);
 }
 
 void add_core_train_device_tests(std::vector<TestCase>& out) {
@@ -394,6 +472,8 @@ void add_core_train_device_tests(std::vector<TestCase>& out) {
   out.push_back({"core_trainer_bilstm_vs_eigen",
                  [](Env&) { return training_vs_eigen(bidirectional_lstm, kBiLstmInput, {kAdam}); }});
   out.push_back({"core_trainer_var_gru_graph_refused", [](Env&) { return variable_lengths_refuse_graphs(); }});
+  out.push_back({"core_trainer_dropout_graph_vs_eigen", [](Env&) { return dropout_graph_vs_eigen(); }});
+  add_core_graph_device_tests(out);
 }
 
 }  // namespace treadle::cuda::test

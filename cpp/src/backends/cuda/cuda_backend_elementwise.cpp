@@ -11,6 +11,7 @@
 
 #include "backends/cuda/cuda_backend_ops.hpp"
 #include "backends/cuda/cuda_status.hpp"
+#include "backends/cuda/device_rng.hpp"
 #include "backends/cuda/elementwise_kernels.hpp"
 #include "backends/cuda/loss_kernels.hpp"
 #include "treadle/error.hpp"
@@ -168,15 +169,21 @@ PreparedNode prepare_dropout(const Graph&, const Node& node) {
   return with_state(std::move(s));
 }
 
-// The step's RNG counter reaches the kernel as an argument: a CUDA graph would replay the captured
-// counter, and so the captured mask, on every step. Refused while the stream is being captured.
+// The step's RNG counter reaches the kernel as an argument, unless the trainer's captured step
+// named a device slot for the stream (device_rng.hpp): then the kernel reads the seed and counter
+// there, so each replay of the graph draws its own step's mask. A capture without such a slot
+// would freeze the captured counter, the same mask on every replay: refused.
 void dropout_kernel(const KernelArgs& a) {
+  const DropoutState& s = state_of<DropoutState>(a);
+  if (const DeviceRngState* rng = device_rng_for(stream_of(a))) {
+    dropout_forward_indirect(in_f(a, 0), out_f(a, 0), out_f(a, 1), a.in[0].numel, rng, s.stream, s.p, stream_of(a));
+    return;
+  }
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   TREADLE_CUDA_CHECK(cudaStreamIsCapturing(stream_of(a), &capture));
   if (capture != cudaStreamCaptureStatusNone)
-    throw_value_error("dropout: cannot run inside a CUDA graph capture: a replay would draw the captured step's mask ",
-                      "again instead of a new one (turn cuda_graph off for models with dropout)");
-  const DropoutState& s = state_of<DropoutState>(a);
+    throw_value_error("dropout: cannot run inside a CUDA graph capture without a device RNG slot for its stream: a ",
+                      "replay would draw the captured step's mask again (Trainer's cuda_graph steps provide one)");
   dropout_forward(in_f(a, 0), out_f(a, 0), out_f(a, 1), a.in[0].numel, dropout_key(a.rng_seed, a.rng_counter, s.stream),
                   s.p, stream_of(a));
 }

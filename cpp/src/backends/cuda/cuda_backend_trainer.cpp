@@ -5,12 +5,15 @@
 // kernel), the optimizer updates the device buffers (fused Adam / AdamW / AMSGrad, SGD), and the
 // loss is the one value read back (the step's one stream synchronisation; the update is enqueued
 // after it and finishes before anything else on the stream). All device memory comes from caching
-// allocators, so steps after the first make no cudaMalloc call.
+// allocators, so steps after the first make no cudaMalloc call. With cuda_graph a step is one graph
+// launch: what changes per step (the update's coefficients, the RNG counter) is uploaded, loss
+// scaling's state stays on the device, and the loss and the non-finite flag come back together.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <cmath>
 #include <array>
+#include <cmath>
+#include <cstddef>
 #include <cstring>
 
 #include "backends/cuda/cuda_backend.hpp"
@@ -21,6 +24,7 @@
 #include "backends/cuda/cuda_stream.hpp"
 #include "backends/cuda/device_allocator.hpp"
 #include "backends/cuda/device_copy.hpp"
+#include "backends/cuda/device_rng.hpp"
 #include "backends/cuda/loss_scale.hpp"
 #include "core/op_registry.hpp"
 #include "core/plan.hpp"
@@ -29,6 +33,16 @@
 #include "treadle/trainer.hpp"
 
 namespace treadle {
+
+// The coefficient slot of a captured step's upload: the update's coefficients, then the RNG state
+// its dropout kernels read (device_rng.hpp).
+struct GraphConstants {
+  static constexpr std::size_t kUpdateBytes = 128;
+  alignas(16) unsigned char update[kUpdateBytes];
+  cuda::DeviceRngState rng;
+};
+static_assert(sizeof(cuda::AdamCoefficients) <= GraphConstants::kUpdateBytes);
+static_assert(sizeof(cuda::SgdCoefficients) <= GraphConstants::kUpdateBytes);
 
 // Destroyed in reverse order: graphs, buffers and pinned memory first, the allocator (cudaFree) last.
 struct Trainer::DeviceStep {
@@ -55,6 +69,27 @@ struct Trainer::DeviceStep {
   void ready_clip(int64_t n, cudaStream_t s);
   void clip(float* grads, int64_t n, double max_norm, cudaStream_t s);
 
+  // Loss scaling's device state. A launched step unscales by inv_scale (the host scaler's, uploaded
+  // per step) and reads the flag back before its update; a captured step seeds its backward with
+  // `scale`, unscales by it, skips its update on the flag and applies the rule to scale and
+  // growth_tracker on the device, and the host mirrors the rule from the flag read back.
+  struct Scaling {
+    float scale;
+    int32_t growth_tracker;
+    int32_t found_nonfinite;
+    float inv_scale;
+  };
+  Scaling* scaling_state(cudaStream_t s);
+  // Uploads the host scaler's scale and tracker when the device may hold others (first use, a
+  // restored checkpoint, set_loss_scale_state): a separate 8-byte copy, rare.
+  void sync_scaling(const LossScaler& host, cudaStream_t s);
+  // After a captured step: the host rule applied to the flag read back (`back`: the device's
+  // Scaling after the step), checked against the device's result. Returns whether the update ran.
+  bool settle_scaling(LossScaler& host, const Scaling& back);
+  // The captured step's loss-scaling nodes: unscale the accumulated gradients by the device scale
+  // into a fresh flag, and (dynamic) the rule on the device. Returns the flag for the update.
+  const int32_t* enqueue_unscale(float* grads, int64_t n, const LossScaler& host, cudaStream_t s);
+
   // The optimizer's options, asked once (a step allocates nothing on the host).
   const std::vector<std::pair<std::string, double>> hyperparameters;
   cuda::CachingDeviceAllocator alloc;
@@ -63,7 +98,10 @@ struct Trainer::DeviceStep {
   cuda::PinnedHostBuffer staging;   // the host side of `io`
   cuda::PinnedHostBuffer readback;  // the loss and a non-finite count
   cuda::DeviceBuffer stats;         // cuda::NonfiniteStats
-  cuda::DeviceBuffer scaling;       // loss scaling: the unscaling factor (float), the non-finite flag (int32)
+  cuda::DeviceBuffer scaling;       // loss scaling: one Scaling
+  bool scaling_known = false;       // whether the device's scale and tracker are known to be:
+  float known_scale = 0;
+  int64_t known_tracker = 0;
   cuda::DeviceBuffer clip_scratch;  // clip_grad_norm: partial sums, then the coefficient and the norm
   std::vector<cuda::DeviceBuffer> state;  // in Optimizer::state() order
   std::vector<const void*> state_host;    // the host tensors they mirror
@@ -72,11 +110,17 @@ struct Trainer::DeviceStep {
   // change (a grown arena, re-made model copies) captures again.
   struct Graph {
     std::shared_ptr<const Plan> plan;
-    std::array<const void*, 7> pointers{};
+    std::array<const void*, 8> pointers{};
     double clip_grad_norm = 0;  // captured into the graph's kernel arguments
     cuda::GraphExec exec;
   };
   std::vector<Graph> graphs;
+  // (Re-)captures `g`: the step's body after the upload, which device_graph_step then launches.
+  // `enqueue_update(skip)` enqueues the update reading its coefficients from the upload.
+  template <typename EnqueueUpdate>
+  void capture(Graph& g, const Plan& p, Context& ctx, const Bindings& b, const Model::DeviceBuffers& mb,
+               const void* rng_slot, uint64_t counter, const LossScaler* scaler, const TrainerOptions& options,
+               int64_t n, cudaStream_t s, EnqueueUpdate&& enqueue_update);
 };
 
 void Trainer::DeviceStepDeleter::operator()(DeviceStep* d) const noexcept { delete d; }
@@ -85,6 +129,7 @@ Trainer::DeviceStep::Slots Trainer::DeviceStep::upload(Inputs xs, const Tensor& 
                                                        std::size_t coefficient_bytes, cudaStream_t s) {
   static_assert(sizeof(cuda::AdamCoefficients) <= kCoefficientSlot);
   static_assert(sizeof(cuda::SgdCoefficients) <= kCoefficientSlot);
+  static_assert(sizeof(GraphConstants) <= kCoefficientSlot);
   if (coefficient_bytes > kCoefficientSlot) throw_runtime_error("Trainer: ", coefficient_bytes, " coefficient bytes");
   std::array<std::size_t, kMaxInputs + 1> offset{};
   std::size_t total = kCoefficientSlot;
@@ -152,6 +197,56 @@ void Trainer::DeviceStep::ready_state(Optimizer& o, cudaStream_t s) {
   }
 }
 
+Trainer::DeviceStep::Scaling* Trainer::DeviceStep::scaling_state(cudaStream_t s) {
+  if (!scaling.data()) scaling = alloc.buffer(sizeof(Scaling), s);
+  return scaling.ptr<Scaling>();
+}
+
+void Trainer::DeviceStep::sync_scaling(const LossScaler& host, cudaStream_t s) {
+  if (scaling_known && known_scale == host.scale() && known_tracker == host.growth_tracker()) return;
+  // The device rule counts in int32; a tracker at or beyond the interval (a checkpoint's) grows on
+  // the next finite step either way, so interval - 1 stands for it.
+  const int64_t cap = std::max<int64_t>(host.options().growth_interval - 1, 0);
+  const int32_t tracker = static_cast<int32_t>(std::min(host.growth_tracker(), cap));
+  auto* staged = reinterpret_cast<char*>(readback.data()) + 48;  // the last step synchronised: free
+  const float scale = host.scale();
+  std::memcpy(staged, &scale, sizeof scale);
+  std::memcpy(staged + sizeof scale, &tracker, sizeof tracker);
+  static_assert(offsetof(Scaling, growth_tracker) == sizeof(float));
+  cuda::copy_to_device_async(scaling_state(s), staged, sizeof scale + sizeof tracker, s);
+  scaling_known = true;
+  known_scale = host.scale();
+  known_tracker = host.growth_tracker();
+}
+
+const int32_t* Trainer::DeviceStep::enqueue_unscale(float* grads, int64_t n, const LossScaler& host,
+                                                     cudaStream_t s) {
+  Scaling* st = scaling_state(s);
+  cuda::clear_nonfinite_flag(&st->found_nonfinite, s);
+  // 1 / scale in float32 on the device equals the host's float(1 / double(scale)): both are the
+  // correctly rounded quotient.
+  cuda::scale_gradients(grads, grads, n, &st->scale, cuda::ScaleDirection::divide, &st->found_nonfinite, s);
+  if (host.dynamic()) {
+    const LossScaling& o = host.options();
+    const cuda::LossScaleRule rule{o.growth_factor, o.backoff_factor, static_cast<int32_t>(o.growth_interval)};
+    cuda::loss_scale_update(&st->scale, &st->growth_tracker, &st->found_nonfinite, rule, s);
+  }
+  return &st->found_nonfinite;
+}
+
+bool Trainer::DeviceStep::settle_scaling(LossScaler& host, const Scaling& back) {
+  const bool applied = host.update(back.found_nonfinite != 0);
+  if (host.dynamic() && (back.scale != host.scale() || back.growth_tracker != host.growth_tracker())) {
+    scaling_known = false;  // the next step uploads the host's state
+    throw_runtime_error("Trainer.step: the device's loss scale ", back.scale, " (growth tracker ",
+                        back.growth_tracker, ") differs from the host rule's ", host.scale(), " (",
+                        host.growth_tracker(), ") after a captured step");
+  }
+  known_scale = host.scale();
+  known_tracker = host.growth_tracker();
+  return applied;
+}
+
 namespace {
 
 using Hyperparameters = std::vector<std::pair<std::string, double>>;
@@ -184,16 +279,18 @@ UpdateCoefficients update_coefficients(const Optimizer& o, const Hyperparameters
   return k;
 }
 
-// Enqueues the update: with the coefficients as arguments, or read from `k_device` (a graph).
+// Enqueues the update: with the coefficients as arguments, or read from `k_device` (a graph), then
+// skipped on the device when `skip` (loss scaling's flag in a graph, or null) is set.
 void enqueue_update(const UpdateCoefficients& k, const void* k_device, float* p, const float* g,
-                    const std::array<float*, 3>& state, int64_t n, cudaStream_t s) {
+                    const std::array<float*, 3>& state, int64_t n, cudaStream_t s, const int32_t* skip = nullptr) {
   if (k.sgd && k_device)
-    cuda::sgd_update_indirect(p, g, state[0], n, k.sgd_k, static_cast<const cuda::SgdCoefficients*>(k_device), s);
+    cuda::sgd_update_indirect(p, g, state[0], n, k.sgd_k, static_cast<const cuda::SgdCoefficients*>(k_device), s,
+                              skip);
   else if (k.sgd)
     cuda::sgd_update(p, g, state[0], n, k.sgd_k, s);
   else if (k_device)
     cuda::adam_update_indirect(p, g, state[0], state[1], k.adam_k.amsgrad ? state[2] : nullptr, n, k.adam_k,
-                               static_cast<const cuda::AdamCoefficients*>(k_device), s);
+                               static_cast<const cuda::AdamCoefficients*>(k_device), s, skip);
   else
     cuda::adam_update(p, g, state[0], state[1], k.adam_k.amsgrad ? state[2] : nullptr, n, k.adam_k, s);
 }
@@ -206,15 +303,16 @@ void enqueue_accumulate(const Plan& p, Context& ctx, const Bindings& b, void* gr
 }
 
 // `seed`: the loss gradient's seed (loss scaling: the scale, on the device), or null for 1.
-// A replayed graph keeps the RNG counter of its capture: dropout would draw the same mask every
-// step. Refused before the first step of the signature, so nothing has changed yet.
-void refuse_random_ops_in_graph(const Plan& p) {
-  const int dropout = OpRegistry::instance().id("dropout");
-  for (const Node& node : p.graph.nodes())
-    if (node.op == dropout)
-      throw_value_error("Trainer.step: cuda_graph with dropout (module '", node.scope.empty() ? "<root>" : node.scope,
-                        "'): a replayed step would reuse the captured random numbers, the same mask every step; ",
-                        "turn cuda_graph off, or set the dropout probability to 0 for this model");
+// What a captured step cannot do: anomaly mode, and device labels (whose range the host cannot check).
+void refuse_in_graph(const Context& ctx, const Tensor& y, const std::string& loss_kind) {
+  if (ctx.check_numerics())
+    throw_value_error("Trainer.step: anomaly mode (check_numerics) reads every output back, which a CUDA graph ",
+                      "cannot; turn cuda_graph off to use it");
+  if (!y.is_cpu() && loss_kind == "cross_entropy")
+    throw_value_error("Trainer.step: cuda_graph with class labels on ", device_name(y.device()), ": a captured ",
+                      "step applies its update before the loss is read, so a label out of range (checked on the ",
+                      "host for host labels) would reach the parameters as NaN; pass the labels as a host array ",
+                      "or turn cuda_graph off");
 }
 
 Bindings device_bindings(void* params, std::span<void* const> inputs, void* const* target, void* const* seed = nullptr) {
@@ -241,10 +339,6 @@ void Trainer::check_device_support(const char* who) const {
   if (options_.verify_parameters)
     throw_value_error(who, ": verify_parameters is not implemented for backend 'cuda' on ",
                       device_name(cuda::kTrainDevice), " (the checksums are taken on the host)");
-  if (options_.cuda_graph && options_.loss_scaling.mode != LossScaling::Mode::off)
-    throw_value_error(who, ": cuda_graph replays the optimizer in the same graph as the backward pass, so the ",
-                      "update cannot wait for the non-finite check of loss scaling; turn loss_scaling or ",
-                      "cuda_graph off");
   if (options_.cuda_graph && (options_.skip_nonfinite || options_.check_finite))
     throw_value_error(who, ": cuda_graph replays the optimizer in the same graph as the backward pass, so the ",
                       "update cannot wait for the loss or gradients read back (skip_nonfinite ",
@@ -344,40 +438,54 @@ void Trainer::device_update() {
 bool Trainer::device_unscale_and_check(float* grads, int64_t n, void* stream) {
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   DeviceStep& d = *device_;
-  if (!d.scaling.data()) d.scaling = d.alloc.buffer(2 * sizeof(float), s);
-  auto* inv = d.scaling.ptr<float>();
-  auto* flag = reinterpret_cast<int32_t*>(inv + 1);
+  DeviceStep::Scaling* st = d.scaling_state(s);
   auto* staged = reinterpret_cast<char*>(d.readback.data()) + 32;  // after the loss and the count
   const float inv_scale = scaler_->inv_scale();
   std::memcpy(staged, &inv_scale, sizeof inv_scale);
-  cuda::copy_to_device_async(inv, staged, sizeof inv_scale, s);
-  cuda::clear_nonfinite_flag(flag, s);
-  cuda::scale_gradients(grads, grads, n, inv, cuda::ScaleDirection::multiply, flag, s);
+  cuda::copy_to_device_async(&st->inv_scale, staged, sizeof inv_scale, s);
+  cuda::clear_nonfinite_flag(&st->found_nonfinite, s);
+  cuda::scale_gradients(grads, grads, n, &st->inv_scale, cuda::ScaleDirection::multiply, &st->found_nonfinite, s);
   auto* found = reinterpret_cast<int32_t*>(staged + 8);
-  cuda::copy_to_host_async(found, flag, sizeof *found, s);
+  cuda::copy_to_host_async(found, &st->found_nonfinite, sizeof *found, s);
   TREADLE_CUDA_CHECK(cudaStreamSynchronize(s));
   if (scaler_->update(*found != 0)) return true;
   ++skipped_;
   return false;
 }
 
+// The plan's dropout kernels read the RNG state from the upload (`rng_slot`): `counter` now, each
+// replay's own counter later. Loss scaling's unscaling and rule precede clipping, and the update
+// skips on its flag.
+template <typename EnqueueUpdate>
+void Trainer::DeviceStep::capture(Graph& g, const Plan& p, Context& ctx, const Bindings& b,
+                                  const Model::DeviceBuffers& mb, const void* rng_slot, uint64_t counter,
+                                  const LossScaler* scaler, const TrainerOptions& options, int64_t n, cudaStream_t s,
+                                  EnqueueUpdate&& enqueue_update) {
+  g.exec = cuda::GraphExec();
+  if (options.clip_grad_norm > 0) ready_clip(n, s);  // no allocation in a capture
+  cuda::StreamCapture capture(s);
+  {
+    const cuda::DeviceRngScope rng(s, static_cast<const cuda::DeviceRngState*>(rng_slot));
+    p.run_with_counter(ctx, b, 0, p.num_steps(), counter);
+  }
+  enqueue_accumulate(p, ctx, b, mb.grads, s);
+  auto* grads = static_cast<float*>(mb.grads);
+  const int32_t* skip = scaler ? enqueue_unscale(grads, n, *scaler, s) : nullptr;
+  if (options.clip_grad_norm > 0) clip(grads, n, options.clip_grad_norm, s);
+  enqueue_update(skip);
+  g.exec = cuda::GraphExec(capture.finish("Trainer.step"), "Trainer.step");
+  g.clip_grad_norm = options.clip_grad_norm;
+}
+
 // step() as one graph launch. The first step of a signature runs as launched kernels: it creates
 // what a capture must not (library handles, the grown arena, the optimizer's device state).
 double Trainer::device_graph_step(Inputs xs, const Tensor& y) {
   check_device_support("Trainer.step");
-  if (ctx_.check_numerics())
-    throw_value_error("Trainer.step: anomaly mode (check_numerics) reads every output back, which a CUDA graph ",
-                      "cannot; turn cuda_graph off to use it");
   for (const Tensor& x : xs) check_input(x, "input");
   check_input(y, "target");
-  if (!y.is_cpu() && loss_.kind == "cross_entropy")
-    throw_value_error("Trainer.step: cuda_graph with class labels on ", device_name(y.device()), ": a captured ",
-                      "step applies its update before the loss is read, so a label out of range (checked on the ",
-                      "host for host labels) would reach the parameters as NaN; pass the labels as a host array ",
-                      "or turn cuda_graph off");
+  refuse_in_graph(ctx_, y, loss_.kind);
   zero_grad();
   std::shared_ptr<const Plan> p = plan_for(PlanMode::train_loss, xs, &y, false);
-  refuse_random_ops_in_graph(*p);
   const ValueInfo& out = p->graph.info(p->outputs.at(0));
   loss_.check_target(out.shape, out.dtype, y);  // class indices in range: the device kernel cannot raise
   DeviceStep& d = device_step();
@@ -390,38 +498,45 @@ double Trainer::device_graph_step(Inputs xs, const Tensor& y) {
   const cudaStream_t s = static_cast<cudaStream_t>(ctx_.cuda_stream());
   const Model::DeviceBuffers mb = model_->device_buffers(s);  // enqueues the gradients' zeroing
   d.ready_state(*optimizer_, s);
+  if (scaler_) d.sync_scaling(*scaler_, s);
   const int64_t t = optimizer_->step_count() + 1;
   const UpdateCoefficients k = update_coefficients(*optimizer_, d.hyperparameters, current_lr(), t);
-  const DeviceStep::Slots slots = d.upload(xs, y, k.data(), k.bytes(), s);
-  const Bindings b = device_bindings(mb.params, {slots.inputs.data(), xs.size()}, &slots.target);
+  // The counter this step stands for, whether it captures or replays: one per step, as launched.
+  GraphConstants constants{};
+  std::memcpy(constants.update, k.data(), k.bytes());
+  constants.rng = {ctx_.seed(), ctx_.next_rng_counter()};
+  const DeviceStep::Slots slots = d.upload(xs, y, &constants, sizeof constants, s);
+  void* const seed = scaler_ ? &d.scaling_state(s)->scale : nullptr;  // the backward reads the device scale
+  const Bindings b = device_bindings(mb.params, {slots.inputs.data(), xs.size()}, &slots.target,
+                                     scaler_ ? &seed : nullptr);
   pending_.reset();
   end_tasked_step();
-  const std::array<const void*, 7> pointers = {ctx_.device_arena(p->arena_bytes()), mb.params, mb.grads, d.io.data(),
-                                             d.state_ptr(0), d.state_ptr(1), d.state_ptr(2)};
+  const std::array<const void*, 8> pointers = {ctx_.device_arena(p->arena_bytes()), mb.params, mb.grads, d.io.data(),
+                                             d.state_ptr(0), d.state_ptr(1), d.state_ptr(2), d.scaling.data()};
   DeviceStep::Graph& graph = *it;
   if (!graph.exec.valid() || graph.pointers != pointers || graph.clip_grad_norm != options_.clip_grad_norm) {
-    graph.exec = cuda::GraphExec();
-    if (options_.clip_grad_norm > 0) d.ready_clip(model_->num_trainable(), s);  // no allocation in a capture
-    cuda::StreamCapture capture(s);
-    p->run(ctx_, b, 0, p->num_steps());
-    enqueue_accumulate(*p, ctx_, b, mb.grads, s);
-    if (options_.clip_grad_norm > 0)
-      d.clip(static_cast<float*>(mb.grads), model_->num_trainable(), options_.clip_grad_norm, s);
-    enqueue_update(k, slots.coefficients, static_cast<float*>(mb.params), static_cast<const float*>(mb.grads),
-                   {d.state_ptr(0), d.state_ptr(1), d.state_ptr(2)}, model_->num_trainable(), s);
-    graph.exec = cuda::GraphExec(capture.finish("Trainer.step"), "Trainer.step");
+    d.capture(graph, *p, ctx_, b, mb, static_cast<char*>(slots.coefficients) + offsetof(GraphConstants, rng),
+              constants.rng.counter, scaler_.get(), options_, model_->num_trainable(), s, [&](const int32_t* skip) {
+                enqueue_update(k, slots.coefficients, static_cast<float*>(mb.params),
+                               static_cast<const float*>(mb.grads), {d.state_ptr(0), d.state_ptr(1), d.state_ptr(2)},
+                               model_->num_trainable(), s, skip);
+              });
     graph.pointers = pointers;
-    graph.clip_grad_norm = options_.clip_grad_norm;
-  } else {
-    ctx_.next_rng_counter();  // as the run a replay stands for (plans with dropout are refused above)
   }
   graph.exec.launch(s);
-  optimizer_->set_step_count(t);
   d.state_at = DeviceStep::Side::device;
   model_->device_written(s, true, true);
+  // The step's one read-back: the loss, and with loss scaling the flag with the device's new state.
   float* loss = d.readback.ptr<float>();
+  auto* back = reinterpret_cast<DeviceStep::Scaling*>(d.readback.ptr<char>() + 16);
   cuda::copy_to_host_async(loss, p->address(ctx_, b, p->loss), sizeof(float), s);
+  if (scaler_) cuda::copy_to_host_async(back, d.scaling.data(), sizeof *back, s);
   TREADLE_CUDA_CHECK(cudaStreamSynchronize(s));
+  if (scaler_ && !d.settle_scaling(*scaler_, *back)) {
+    ++skipped_;  // the update kernels wrote nothing: the step count stays
+    return *loss;
+  }
+  optimizer_->set_step_count(t);
   return *loss;
 }
 

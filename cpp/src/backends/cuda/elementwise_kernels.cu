@@ -132,8 +132,18 @@ __device__ __forceinline__ uint64_t mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
+// dropout_key's mix on the device (the host function is in elementwise_layout.cpp).
+__device__ __forceinline__ uint64_t device_dropout_key(uint64_t seed, uint64_t counter, uint64_t stream) {
+  uint64_t k = mix64(seed + kGolden);
+  k = mix64(k ^ mix64(counter + 2 * kGolden));
+  return mix64(k ^ mix64(stream + 3 * kGolden));
+}
+
+// `rng` non-null: the key is made from the seed and counter it holds (`key` is then the node's
+// stream id); every thread mixes it itself, six multiplications, instead of a second launch.
 __global__ void dropout_kernel(const float* __restrict__ x, float* __restrict__ y, float* __restrict__ mask,
-                               int64_t n, uint64_t key, double p, float keep_scale) {
+                               int64_t n, uint64_t key, const DeviceRngState* rng, double p, float keep_scale) {
+  if (rng != nullptr) key = device_dropout_key(rng->seed, rng->counter, key);
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
     // A 53-bit integer times 2^-53: exact in double, the reference's uniform in [0, 1).
     const double u = static_cast<double>(mix64(key + (static_cast<uint64_t>(i) + 1) * kGolden) >> 11) * 0x1.0p-53;
@@ -209,14 +219,27 @@ void param_activation_backward(const ParamActivation& act, const float* x, const
   check_launch("param_activation_backward");
 }
 
-void dropout_forward(const float* x, float* y, float* mask, int64_t n, uint64_t key, double p, cudaStream_t stream) {
-  check_count("dropout_forward", "dropout", n, {x, y, mask});
-  if (!(p >= 0.0 && p <= 1.0)) throw_value_error("dropout_forward: p must be in [0, 1], got ", p);
+namespace {
+void launch_dropout(const char* fn, const float* x, float* y, float* mask, int64_t n, uint64_t key,
+                    const DeviceRngState* rng, double p, cudaStream_t stream) {
+  check_count(fn, "dropout", n, {x, y, mask});
+  if (!(p >= 0.0 && p <= 1.0)) throw_value_error(fn, ": p must be in [0, 1], got ", p);
   if (n == 0) return;
   // The reference's scale: 1 / (1 - p) in double, rounded once to float32.
   const float keep_scale = p < 1.0 ? static_cast<float>(1.0 / (1.0 - p)) : 0.0f;
-  dropout_kernel<<<element_blocks(n), kElementThreads, 0, stream>>>(x, y, mask, n, key, p, keep_scale);
-  check_launch("dropout_forward");
+  dropout_kernel<<<element_blocks(n), kElementThreads, 0, stream>>>(x, y, mask, n, key, rng, p, keep_scale);
+  check_launch(fn);
+}
+}  // namespace
+
+void dropout_forward(const float* x, float* y, float* mask, int64_t n, uint64_t key, double p, cudaStream_t stream) {
+  launch_dropout("dropout_forward", x, y, mask, n, key, nullptr, p, stream);
+}
+
+void dropout_forward_indirect(const float* x, float* y, float* mask, int64_t n, const DeviceRngState* rng,
+                              uint64_t stream_id, double p, cudaStream_t stream) {
+  if (rng == nullptr && n > 0) throw_value_error("dropout_forward_indirect: null device pointer for the RNG state");
+  launch_dropout("dropout_forward_indirect", x, y, mask, n, stream_id, rng, p, stream);
 }
 
 }  // namespace treadle::cuda

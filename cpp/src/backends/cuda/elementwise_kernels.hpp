@@ -80,5 +80,15 @@ void sum_to(const float* x, float* y, const SumToLayout& layout, void* workspace
 // mask bit for bit. mask = 0 or 1 / (1 - p) (0 for every element when p == 1); y = x * mask.
 uint64_t dropout_key(uint64_t seed, uint64_t counter, uint64_t stream);
 void dropout_forward(const float* x, float* y, float* mask, int64_t n, uint64_t key, double p, cudaStream_t stream);
+// The step's RNG state as device memory holds it (see device_rng.hpp).
+struct DeviceRngState {
+  uint64_t seed = 0;
+  uint64_t counter = 0;
+};
+// The same mask with the seed and the counter read from `rng` (device memory) when the kernel runs,
+// and the key mixed on the device as dropout_key does: a CUDA graph replays it with the counter its
+// step wrote there, so each replay draws that counter's mask.
+void dropout_forward_indirect(const float* x, float* y, float* mask, int64_t n, const DeviceRngState* rng,
+                              uint64_t stream_id, double p, cudaStream_t stream);
 
 }  // namespace treadle::cuda

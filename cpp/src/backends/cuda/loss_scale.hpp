@@ -18,7 +18,15 @@
 // and take the stream explicitly.
 #include <cuda_runtime_api.h>
 
+#include <cfloat>
 #include <cstdint>
+
+// The rule below is one function for the host and the kernel (nvcc sees it as both).
+#ifdef __CUDACC__
+#define TREADLE_LOSS_SCALE_HD __host__ __device__
+#else
+#define TREADLE_LOSS_SCALE_HD
+#endif
 
 namespace treadle::cuda {
 
@@ -61,8 +69,46 @@ void scale_gradients(const float* in, float* out, int64_t n, const float* scale,
 // the same flag.
 void unscale_fp16_gradients(const uint16_t* in, float* out, int64_t n, const float* scale, int32_t* found_nonfinite,
                             cudaStream_t stream);
-// The same rule as DynamicLossScaler::update, on the device: *scale and *good_steps updated from
-// *found_nonfinite (options validated on the host).
+// The dynamic rule's constants as the device takes them. The factors are doubles and each product
+// is taken in double and rounded once to float32, as treadle::LossScaler (the trainer's host rule,
+// torch's CPU kernel) does: with factors that float32 represents exactly (2, 0.5) this is the plain
+// float32 product, so DynamicLossScaler agrees as well.
+struct LossScaleRule {
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  int32_t growth_interval = 2000;
+};
+// ValueError (naming loss_scale_update) unless growth_factor > 1 and finite, backoff_factor in (0, 1)
+// and growth_interval >= 1.
+void validate_loss_scale_rule(const LossScaleRule& r);
+inline LossScaleRule loss_scale_rule(const LossScaleOptions& o) {
+  return {o.growth_factor, o.backoff_factor, static_cast<int32_t>(o.growth_interval)};
+}
+
+// One step of the rule on (scale, growth tracker): what loss_scale_update's kernel runs, callable on
+// the host so that a host mirror can be checked against it. A non-finite step backs off and restarts
+// the count; a finite one counts, and at the interval grows (unless the grown scale is not a finite
+// float32) and restarts the count. Returns whether the step's update is applied.
+TREADLE_LOSS_SCALE_HD inline bool apply_loss_scale_rule(float& scale, int32_t& growth_tracker, bool found_nonfinite,
+                                                        const LossScaleRule& r) {
+  if (found_nonfinite) {
+    scale = static_cast<float>(static_cast<double>(scale) * r.backoff_factor);
+    growth_tracker = 0;
+    return false;
+  }
+  if (++growth_tracker >= r.growth_interval) {
+    const float grown = static_cast<float>(static_cast<double>(scale) * r.growth_factor);
+    if (grown <= FLT_MAX) scale = grown;  // false for +Inf (and NaN)
+    growth_tracker = 0;
+  }
+  return true;
+}
+
+// The same rule on the device: *scale and *good_steps updated from *found_nonfinite (a kernel of
+// one thread; the rule validated on the host). Capturable: the step of a CUDA graph updates the
+// scale its next replay seeds the backward with, with nothing read back.
+void loss_scale_update(float* scale, int32_t* good_steps, const int32_t* found_nonfinite, const LossScaleRule& r,
+                       cudaStream_t stream);
 void loss_scale_update(float* scale, int32_t* good_steps, const int32_t* found_nonfinite, const LossScaleOptions& o,
                        cudaStream_t stream);
 

@@ -37,21 +37,12 @@ __global__ void unscale_half_kernel(const uint16_t* in, float* out, int64_t n, c
   if (bad) *flag = 1;
 }
 
-__global__ void update_kernel(float* scale, int32_t* good, const int32_t* flag, float growth, float backoff,
-                              int32_t interval) {
-  if (*flag != 0) {
-    *scale = *scale * backoff;
-    *good = 0;
-    return;
-  }
-  const int32_t count = *good + 1;
-  if (count >= interval) {
-    const float grown = *scale * growth;
-    if (isfinite(grown)) *scale = grown;
-    *good = 0;
-  } else {
-    *good = count;
-  }
+__global__ void update_kernel(float* scale, int32_t* good, const int32_t* flag, LossScaleRule rule) {
+  float s = *scale;
+  int32_t count = *good;
+  apply_loss_scale_rule(s, count, *flag != 0, rule);
+  *scale = s;
+  *good = count;
 }
 
 __global__ void to_half_kernel(const float* in, uint16_t* out, int64_t n) {
@@ -99,14 +90,19 @@ void unscale_fp16_gradients(const uint16_t* in, float* out, int64_t n, const flo
   check_launch("unscale_fp16_gradients");
 }
 
+void loss_scale_update(float* scale, int32_t* good_steps, const int32_t* found_nonfinite, const LossScaleRule& r,
+                       cudaStream_t stream) {
+  validate_loss_scale_rule(r);
+  if (scale == nullptr || good_steps == nullptr || found_nonfinite == nullptr)
+    throw_value_error("loss_scale_update: null device pointer for the scale, the step count or the flag");
+  update_kernel<<<1, 1, 0, stream>>>(scale, good_steps, found_nonfinite, r);
+  check_launch("loss_scale_update");
+}
+
 void loss_scale_update(float* scale, int32_t* good_steps, const int32_t* found_nonfinite, const LossScaleOptions& o,
                        cudaStream_t stream) {
   validate_loss_scale_options(o);
-  if (scale == nullptr || good_steps == nullptr || found_nonfinite == nullptr)
-    throw_value_error("loss_scale_update: null device pointer for the scale, the step count or the flag");
-  update_kernel<<<1, 1, 0, stream>>>(scale, good_steps, found_nonfinite, o.growth_factor, o.backoff_factor,
-                                     static_cast<int32_t>(o.growth_interval));
-  check_launch("loss_scale_update");
+  loss_scale_update(scale, good_steps, found_nonfinite, loss_scale_rule(o), stream);
 }
 
 void float_to_fp16(const float* in, uint16_t* out, int64_t n, cudaStream_t stream) {

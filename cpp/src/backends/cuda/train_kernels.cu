@@ -101,11 +101,15 @@ __device__ __forceinline__ void sgd_element(float* __restrict__ p, const float* 
   p[i] = p[i] - k.lr * d;
 }
 
-// kIndirect: the coefficients are read from device memory (`kp`) instead of the argument `k`.
+// kIndirect: the coefficients are read from device memory (`kp`) instead of the argument `k`, and
+// `skip` (loss scaling's non-finite flag, or null) when set makes the kernel write nothing.
 template <bool kDecay, bool kMomentum, bool kNesterov, bool kIndirect>
 __global__ void sgd_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ buf, int64_t n,
-                           SgdCoefficients k, const SgdCoefficients* kp) {
-  if constexpr (kIndirect) k = *kp;
+                           SgdCoefficients k, const SgdCoefficients* kp, const int32_t* skip) {
+  if constexpr (kIndirect) {
+    if (skip != nullptr && *skip != 0) return;
+    k = *kp;
+  }
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
     sgd_element<kDecay, kMomentum, kNesterov>(p, g, buf, i, k);
@@ -113,8 +117,8 @@ __global__ void sgd_kernel(float* __restrict__ p, const float* __restrict__ g, f
 
 template <bool kIndirect>
 void launch_sgd(float* p, const float* g, float* buf, int64_t n, const SgdCoefficients& k,
-                const SgdCoefficients* kp, cudaStream_t stream) {
-  auto go = [&](auto kernel) { kernel<<<element_blocks(n), kElementThreads, 0, stream>>>(p, g, buf, n, k, kp); };
+                const SgdCoefficients* kp, const int32_t* skip, cudaStream_t stream) {
+  auto go = [&](auto kernel) { kernel<<<element_blocks(n), kElementThreads, 0, stream>>>(p, g, buf, n, k, kp, skip); };
   // Six instantiations instead of eight: Nesterov implies momentum.
   if (k.decay) {
     if (!k.use_momentum) go(sgd_kernel<true, false, false, kIndirect>);
@@ -132,7 +136,8 @@ void launch_sgd(float* p, const float* g, float* buf, int64_t n, const SgdCoeffi
 template <bool kCoupled, bool kAmsgrad>
 __global__ void adam_indirect_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
                                      float* __restrict__ v, float* __restrict__ vmax, int64_t n,
-                                     const AdamCoefficients* kp) {
+                                     const AdamCoefficients* kp, const int32_t* skip) {
+  if (skip != nullptr && *skip != 0) return;
   const AdamCoefficients k = *kp;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
@@ -223,24 +228,25 @@ void sgd_update(float* param, const float* grad, float* momentum_buffer, int64_t
   if (param == nullptr || grad == nullptr || (k.use_momentum && momentum_buffer == nullptr))
     throw_value_error("sgd_update: null device pointer for ", n, " elements (momentum ",
                       k.use_momentum ? "on" : "off", ")");
-  launch_sgd<false>(param, grad, momentum_buffer, n, k, nullptr, stream);
+  launch_sgd<false>(param, grad, momentum_buffer, n, k, nullptr, nullptr, stream);
   check_launch("sgd_update");
 }
 
 void sgd_update_indirect(float* param, const float* grad, float* momentum_buffer, int64_t n,
-                         const SgdCoefficients& shape, const SgdCoefficients* k_device, cudaStream_t stream) {
+                         const SgdCoefficients& shape, const SgdCoefficients* k_device, cudaStream_t stream,
+                         const int32_t* skip) {
   if (n < 0) throw_value_error("sgd_update_indirect: negative element count ", n);
   if (n == 0) return;
   if (param == nullptr || grad == nullptr || k_device == nullptr || (shape.use_momentum && momentum_buffer == nullptr))
     throw_value_error("sgd_update_indirect: null device pointer for ", n, " elements (momentum ",
                       shape.use_momentum ? "on" : "off", ")");
-  launch_sgd<true>(param, grad, momentum_buffer, n, shape, k_device, stream);
+  launch_sgd<true>(param, grad, momentum_buffer, n, shape, k_device, skip, stream);
   check_launch("sgd_update_indirect");
 }
 
 void adam_update_indirect(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, float* max_exp_avg_sq,
                           int64_t n, const AdamCoefficients& shape, const AdamCoefficients* k_device,
-                          cudaStream_t stream) {
+                          cudaStream_t stream, const int32_t* skip) {
   if (n < 0) throw_value_error("adam_update_indirect: negative element count ", n);
   if (n == 0) return;
   if (param == nullptr || grad == nullptr || exp_avg == nullptr || exp_avg_sq == nullptr || k_device == nullptr ||
@@ -248,7 +254,8 @@ void adam_update_indirect(float* param, const float* grad, float* exp_avg, float
     throw_value_error("adam_update_indirect: null device pointer for ", n, " elements (amsgrad ",
                       shape.amsgrad ? "on" : "off", ")");
   auto go = [&](auto kernel, float* vmax) {
-    kernel<<<element_blocks(n), kElementThreads, 0, stream>>>(param, grad, exp_avg, exp_avg_sq, vmax, n, k_device);
+    kernel<<<element_blocks(n), kElementThreads, 0, stream>>>(param, grad, exp_avg, exp_avg_sq, vmax, n, k_device,
+                                                              skip);
   };
   if (shape.coupled) {
     if (shape.amsgrad) go(adam_indirect_kernel<true, true>, max_exp_avg_sq);

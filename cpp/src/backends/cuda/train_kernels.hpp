@@ -55,11 +55,15 @@ void sgd_update(float* param, const float* grad, float* momentum_buffer, int64_t
 // CUDA graph replays while the step count and the learning rate change (the host writes the
 // coefficients of each step into that memory before the replay). The flags that choose the kernel
 // (`shape`'s coupled/amsgrad, decay/use_momentum/nesterov) are fixed at launch, the values are read
-// from `k_device`; the arithmetic is adam_update's and sgd_update's.
+// from `k_device`; the arithmetic is adam_update's and sgd_update's. `skip` (device memory, may be
+// null for none) is loss scaling's non-finite flag: when *skip is not 0 as the kernel runs, it
+// writes nothing (parameters and optimizer state keep their values), so a captured step whose
+// gradients overflowed leaves the model as a skipped host step does.
 void adam_update_indirect(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, float* max_exp_avg_sq,
                           int64_t n, const AdamCoefficients& shape, const AdamCoefficients* k_device,
-                          cudaStream_t stream);
+                          cudaStream_t stream, const int32_t* skip = nullptr);
 void sgd_update_indirect(float* param, const float* grad, float* momentum_buffer, int64_t n,
-                         const SgdCoefficients& shape, const SgdCoefficients* k_device, cudaStream_t stream);
+                         const SgdCoefficients& shape, const SgdCoefficients* k_device, cudaStream_t stream,
+                         const int32_t* skip = nullptr);
 
 }  // namespace treadle::cuda
