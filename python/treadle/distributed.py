@@ -16,6 +16,10 @@ reaches for COMM_WORLD. The host passes the communicator to use (COMM_WORLD, or 
 Every step costs one small allreduce (sample count, loss, error flag: 3 float64) and one allreduce
 of the flat gradient buffer; then every rank applies the same update, so replicas stay identical
 without ever sending parameters again. See docs/distributed.md for the cost model and measurements.
+
+With the optional extension treadle._distributed (a build with -DTREADLE_WITH_MPI=ON; with
+-DTREADLE_WITH_NCCL=ON for NCCL) the same class can run on the C++ treadle::DataParallel instead,
+which is how a model on backend "cuda" allreduces its gradients on the device (transport="nccl").
 """
 import hashlib
 import time
@@ -31,6 +35,55 @@ def _mpi():
     except ImportError as e:  # an optional extra
         raise ImportError("treadle.distributed needs mpi4py: pip install 'treadle[mpi]'") from e
     return MPI
+
+
+_BUILD_HINT = ("configure with -DTREADLE_BUILD_PYTHON=ON -DTREADLE_WITH_MPI=ON -DTREADLE_WITH_CUDA=ON "
+               "-DTREADLE_WITH_NCCL=ON and mpi4py installed (pip: -Ccmake.define.TREADLE_WITH_MPI=ON and the "
+               "others alike; docs/distributed.md, 'Transports')")
+
+
+def _native_module():
+    """treadle._distributed (the bound C++ DataParallel), or None where it was not built."""
+    try:
+        from . import _distributed
+    except ImportError as e:
+        _native_module.error = e
+        return None
+    return _distributed
+
+
+def _implementation_wish(trainer, transport, native):
+    """What this rank asks for: "native" (the C++ class), "python" (this module), or "auto" (the C++
+    class with NCCL if every rank can have it). Raises ValueError where the request cannot be met."""
+    if native is False:
+        if transport == "nccl":
+            raise ValueError("transport 'nccl' needs the C++ treadle::DataParallel, but native=False asks for "
+                             "the mpi4py implementation; use transport 'mpi'")
+        return "python"
+    if native is None and transport == "mpi":
+        return "python"
+    module = _native_module()
+    if module is None and (native or transport == "nccl"):
+        what = "transport 'nccl' is not available from Python" if transport == "nccl" else "native=True"
+        raise ValueError(f"{what}: it needs treadle._distributed, the binding of the C++ treadle::DataParallel, "
+                         f"which this installation lacks ({_native_module.error}): {_BUILD_HINT}; or use "
+                         "transport 'mpi'")
+    if native:
+        return "native"
+    if transport == "nccl":
+        if not module.has_nccl:
+            raise ValueError("transport 'nccl' is not available from Python: treadle._distributed, the binding of "
+                             "the C++ treadle::DataParallel, was built without NCCL: " + _BUILD_HINT +
+                             "; or use transport 'mpi'")
+        backend = trainer.model._compiled().backend
+        if backend != "cuda":  # the C++ class would refuse it too; this says it in this module's words
+            where = f"'{backend}'" if backend else "automatic host dispatch"
+            raise ValueError("transport 'nccl' is not available from Python: the NCCL transport of "
+                             "the C++ treadle::DataParallel needs the model on backend 'cuda', but its backend is "
+                             f"{where}: set the model's backend to 'cuda' first, or use transport 'mpi'")
+        return "native"
+    capable = module is not None and module.has_nccl and trainer.model._compiled().backend == "cuda"
+    return "auto" if capable else "python"
 
 
 class DataParallel:
@@ -50,16 +103,26 @@ class DataParallel:
     ranks; "local": left alone (replicas then differ in that state). Batch statistics used *inside*
     a training step are always the local shard's (no SyncBatchNorm).
 
-    ``transport``: how the gradient buffer travels. "mpi" (and "auto", which means "mpi" here): through
-    host memory with mpi4py; a model on backend "cuda" downloads its gradients for the allreduce and
-    uploads them for the update. "nccl" is refused with a ValueError: the NCCL transport (gradients
-    allreduced on the device) is in the C++ ``treadle::DataParallel`` (docs/distributed.md).
+    ``transport``: how the gradient buffer travels. "mpi": through host memory with mpi4py (a model on
+    backend "cuda" downloads its gradients for the allreduce and uploads them for the update). "nccl":
+    NCCL allreduces the gradients in place on the device, through the C++ ``treadle::DataParallel``
+    that the optional extension treadle._distributed binds (a build with -DTREADLE_WITH_NCCL=ON, a
+    model on backend "cuda", one GPU per process; without the extension it raises a ValueError
+    saying how to build it). "auto" (default): "nccl" where the extension has NCCL and every rank's
+    model is on "cuda" (and the C++ class finds a GPU per process, else it keeps to "mpi"); "mpi"
+    otherwise. ``self.transport`` is the one in use.
+
+    ``native``: which implementation runs. None (default): the C++ class for "nccl" and where "auto"
+    chooses it as above, this module's mpi4py code otherwise. True: the C++ class whatever the
+    transport (e.g. "mpi" through C++; ValueError without the extension). False: this module's code
+    ("nccl" is then refused). Both give the same results, errors and attributes; every rank must
+    make the same choice (else the same ValueError on every rank).
     """
 
     BUFFER_MODES = ("root", "average", "local")
     TRANSPORTS = ("auto", "mpi", "nccl")
 
-    def __init__(self, trainer, comm, root=0, buffers="root", transport="auto"):
+    def __init__(self, trainer, comm, root=0, buffers="root", transport="auto", native=None):
         MPI = _mpi()
         if not isinstance(comm, MPI.Comm):
             raise TypeError(f"DataParallel: comm must be an mpi4py communicator, got {type(comm).__name__}")
@@ -69,32 +132,46 @@ class DataParallel:
             raise ValueError("DataParallel: comm must be an intra-communicator")
         self._mpi, self.comm, self.trainer = MPI, comm, trainer
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self._native = None  # the bound C++ DataParallel, when it runs
         # Each rank checks its own arguments, then all agree, so one bad rank never hangs the others.
-        error, items = None, None
+        error, items, wish = None, None, None
         if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
             error = f"root must be a rank in [0, {self.size}), got {root!r}"
         elif buffers not in self.BUFFER_MODES:
             error = f"buffers must be one of {self.BUFFER_MODES}, got {buffers!r}"
         elif transport not in self.TRANSPORTS:
             error = f"transport must be one of {self.TRANSPORTS}, got {transport!r}"
-        elif transport == "nccl":
-            error = ("transport 'nccl' is not available from Python: this DataParallel moves numpy buffers "
-                     "with mpi4py; the NCCL transport is in the C++ treadle::DataParallel (built with "
-                     "-DTREADLE_WITH_NCCL=ON); use transport 'mpi'")
+        elif native not in (None, True, False):
+            error = f"native must be None, True or False, got {native!r}"
         else:
             try:
                 items = self._setup_items()
-            except Exception as e:  # e.g. not a treadle Trainer
+                wish = _implementation_wish(trainer, transport, native)
+            except Exception as e:  # e.g. not a treadle Trainer, or transport 'nccl' unavailable
                 error = e
         self._agree(error, "DataParallel")
-        self.root, self.buffers, self.transport = int(root), buffers, "mpi"
-        self._check_same_setup(items + [("buffers", buffers)])
+        # "auto" takes the C++ class only where every rank can (one small allgather at construction).
+        wishes = comm.allgather(wish)
+        use_native = wish == "native" or (wish == "auto" and all(w in ("native", "auto") for w in wishes))
+        self.root, self.buffers = int(root), buffers
+        if use_native:
+            items += [("buffers", buffers), ("implementation", "treadle._distributed"), ("transport", transport)]
+        else:
+            items += [("buffers", buffers), ("implementation", "python"), ("transport", "mpi")]
+        self._check_same_setup(items)
         self._buffer_index = self._non_trained_index()
-        self.broadcast_state()
-        self.steps = 0
+        self._steps = 0
         self.wait_seconds = 0.0            # in the small allreduce (count, loss, flag): waiting for the slowest rank
         self.allreduce_seconds = 0.0       # in the gradient allreduce: moving the gradient buffer
         self.last_allreduce_seconds = 0.0  # the gradient allreduce of the last step
+        if use_native:
+            # Collective: the C++ setup check (passes: the same settings were compared above), the
+            # state broadcast and, for "nccl", the NCCL communicator.
+            self._native = _native_module().DataParallel(trainer._native, comm, self.root, buffers, transport)
+            self.transport = self._native.transport
+        else:
+            self.transport = "mpi"
+            self.broadcast_state()
 
     # -- setup ------------------------------------------------------------------------------------
     def _setup_items(self):
@@ -130,6 +207,8 @@ class DataParallel:
         themselves. Does nothing (and communicates nothing) when the model has no such state or
         ``buffers="local"``.
         """
+        if self._native is not None:
+            return self._native.sync_buffers()
         if self._buffer_index is None or self.buffers == "local":
             return
         params = self.trainer.model.flat_parameters()
@@ -159,6 +238,8 @@ class DataParallel:
 
     def broadcast_state(self):
         """Copies root's parameters, optimizer state and step count to every rank (collective)."""
+        if self._native is not None:
+            return self._native.broadcast_state()
         comm, root = self.comm, self.root
         comm.Bcast(self.trainer.model.flat_parameters(), root=root)
         opt = self.trainer.optimizer
@@ -187,7 +268,7 @@ class DataParallel:
         saved = None if self._buffer_index is None else trainer.model.flat_parameters()[self._buffer_index]
         count, loss, error = 0, 0.0, None
         try:
-            x, y = np.ascontiguousarray(x), np.ascontiguousarray(y)
+            x, y = _contiguous(x), _contiguous(y)
             count = _local_count(x, y)
             if count:
                 loss = trainer.compute_gradients(x, y)
@@ -217,11 +298,18 @@ class DataParallel:
         """
         return self._reduce(count, loss, error, "DataParallel.allreduce_gradients")
 
+    @property
+    def steps(self):
+        """Data-parallel steps taken (successful gradient allreduces)."""
+        return self._steps if self._native is None else self._native.steps
+
     def _reduce(self, count, loss, error, where):
         comm, MPI = self.comm, self._mpi
         mean = self.trainer.loss.reduction == "mean"
         if error is None and (isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0):
             error = f"count must be a non-negative integer, got {count!r}"
+        if self._native is not None:
+            return self._reduce_native(count, loss, error, where)
         # One small allreduce carries the count, the loss and the error flag. With reduction="mean"
         # the global loss is sum(count_r * loss_r) / sum(count_r); with "sum" it is sum(loss_r).
         head = np.zeros(3)
@@ -245,12 +333,37 @@ class DataParallel:
         self.last_allreduce_seconds = time.perf_counter() - start
         self.allreduce_seconds += self.last_allreduce_seconds
         self.sync_buffers()
-        self.steps += 1
+        self._steps += 1
         return loss_total / total if mean else loss_total
+
+    def _reduce_native(self, count, loss, error, where):
+        """_reduce through the C++ class: the same exchange, the same errors (its messages name the
+        C++ member; they are given this class's names)."""
+        if error is None:
+            try:
+                loss = float(loss)
+            except Exception as e:  # reported to every rank like any other failure
+                error = e
+        message = "" if error is None else (_describe(error) or type(error).__name__)
+        seconds = self._native.allreduce_seconds
+        start = time.perf_counter()
+        try:
+            result = self._native.allreduce_gradients(int(count) if error is None else 0,
+                                                      loss if error is None else 0.0, message)
+        except ValueError as e:
+            text = str(e).replace("DataParallel::allreduce_gradients", where, 1)
+            raise ValueError(text) from (error if isinstance(error, BaseException) else None)
+        elapsed = time.perf_counter() - start
+        self.last_allreduce_seconds = self._native.allreduce_seconds - seconds
+        self.allreduce_seconds += self.last_allreduce_seconds
+        self.wait_seconds += max(0.0, elapsed - self.last_allreduce_seconds)
+        return result
 
     # -- checks -----------------------------------------------------------------------------------
     def parameter_divergence(self):
         """Largest |p - p_root| over all parameters and ranks (collective; 0.0 when in sync)."""
+        if self._native is not None:
+            return self._native.parameter_divergence()
         params = self.trainer.model.flat_parameters()
         ref = params.copy()
         self.comm.Bcast(ref, root=self.root)
@@ -275,7 +388,12 @@ class DataParallel:
         raise ValueError(text)
 
     def __repr__(self):
-        return f"DataParallel(rank={self.rank}, size={self.size}, root={self.root})"
+        return f"DataParallel(rank={self.rank}, size={self.size}, root={self.root}, transport={self.transport!r})"
+
+
+def _contiguous(a):
+    """A C-contiguous numpy array, or a CUDA array (a model on "cuda" takes it as it is) unchanged."""
+    return a if hasattr(a, "__cuda_array_interface__") else np.ascontiguousarray(a)
 
 
 def _local_count(x, y):
