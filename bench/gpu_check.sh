@@ -181,11 +181,13 @@ fi
 
 # ---- 5. data parallel on the device (MPI: on PATH, or the carried mpich wheel installed into build/)
 if ! command -v mpicc >/dev/null && ls "$REPO"/.whl/mpich-*.whl >/dev/null 2>&1; then
+  # mpi4py (there already) finds this libmpi through LD_LIBRARY_PATH.
   "$PYTHON" -m pip install -q --no-index --no-deps --ignore-installed --prefix "$REPO/build/gpu-mpich" \
-    "$REPO"/.whl/mpich-*.whl >>"$LOG" 2>&1 && export PATH="$REPO/build/gpu-mpich/bin:$PATH"
+    "$REPO"/.whl/mpich-*.whl >>"$LOG" 2>&1 && export PATH="$REPO/build/gpu-mpich/bin:$PATH" \
+    LD_LIBRARY_PATH="$REPO/build/gpu-mpich/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
-if [ -x tools/gpu_dp_check.sh ] && [ $HAVE_LIB -eq 1 ] && [ "$(left)" -gt 90 ]; then
-  timeout 90 env DP_BUILD="$FULL" tools/gpu_dp_check.sh "$RESULTS" >"$RESULTS/dp.txt" 2>&1
+if [ -x tools/gpu_dp_check.sh ] && [ $HAVE_LIB -eq 1 ] && [ "$(left)" -gt 150 ]; then
+  timeout 150 env DP_BUILD="$FULL" tools/gpu_dp_check.sh "$RESULTS" >"$RESULTS/dp.txt" 2>&1
   rc=$?
   tail -20 "$RESULTS/dp.txt" | tee -a "$LOG"
   if [ $rc -ne 0 ]; then
@@ -196,7 +198,7 @@ if [ -x tools/gpu_dp_check.sh ] && [ $HAVE_LIB -eq 1 ] && [ "$(left)" -gt 90 ]; 
     say "SKIP data parallel on the device: $(grep -m1 'SKIP' "$RESULTS/dp.txt")"
   fi
 else
-  say "SKIP data parallel on the device: no tools/gpu_dp_check.sh, no library, or too little time left"
+  say "SKIP data parallel on the device: no library, or too little time left"
 fi
 
 # ---- 6. W1-W6 against PyTorch on the GPU, and the crossover study
