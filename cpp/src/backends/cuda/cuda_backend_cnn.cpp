@@ -41,14 +41,6 @@
 namespace treadle::cuda {
 namespace {
 
-
-bool float32_operands(const Graph& g, const Node& node) {
-  for (const std::vector<int>* list : {&node.inputs, &node.outputs})
-    for (int v : *list)
-      if (is_floating(g.info(v).dtype) && g.info(v).dtype != DType::f32) return false;
-  return shape_numel(shape_of(g, node.outputs.at(0))) > 0;
-}
-
 // ---- convolution
 // The forward convolution's geometry, whichever of the four ops the node is. conv_backward_bias
 // carries no window: it is described as the 1x1 convolution of dy onto itself, whose bias gradient
@@ -106,7 +98,7 @@ PadGeometry pad_geometry(const ConvGeometry& g) {
 }
 
 bool accepts_conv(const Graph& g, const Node& node) {
-  if (!float32_operands(g, node)) return false;
+  if (!float32_node(g, node)) return false;
   try {
     // conv_backward_bias accepts any (N, C, ...) gradient; the geometry needs 1 to 3 spatial dims.
     const ConvGeometry geo = conv_geometry_of(g, node);
@@ -266,7 +258,7 @@ MaxPoolGeometry max_geometry(const PoolGeometry& p) {
   return m;
 }
 
-bool accepts_max_pool(const Graph& g, const Node& node) { return float32_operands(g, node); }
+bool accepts_max_pool(const Graph& g, const Node& node) { return float32_node(g, node); }
 
 PreparedNode prepare_max_pool(const Graph& g, const Node& node) {
   PreparedNode p;
@@ -333,7 +325,7 @@ AvgPoolGeometry own_avg_geometry(const PoolGeometry& p, const Attrs& attrs) {
   return g;
 }
 
-bool accepts_avg_pool(const Graph& g, const Node& node) { return float32_operands(g, node); }
+bool accepts_avg_pool(const Graph& g, const Node& node) { return float32_node(g, node); }
 
 PreparedNode prepare_avg_pool(const Graph& g, const Node& node) {
   const PoolGeometry geo = pool_geometry_of(g, node, "avg");
@@ -380,7 +372,7 @@ BatchNormConfig bn_config(const Graph& g, const Node& node) {
 }
 
 bool accepts_batch_norm(const Graph& g, const Node& node) {
-  if (!float32_operands(g, node) || bn_x(g, node).size() < 2) return false;
+  if (!float32_node(g, node) || bn_x(g, node).size() < 2) return false;
   try {
     validate_batch_norm(bn_config(g, node));
   } catch (const ValueError&) {

@@ -19,27 +19,10 @@
 namespace treadle::cuda {
 namespace {
 
-// Every floating operand float32. Empty tensors are taken too: these kernels enqueue nothing for
+// Empty tensors are taken (float32_dtypes, not float32_node): these kernels enqueue nothing for
 // them (a loss of no elements still writes its total: NaN for a mean, 0 for a sum).
-bool float32_node(const Graph& g, const Node& node) {
-  for (const std::vector<int>* list : {&node.inputs, &node.outputs})
-    for (int v : *list)
-      if (is_floating(g.info(v).dtype) && g.info(v).dtype != DType::f32) return false;
-  return !node.outputs.empty();
-}
 
-template <typename T>
-PreparedNode with_state(std::shared_ptr<T> state, std::size_t workspace = 0) {
-  PreparedNode p;
-  p.state = std::move(state);
-  p.workspace = workspace;
-  return p;
-}
 
-template <typename T>
-const T& state_of(const KernelArgs& a) {
-  return *static_cast<const T*>(a.state);
-}
 
 // The op's name without "_backward": the forward op a backward node belongs to.
 std::string forward_name(const Node& node) {
@@ -61,7 +44,7 @@ bool binary_layout(const Graph& g, const Node& node, StridedLayout& layout) {
 
 bool accepts_binary(const Graph& g, const Node& node) {
   StridedLayout unused;
-  return float32_node(g, node) && binary_layout(g, node, unused);
+  return float32_dtypes(g, node) && binary_layout(g, node, unused);
 }
 
 PreparedNode prepare_binary(const Graph& g, const Node& node) {
@@ -80,7 +63,7 @@ void binary_kernel(const KernelArgs& a) {
 }
 
 // ---- scale: alpha rounded to float32 as the reference
-bool accepts_elementwise(const Graph& g, const Node& node) { return float32_node(g, node); }
+bool accepts_elementwise(const Graph& g, const Node& node) { return float32_dtypes(g, node); }
 
 PreparedNode prepare_scale(const Graph&, const Node& node) {
   return with_state(std::make_shared<float>(static_cast<float>(node.attrs.f("alpha"))));

@@ -16,27 +16,6 @@
 namespace treadle::cuda {
 namespace {
 
-// Every floating operand float32, and something to compute.
-bool float32_node(const Graph& g, const Node& node) {
-  for (const std::vector<int>* list : {&node.inputs, &node.outputs})
-    for (int v : *list)
-      if (is_floating(g.info(v).dtype) && g.info(v).dtype != DType::f32) return false;
-  return !node.outputs.empty() && shape_numel(shape_of(g, node.outputs[0])) > 0;
-}
-
-template <typename T>
-PreparedNode with_state(std::shared_ptr<T> state, std::size_t workspace = 0) {
-  PreparedNode p;
-  p.state = std::move(state);
-  p.workspace = workspace;
-  return p;
-}
-
-template <typename T>
-const T& state_of(const KernelArgs& a) {
-  return *static_cast<const T*>(a.state);
-}
-
 const float* opt_in(const KernelArgs& a, int k) { return a.num_in > k ? in_f(a, k) : nullptr; }
 float* opt_out(const KernelArgs& a, int k) { return a.num_out > k ? out_f(a, k) : nullptr; }
 

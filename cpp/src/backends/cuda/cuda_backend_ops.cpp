@@ -23,15 +23,6 @@ namespace {
 
 int64_t numel_of(const Graph& g, int value) { return shape_numel(g.info(value).shape); }
 
-// Every floating operand float32 (integer operands, such as class labels, are the op's business),
-// and something to compute.
-bool float32_node(const Graph& g, const Node& node) {
-  for (const std::vector<int>* list : {&node.inputs, &node.outputs})
-    for (int v : *list)
-      if (is_floating(g.info(v).dtype) && g.info(v).dtype != DType::f32) return false;
-  return !node.outputs.empty() && numel_of(g, node.outputs[0]) > 0;
-}
-
 MathMode math_of(const Attrs& attrs) {
   switch (operand_rounding(attrs)) {
     case OperandRounding::bf16: return MathMode::bf16_operands;
@@ -41,18 +32,6 @@ MathMode math_of(const Attrs& attrs) {
   return MathMode::f32;
 }
 
-template <typename T>
-PreparedNode with_state(std::shared_ptr<T> state, std::size_t workspace = 0) {
-  PreparedNode p;
-  p.state = std::move(state);
-  p.workspace = workspace;
-  return p;
-}
-
-template <typename T>
-const T& state_of(const KernelArgs& a) {
-  return *static_cast<const T*>(a.state);
-}
 
 // ---- linear: one LtLinear per node; a fused relu with a bias is cuBLASLt's RELU_BIAS epilogue, any
 // other fused activation reads the product from the workspace (after the product's own scratch) and

@@ -7,6 +7,7 @@
 #include <cudnn_graph.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,33 @@ inline const float* in_f(const KernelArgs& a, int k) { return static_cast<const 
 inline float* out_f(const KernelArgs& a, int k = 0) { return static_cast<float*>(a.out[k].data); }
 inline const Shape& shape_of(const Graph& g, int value) { return g.info(value).shape; }
 inline const std::string& op_name(const Node& node) { return OpRegistry::instance().at(node.op).name; }
+
+// Every floating operand float32 (integer operands, such as class labels or indices, are the op's
+// business) and at least one output.
+inline bool float32_dtypes(const Graph& g, const Node& node) {
+  for (const std::vector<int>* list : {&node.inputs, &node.outputs})
+    for (int v : *list)
+      if (is_floating(g.info(v).dtype) && g.info(v).dtype != DType::f32) return false;
+  return !node.outputs.empty();
+}
+// The same, and something to compute: the first output is not empty.
+inline bool float32_node(const Graph& g, const Node& node) {
+  return float32_dtypes(g, node) && shape_numel(shape_of(g, node.outputs[0])) > 0;
+}
+
+// What prepare returns: the adapter's state and the node's workspace bytes.
+template <typename T>
+PreparedNode with_state(std::shared_ptr<T> state, std::size_t workspace = 0) {
+  PreparedNode p;
+  p.state = std::move(state);
+  p.workspace = workspace;
+  return p;
+}
+// The state prepare built, in a kernel.
+template <typename T>
+const T& state_of(const KernelArgs& a) {
+  return *static_cast<const T*>(a.state);
+}
 
 // The operand rounding a node's "precision" attribute asks for (the core's rounding_of, in the
 // kernel layer's terms: precision_kernels.hpp cannot include the core's headers).
