@@ -11,33 +11,16 @@ import glob
 import os
 import re
 import shutil
-import site
 import subprocess
 import sys
-import sysconfig
 
 import pytest
+
+from nvidia_wheels import wheel_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.path.join(REPO, "build", "cuda-check")
 NVCC = os.environ.get("CUDACXX") or "/usr/local/cuda/bin/nvcc"
-
-
-def _site_dirs():
-    dirs = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
-    try:
-        dirs.update(site.getsitepackages())
-    except AttributeError:  # some virtualenvs lack it
-        pass
-    return sorted(dirs)
-
-
-def _wheel_lib(pattern):
-    for d in _site_dirs():
-        hits = glob.glob(os.path.join(d, "nvidia", "*", "lib", pattern))
-        if hits:
-            return hits[0]
-    return None
 
 
 def skip_reason():
@@ -49,9 +32,9 @@ def skip_reason():
         return "ninja is not installed"
     if not os.access(NVCC, os.X_OK):
         return f"nvcc not found at {NVCC} (install the CUDA toolkit or set CUDACXX)"
-    if _wheel_lib("libcublasLt.so*") is None:
+    if wheel_lib("libcublasLt.so*") is None:
         return "cuBLASLt not found in site-packages/nvidia/*/lib (pip install nvidia-cublas)"
-    if _wheel_lib("libcudnn.so.9*") is None:
+    if wheel_lib("libcudnn.so.9*") is None:
         return "cuDNN 9 not found in site-packages/nvidia/*/lib (pip install nvidia-cudnn-cu13)"
     return None
 
@@ -91,7 +74,7 @@ def test_libtreadle_links_the_nvidia_libraries(cuda_build):
     dyn = subprocess.run(["readelf", "-d", libs[0]], capture_output=True, text=True).stdout
     assert "libcublasLt.so" in dyn and "libcudnn.so.9" in dyn, dyn
     # Found through the RUNPATH at the wheels' directories, with no LD_LIBRARY_PATH.
-    assert os.path.dirname(_wheel_lib("libcublasLt.so*")) in dyn, dyn
+    assert os.path.dirname(wheel_lib("libcublasLt.so*")) in dyn, dyn
     assert "libcudart.so" not in dyn, "the CUDA runtime should be linked statically"
 
 

@@ -13,16 +13,15 @@
   (tools/gpu_dp_check.sh), prints its SKIP line here, and runs its harness with the models on Eigen;
 * Python's DataParallel: the transport argument ("nccl" is C++ only).
 """
-import glob
 import os
 import re
 import shutil
-import site
 import subprocess
 import sys
-import sysconfig
 
 import pytest
+
+from nvidia_wheels import wheel_lib
 
 MPI = pytest.importorskip("mpi4py.MPI", reason="mpi4py is not installed (pip install 'treadle[mpi]')")
 
@@ -44,23 +43,6 @@ def find_mpiexec():
 
 
 MPIEXEC = find_mpiexec()
-
-
-def _site_dirs():
-    dirs = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
-    try:
-        dirs.update(site.getsitepackages())
-    except AttributeError:  # some virtualenvs lack it
-        pass
-    return sorted(dirs)
-
-
-def _wheel_lib(pattern):
-    for d in _site_dirs():
-        hits = glob.glob(os.path.join(d, "nvidia", "*", "lib", pattern))
-        if hits:
-            return hits[0]
-    return None
 
 
 def _configure_and_build(build, options, targets, timeout):
@@ -141,9 +123,9 @@ def cuda_skip_reason():
         return "cmake and ninja are needed"
     if not os.access(NVCC, os.X_OK):
         return f"nvcc not found at {NVCC} (install the CUDA toolkit or set CUDACXX)"
-    if _wheel_lib("libcublasLt.so*") is None or _wheel_lib("libcudnn.so.9*") is None:
+    if wheel_lib("libcublasLt.so*") is None or wheel_lib("libcudnn.so.9*") is None:
         return "cuBLASLt / cuDNN 9 wheels not found (pip install nvidia-cublas nvidia-cudnn-cu13)"
-    if _wheel_lib("libnccl.so*") is None:
+    if wheel_lib("libnccl.so*") is None:
         return "NCCL not found in site-packages/nvidia/nccl/lib (pip install nvidia-nccl-cu13)"
     return None
 
@@ -166,7 +148,7 @@ def test_nccl_build_links_nccl_from_the_wheel(cuda_mpi_bin):
     lib = os.path.join(cuda_mpi_bin, "libtreadle_distributed.so")
     dyn = subprocess.run(["readelf", "-d", lib], capture_output=True, text=True).stdout
     assert "libnccl.so.2" in dyn, dyn
-    assert os.path.dirname(_wheel_lib("libnccl.so*")) in dyn, dyn  # RUNPATH: no LD_LIBRARY_PATH needed
+    assert os.path.dirname(wheel_lib("libnccl.so*")) in dyn, dyn  # RUNPATH: no LD_LIBRARY_PATH needed
     assert "libcudart.so" not in dyn, "the CUDA runtime should be linked statically"
 
 

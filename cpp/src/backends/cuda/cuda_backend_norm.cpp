@@ -125,30 +125,16 @@ void batch_norm_eval_backward_kernel(const KernelArgs& a) {
                            opt_out(a, 2), c.shape.n, c.shape.channels, c.shape.spatial, c.eps, stream_of(a));
 }
 
-// ---- log_softmax over attribute "axis" (non-negative after the op's check), as (outer, axis, inner)
-struct Axes {
-  int64_t outer = 1, axis = 1, inner = 1;
-};
-
-PreparedNode prepare_log_softmax(const Graph& g, const Node& node) {
-  const Shape& s = shape_of(g, node.inputs[0]);
-  const int64_t ax = node.attrs.i("axis");
-  auto axes = std::make_shared<Axes>();
-  for (int64_t d = 0; d < static_cast<int64_t>(s.size()); ++d) {
-    int64_t& part = d < ax ? axes->outer : d == ax ? axes->axis : axes->inner;
-    part *= s[d];
-  }
-  return with_state(std::move(axes));
-}
+// ---- log_softmax over attribute "axis", as softmax (prepare_axis_split)
 
 void log_softmax_kernel(const KernelArgs& a) {
-  const Axes& x = state_of<Axes>(a);
+  const AxisSplit& x = state_of<AxisSplit>(a);
   log_softmax_forward(in_f(a, 0), out_f(a), x.outer, x.axis, x.inner, stream_of(a));
 }
 
 // (y, dy) -> dx
 void log_softmax_backward_kernel(const KernelArgs& a) {
-  const Axes& x = state_of<Axes>(a);
+  const AxisSplit& x = state_of<AxisSplit>(a);
   log_softmax_backward(in_f(a, 0), in_f(a, 1), out_f(a), x.outer, x.axis, x.inner, stream_of(a));
 }
 
@@ -163,8 +149,8 @@ std::vector<OpEntry> norm_op_entries() {
       {"group_norm", accepts_channel_norm, prepare_channel_norm, group_norm_kernel},
       {"group_norm_backward", accepts_channel_norm, prepare_channel_norm, group_norm_backward_kernel},
       {"batch_norm_eval_backward", accepts_channel_norm, prepare_channel_norm, batch_norm_eval_backward_kernel},
-      {"log_softmax", float32_node, prepare_log_softmax, log_softmax_kernel},
-      {"log_softmax_backward", float32_node, prepare_log_softmax, log_softmax_backward_kernel},
+      {"log_softmax", float32_node, prepare_axis_split, log_softmax_kernel},
+      {"log_softmax_backward", float32_node, prepare_axis_split, log_softmax_backward_kernel},
   };
 }
 

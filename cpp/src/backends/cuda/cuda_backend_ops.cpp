@@ -157,29 +157,14 @@ void activation_backward_kernel(const KernelArgs& a) {
   activation_backward(state_of<Activation>(a), in_f(a, 0), in_f(a, 1), out_f(a), a.out[0].numel, stream_of(a));
 }
 
-// ---- softmax over attribute "axis" (non-negative after the op's check), as (outer, axis, inner)
-struct Axes {
-  int64_t outer = 1, axis = 1, inner = 1;
-};
-
-PreparedNode prepare_softmax(const Graph& g, const Node& node) {
-  const Shape& s = shape_of(g, node.inputs[0]);
-  const int64_t ax = node.attrs.i("axis");
-  auto axes = std::make_shared<Axes>();
-  for (int64_t d = 0; d < static_cast<int64_t>(s.size()); ++d) {
-    int64_t& part = d < ax ? axes->outer : d == ax ? axes->axis : axes->inner;
-    part *= s[d];
-  }
-  return with_state(std::move(axes));
-}
-
+// ---- softmax over attribute "axis" (prepare_axis_split, shared with log_softmax)
 void softmax_kernel(const KernelArgs& a) {
-  const Axes& x = state_of<Axes>(a);
+  const AxisSplit& x = state_of<AxisSplit>(a);
   softmax_forward(in_f(a, 0), out_f(a), x.outer, x.axis, x.inner, stream_of(a));
 }
 
 void softmax_backward_kernel(const KernelArgs& a) {
-  const Axes& x = state_of<Axes>(a);
+  const AxisSplit& x = state_of<AxisSplit>(a);
   softmax_backward(in_f(a, 0), in_f(a, 1), out_f(a), x.outer, x.axis, x.inner, stream_of(a));
 }
 
@@ -234,13 +219,24 @@ void constant_kernel(const KernelArgs& a) { fill(out_f(a), state_of<float>(a), a
 
 }  // namespace
 
+PreparedNode prepare_axis_split(const Graph& g, const Node& node) {
+  const Shape& s = shape_of(g, node.inputs[0]);
+  const int64_t ax = node.attrs.i("axis");
+  auto split = std::make_shared<AxisSplit>();
+  for (int64_t d = 0; d < static_cast<int64_t>(s.size()); ++d) {
+    int64_t& part = d < ax ? split->outer : d == ax ? split->axis : split->inner;
+    part *= s[d];
+  }
+  return with_state(std::move(split));
+}
+
 std::vector<OpEntry> op_entries() {
   std::vector<OpEntry> e = {
       {"linear", accepts_linear, prepare_linear, linear_kernel, false},
       {"matmul", accepts_matmul, prepare_matmul, matmul_kernel, false},
       {"sum_to", accepts_sum_to, prepare_sum_to, sum_to_kernel},
-      {"softmax", accepts_elementwise, prepare_softmax, softmax_kernel},
-      {"softmax_backward", accepts_elementwise, prepare_softmax, softmax_backward_kernel},
+      {"softmax", accepts_elementwise, prepare_axis_split, softmax_kernel},
+      {"softmax_backward", accepts_elementwise, prepare_axis_split, softmax_backward_kernel},
       {"cross_entropy", accepts_cross_entropy, prepare_cross_entropy, cross_entropy_kernel},
       {"cross_entropy_backward", accepts_cross_entropy, prepare_cross_entropy, cross_entropy_backward_kernel},
       {"constant", accepts_elementwise, prepare_constant, constant_kernel},

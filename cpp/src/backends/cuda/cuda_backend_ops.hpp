@@ -63,6 +63,13 @@ const T& state_of(const KernelArgs& a) {
   return *static_cast<const T*>(a.state);
 }
 
+// A tensor seen as (outer, axis, inner) around the attribute "axis" (non-negative after the op's
+// check) of input 0: the state of softmax and log_softmax and their backward ops.
+struct AxisSplit {
+  int64_t outer = 1, axis = 1, inner = 1;
+};
+PreparedNode prepare_axis_split(const Graph& g, const Node& node);
+
 // The operand rounding a node's "precision" attribute asks for (the core's rounding_of, in the
 // kernel layer's terms: precision_kernels.hpp cannot include the core's headers).
 inline OperandRounding operand_rounding(const Attrs& attrs) {
