@@ -118,10 +118,14 @@ def test_op_suite_runs_against_cuda(cuda_build):
     """The op suite with TREADLE_TEST_BACKENDS=cuda, as the GPU check runs it: without a device every
     covered case is skipped with "needs a CUDA device" and nothing fails (the error paths, checked in
     the ops' shape rules before any kernel, still run)."""
-    files = ["tests/test_ops_activation.py", "tests/test_ops_softmax.py", "tests/test_losses.py"]
+    files = ["tests/test_ops_activation.py", "tests/test_ops_softmax.py", "tests/test_losses.py",
+             "tests/test_recurrent.py"]
     proc, report = _python(cuda_build, ["-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider"] + files, 900,
                            TREADLE_TEST_BACKENDS="cuda")
     assert proc.returncode == 0, report
+    # Every float32 case has a device kernel, the recurrent layer ops too (run_op leaves their `saved`
+    # output, which only the backward reads in cuDNN's layout, unreturned).
+    assert "no CUDA kernel for float32" not in proc.stdout, report
     if not _has_device(cuda_build):
         assert "needs a CUDA device" in proc.stdout, report
         assert " passed" in proc.stdout.splitlines()[-1], report

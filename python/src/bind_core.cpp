@@ -45,7 +45,8 @@ py::tuple run_op_py(const std::string& op, const py::list& inputs, const py::dic
                     const std::string& backend, bool training, uint64_t seed, int workers) {
   OpRunResult r = run_op_checked(op, inputs, attrs, grads, backend, training, seed, workers);
   py::list outs, in_grads;
-  for (const Tensor& t : r.outputs) outs.append(numpy_copy(t));
+  // An output a device backend kept in its own layout (run_op) is not returned: None.
+  for (const Tensor& t : r.outputs) outs.append(t.defined() ? py::object(numpy_copy(t)) : py::none());
   for (const Tensor& t : r.input_grads) in_grads.append(t.defined() ? py::object(numpy_copy(t)) : py::none());
   return py::make_tuple(outs, in_grads);
 }
