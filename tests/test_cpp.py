@@ -14,7 +14,7 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GROUPS = ["training", "chunked_predict", "chunked_training", "bad_input", "no_alloc", "no_alloc_broadcast", "hardening",
-          "tasks"]
+          "tasks", "device_tensors"]
 
 
 def _eigen_available():

@@ -254,6 +254,33 @@ void test_bad_input_throws_typed_errors() {
   check(std::isfinite(trainer.step(x, ok_y)) && trainer.steps() == 1, "the trainer still works afterwards");
 }
 
+// Device tensors on the host side: a tensor viewing device memory is refused by everything that
+// reads data on the host, a CPU model refuses it as an input, and Tensor::to(cpu) of a host tensor is
+// the tensor itself. (Copies to a device need a CUDA build and a GPU: cpp/tests/cuda.)
+void test_device_tensors_on_the_host() {
+  using namespace treadle;
+  const Device cuda0{DeviceKind::cuda, 0};
+  static float fake[4];  // never read: every call below must refuse before touching it
+  Tensor dev = Tensor::wrap_device(fake, {1, 4}, DType::f32, cuda0);
+  check(!dev.is_cpu() && dev.device() == cuda0 && dev.reshape({4}).device() == cuda0,
+        "wrap_device keeps its device, through reshape too");
+  expect_throw<TypeError>([&] { dev.clone(); }, "expected a cpu tensor, got cuda:0", "clone of a device tensor");
+  expect_throw<TypeError>([&] { dev.to(DType::f64); }, "cuda:0", "dtype conversion of a device tensor");
+  Tensor host({1, 4}, DType::f32);
+  expect_throw<TypeError>([&] { host.copy_from(dev); }, "cuda:0", "copy_from a device tensor");
+  check(host.to(Device{}).data() == host.data(), "to(cpu) of a host tensor is the tensor itself");
+  auto model = make_mlp(4);
+  Trainer trainer(model, loss::mse(), optim::sgd({}));
+  Tensor x({1, 8}, DType::f32), y({1, 1}, DType::f32);
+  Tensor x_dev = Tensor::wrap_device(fake, {1, 8}, DType::f32, cuda0);
+  expect_throw<TypeError>([&] { trainer.step(x_dev, y); }, "on cuda:0 but the model runs on the CPU",
+                          "a CPU model refuses a device input");
+  expect_throw<TypeError>([&] { model->predict(x_dev); }, "cuda:0", "predict on a CPU model refuses a device input");
+#ifndef TREADLE_WITH_CUDA
+  expect_throw<ValueError>([&] { host.to(cuda0); }, "needs a build with CUDA", "to(cuda) without CUDA support");
+#endif
+}
+
 // The opt-in guards of docs/hardening.md through the C++ API: anomaly mode on the trainer's context,
 // skip-step on non-finite, the parameter checksum guard and the memory budget.
 void test_hardening_guards() {
@@ -371,6 +398,7 @@ int main(int argc, char** argv) {
       {"no_alloc_broadcast", test_broadcast_steps_allocate_nothing},
       {"hardening", test_hardening_guards},
       {"tasks", test_tasked_steps},
+      {"device_tensors", test_device_tensors_on_the_host},
   };
   std::vector<std::string> wanted(argv + 1, argv + argc);
   if (wanted.size() == 1 && wanted[0] == "--list") {

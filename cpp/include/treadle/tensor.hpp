@@ -71,6 +71,12 @@ class TREADLE_API Tensor {
   void copy_from(const Tensor& src);
   // Same data, converted to `dtype` (always a copy).
   Tensor to(DType dtype) const;
+  // The same data on `device` (always a copy, contiguous, owned: device memory is freed with the last
+  // tensor sharing it), or *this when it is there already. A CUDA build copies between the host and
+  // cuda:N on `stream` (a cudaStream_t; null: a stream of the call's own) and waits for the copy;
+  // a build without CUDA raises ValueError for a CUDA device. Device tensors feed a model on backend
+  // "cuda" (Trainer, Model::predict) without an upload.
+  Tensor to(Device device, void* stream = nullptr) const;
   Tensor reshape(Shape shape) const;  // contiguous tensors only; a view
 
  private:

@@ -5,6 +5,9 @@
 #include <new>
 
 #include "treadle/error.hpp"
+#ifdef TREADLE_WITH_CUDA
+#include "backends/cuda/cuda_backend.hpp"
+#endif
 
 namespace treadle {
 
@@ -133,6 +136,17 @@ void Tensor::copy_from(const Tensor& src) {
       idx[d] = 0;
     }
   }
+}
+
+Tensor Tensor::to(Device device, void* stream) const {
+  if (device == device_) return *this;
+#ifdef TREADLE_WITH_CUDA
+  return cuda::copy_tensor_between_devices(*this, device, stream);
+#else
+  (void)stream;
+  throw_value_error("Tensor.to: ", device_name(device), " needs a build with CUDA (-DTREADLE_WITH_CUDA=ON); this ",
+                    "build has the CPU only");
+#endif
 }
 
 Tensor Tensor::to(DType dtype) const {

@@ -4,6 +4,7 @@
 // step 1; anomaly mode catching a NaN input on the device; predict on the device against Eigen's;
 // dropout and dynamic loss scaling in CUDA graphs against launched steps and Eigen.
 // Plus the host-side errors: a "cuda" model without a device, unsupported optimizers and options.
+#include <cstring>
 #include <array>
 #include <cmath>
 #include <map>
@@ -414,6 +415,32 @@ std::string loss_scaling_vs_eigen() {
   return detail;
 }
 
+// Tensor::to(cuda:0): training from device tensors is bitwise training from host tensors (the same
+// bytes reach the same kernels), the copies back are exact, and predict writes a device output.
+std::string tensors_on_device() {
+  constexpr Device kDev{DeviceKind::cuda, 0};
+  const Batches data = batches(5, kMlpInput, 6);
+  auto host_model = mlp(21), dev_model = mlp(21);
+  host_model->set_backend("cuda");
+  dev_model->set_backend("cuda");
+  Trainer host(host_model, loss::cross_entropy(), optim::adam({}));
+  Trainer dev(dev_model, loss::cross_entropy(), optim::adam({}));
+  for (std::size_t i = 0; i < data.x.size(); ++i) {
+    const Tensor x = data.x[i].to(kDev), y = data.y[i].to(kDev);
+    expect(x.device() == kDev && !y.is_cpu(), "to(cuda:0) gave a tensor on ", device_name(x.device()));
+    const double a = host.step(data.x[i], data.y[i]), b = dev.step(x, y);
+    expect(a == b, "step ", i + 1, ": host tensors ", a, ", device tensors ", b);
+    const Tensor back = x.to(Device{});
+    expect(std::memcmp(back.data(), data.x[i].data(), back.nbytes()) == 0, "the copy back differs");
+  }
+  const Tensor want = host_model->predict(data.x[0]);
+  Tensor out = Tensor(want.shape(), want.dtype()).to(kDev);
+  dev_model->predict_into({data.x[0].to(kDev)}, {out});
+  const Tensor got = out.to(Device{});
+  expect(std::memcmp(got.data(), want.data(), got.nbytes()) == 0, "predict into a device tensor differs");
+  return std::to_string(data.x.size()) + " steps bitwise equal, copies and predict exact";
+}
+
 std::string unsupported_on_device() {
   auto model = mlp(1);
   model->set_backend("cuda");
@@ -467,6 +494,7 @@ void add_core_train_device_tests(std::vector<TestCase>& out) {
   out.push_back({"core_trainer_bn_cnn_vs_eigen",
                  [](Env&) { return training_vs_eigen(batch_norm_cnn, kCnnInput, {kAdam}); }});
   out.push_back({"core_trainer_anomaly", [](Env&) { return anomaly_on_device(); }});
+  out.push_back({"core_tensors_on_device", [](Env&) { return tensors_on_device(); }});
   out.push_back({"core_trainer_loss_scaling_vs_eigen", [](Env&) { return loss_scaling_vs_eigen(); }});
   // Reversed layers, concat / slice / add, captured as CUDA graphs (full lengths: nothing read back).
   out.push_back({"core_trainer_bilstm_vs_eigen",

@@ -63,6 +63,11 @@ class DeviceStepTimer {
   std::unique_ptr<Events> events_;
 };
 
+// Tensor::to(Device) in a CUDA build: `t` (contiguous or not, on the host or a CUDA device) copied into
+// fresh memory on `device` (cudaMalloc, freed with the storage) on `stream` (null: a non-blocking
+// stream of the call's own), waited for. ValueError for a device that is not there.
+Tensor copy_tensor_between_devices(const Tensor& t, Device device, void* stream);
+
 // run_op's device half: uploads `inputs` and the gradient `seeds` (host tensors, contiguous), runs
 // the device plan on the context's stream and returns the plan values `values` as host tensors (an
 // undefined tensor where an id is negative). Synchronises the stream once.
