@@ -26,6 +26,11 @@ std::string shape_text(const Conv2dConfig& c) {
   return os.str();
 }
 
+// The math type the algorithm heuristics are asked under: FMA only, or tensor ops (TF32) allowed.
+cudnnMathType_t heuristic_math(ConvMath m) {
+  return m == ConvMath::fp32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+}
+
 bool is_tensor_op(cudnnMathType_t m) { return m == CUDNN_TENSOR_OP_MATH || m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION; }
 
 const char* math_type_name(cudnnMathType_t m) {
@@ -247,9 +252,7 @@ void CudnnConv2d::set_descriptors() {
 void CudnnConv2d::choose_forward(cudnnHandle_t handle) {
   std::array<cudnnConvolutionFwdAlgoPerf_t, kMaxPerfs> perfs{};
   int count = 0;
-  TREADLE_CUDNN_CHECK(cudnnSetConvolutionMathType(fwd_desc_.get(), config_.math == ConvMath::fp32
-                                                                        ? CUDNN_FMA_MATH
-                                                                        : CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION));
+  TREADLE_CUDNN_CHECK(cudnnSetConvolutionMathType(fwd_desc_.get(), heuristic_math(config_.math)));
   TREADLE_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(handle, x_.get(), w_.get(), fwd_desc_.get(), y_.get(),
                                                              kMaxPerfs, &count, perfs.data()));
   auto query = [&](cudnnConvolutionFwdAlgo_t a, std::size_t* bytes) {
@@ -261,9 +264,7 @@ void CudnnConv2d::choose_forward(cudnnHandle_t handle) {
 void CudnnConv2d::choose_backward_data(cudnnHandle_t handle) {
   std::array<cudnnConvolutionBwdDataAlgoPerf_t, kMaxPerfs> perfs{};
   int count = 0;
-  TREADLE_CUDNN_CHECK(cudnnSetConvolutionMathType(data_desc_.get(), config_.math == ConvMath::fp32
-                                                                         ? CUDNN_FMA_MATH
-                                                                         : CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION));
+  TREADLE_CUDNN_CHECK(cudnnSetConvolutionMathType(data_desc_.get(), heuristic_math(config_.math)));
   TREADLE_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, w_.get(), y_.get(), data_desc_.get(),
                                                                   x_.get(), kMaxPerfs, &count, perfs.data()));
   auto query = [&](cudnnConvolutionBwdDataAlgo_t a, std::size_t* bytes) {
@@ -277,9 +278,7 @@ void CudnnConv2d::choose_backward_data(cudnnHandle_t handle) {
 void CudnnConv2d::choose_backward_filter(cudnnHandle_t handle) {
   std::array<cudnnConvolutionBwdFilterAlgoPerf_t, kMaxPerfs> perfs{};
   int count = 0;
-  TREADLE_CUDNN_CHECK(cudnnSetConvolutionMathType(filter_desc_.get(), config_.math == ConvMath::fp32
-                                                                           ? CUDNN_FMA_MATH
-                                                                           : CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION));
+  TREADLE_CUDNN_CHECK(cudnnSetConvolutionMathType(filter_desc_.get(), heuristic_math(config_.math)));
   TREADLE_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle, x_.get(), y_.get(), filter_desc_.get(),
                                                                     w_.get(), kMaxPerfs, &count, perfs.data()));
   auto query = [&](cudnnConvolutionBwdFilterAlgo_t a, std::size_t* bytes) {
