@@ -152,11 +152,18 @@ void bind_nn(py::module_& m) {
                               self);
         throw_value_error("gradient: no parameter named '", name, "'");
       })
-      .def("to", [](Model& mm, const py::object& dt) { mm.to(dtype_from_py(dt)); })
+      .def("to", [](Model& mm, const py::object& dt) {
+        const DType dtype = dtype_from_py(dt);
+        py::gil_scoped_release release;  // takes the model's lock
+        mm.to(dtype);
+      })
       .def("zero_grad", &Model::zero_grad)
       .def("set_backend", &Model::set_backend, py::call_guard<py::gil_scoped_release>())
-      .def_property("deterministic", &Model::deterministic, &Model::set_deterministic)
-      .def_property("fusion", &Model::fusion, &Model::set_fusion)
+      // Setters take the model's lock: never while holding the GIL (a compile traces under the GIL).
+      .def_property("deterministic", &Model::deterministic,
+                    py::cpp_function(&Model::set_deterministic, py::call_guard<py::gil_scoped_release>()))
+      .def_property("fusion", &Model::fusion,
+                    py::cpp_function(&Model::set_fusion, py::call_guard<py::gil_scoped_release>()))
       .def_property_readonly("backend", &Model::backend)
       .def("set_precision", &Model::set_precision, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("precision", &Model::precision)
@@ -177,8 +184,9 @@ void bind_nn(py::module_& m) {
         }
         return memory_dict(r);
       }, py::arg("x"), py::arg("training") = true)
-      .def_property_readonly("num_plans", &Model::num_plans)
-      .def("describe_plans", &Model::describe_plans,
+      .def_property_readonly("num_plans",
+                             py::cpp_function(&Model::num_plans, py::call_guard<py::gil_scoped_release>()))
+      .def("describe_plans", &Model::describe_plans, py::call_guard<py::gil_scoped_release>(),
            "The compiled plans, one line per step: node, op, [backend that runs it], output shapes.");
 }
 

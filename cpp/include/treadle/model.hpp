@@ -176,6 +176,7 @@ class TREADLE_API Model {
   void host_access() const {}
 #endif
   void pack_parameters();
+  std::shared_ptr<Plan> compile(const PlanKey& key, const Loss* loss) const;  // no lock held: it traces
   std::vector<Value> trace(Graph& g, const std::vector<Value>& inputs) const;
 
   std::shared_ptr<Module> root_;
@@ -197,6 +198,9 @@ class TREADLE_API Model {
   // and return it with one atomic exchange each; concurrent callers fall back to free_contexts_.
   std::atomic<Context*> spare_context_{nullptr};
   std::atomic<uint64_t> generation_{0};
+  // Changes only when the flat buffers are re-packed (a dtype change): a plan compiled before a
+  // setting changed still runs correctly, one compiled before a re-pack does not.
+  std::atomic<uint64_t> layout_generation_{0};
   // The inference plan used last, answered without building a key (guarded by mutex_).
   struct LastInfer {
     uint64_t generation = ~uint64_t{0};

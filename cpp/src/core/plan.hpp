@@ -35,6 +35,7 @@ struct PlanStep {
   const Backend* backend = nullptr;
   std::size_t workspace = 0;
   std::shared_ptr<const void> state;  // the backend's prepared state for this node (Backend::prepare)
+  std::string cpu_declines;  // backends that declined it for a reason this CPU decides (note_cpu_decline)
 };
 
 // A contiguous run of plan steps that a host scheduler may run as one task: the steps of one
@@ -106,7 +107,7 @@ class Plan {
   std::vector<std::pair<int64_t, int>> param_grads;  // (byte offset in flat buffer, gradient value id)
   std::vector<int> input_grads;                      // per input: gradient value id or -1
   std::vector<PlanStep> steps;
-  const void* owner = nullptr;  // the model that compiled it, and its generation then (API checks)
+  const void* owner = nullptr;  // the model that compiled it, and its layout generation then (API checks)
   uint64_t owner_generation = 0;
 
  private:

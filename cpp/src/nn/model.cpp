@@ -83,6 +83,7 @@ void Model::pack_parameters() {
   std::lock_guard<std::mutex> lock(mutex_);
   plans_.clear();
   ++generation_;
+  ++layout_generation_;
 }
 
 void Model::to(DType dtype) {
@@ -169,22 +170,39 @@ PlanKey Model::infer_key(const std::vector<Tensor>& inputs) const {
   return key;
 }
 
+// Lock order (docs/architecture.md, "Locks"): the GIL, then a model's mutex_, never the other way.
+// Tracing runs the host's forward, which takes the GIL in Python, so a plan compiles with no lock
+// of the model held: a thread holding the GIL and waiting for mutex_ (a setter) would deadlock
+// against it otherwise. The plan is published only if no setter changed the model meanwhile
+// (generation_); else it is compiled again. Two threads compiling one key both trace (tracing
+// state is per thread) and the first to publish wins.
 std::shared_ptr<const Plan> Model::plan(const PlanKey& key, const Loss* loss) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = plans_.find(key);
-  if (it != plans_.end()) return it->second;
+  for (;;) {
+    uint64_t generation = 0, layout_generation = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = plans_.find(key);
+      if (it != plans_.end()) return it->second;
+      generation = generation_;
+      layout_generation = layout_generation_;
+    }
+    std::shared_ptr<Plan> plan = compile(key, loss);
+    plan->owner = this;
+    plan->owner_generation = layout_generation;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (generation_ != generation) continue;  // settings changed while tracing: compile under the new ones
+    return plans_.emplace(key, std::move(plan)).first->second;
+  }
+}
+
+std::shared_ptr<Plan> Model::compile(const PlanKey& key, const Loss* loss) const {
   const std::size_t es = dtype_size(dtype_);
   auto offset_of = [&](const std::shared_ptr<Parameter>& p) -> int64_t {
     for (std::size_t i = 0; i < params_.size(); ++i)
       if (params_[i].second == p) return layout_[i].offset * static_cast<int64_t>(es);
     throw_value_error("model: the forward uses a parameter that is not registered with the model");
   };
-  auto plan = compile_plan(key, [this](Graph& g, const std::vector<Value>& in) { return trace(g, in); }, loss,
-                           offset_of);
-  plan->owner = this;
-  plan->owner_generation = generation_;
-  plans_.emplace(key, plan);
-  return plan;
+  return compile_plan(key, [this](Graph& g, const std::vector<Value>& in) { return trace(g, in); }, loss, offset_of);
 }
 
 std::size_t Model::num_plans() const {
@@ -267,9 +285,8 @@ void Model::predict_into(const std::vector<Tensor>& inputs, const std::vector<Te
 void Model::predict_into(const Plan& plan, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
                          Context* ctx) {
   const Plan* p = &plan;
-  if (p->owner != this || p->owner_generation != generation_)
-    throw_value_error("predict: the plan belongs to another model or to this model before a dtype, backend or "
-                      "precision change");
+  if (p->owner != this || p->owner_generation != layout_generation_)
+    throw_value_error("predict: the plan belongs to another model or to this model before a dtype change");
   if (inputs.size() != p->inputs.size())
     throw_value_error("predict: expected ", p->inputs.size(), " inputs, got ", inputs.size());
   for (std::size_t i = 0; i < inputs.size(); ++i) {
