@@ -89,7 +89,18 @@ class Backend {
   virtual bool deterministic(const Graph& g, const Node& node) const { return true; }
   // The ops this backend may take and the dtypes of its kernels (treadle/backend.hpp).
   virtual std::vector<OpSupport> supported_ops() const = 0;
+  // What this backend was built against and runs on here (library version, instruction set in
+  // use), as (key, value) pairs for treadle::build_info.
+  virtual std::vector<std::pair<std::string, std::string>> build_info() const { return {}; }
 };
+
+// Why a backend declined a node for a reason that the CPU decides, not the node (oneDNN has no
+// optimised kernel for it at this instruction set): a backend notes it inside find(), the planner
+// takes it after each declining find() and plan descriptions show it ("... # onednn declined on this
+// CPU: ref:any"), so that a test can tell a placement the machine decides from one the rules decide.
+// Declines by size or shape leave no note. Per thread (plans compile on the calling thread).
+void note_cpu_decline(std::string why);
+std::string take_cpu_decline();
 
 // Whether `value` is read by nodes of op `op` only, and not by the host: a forward may then write it
 // in its backend's own layout for that backward op (PreparedNode::opaque_outputs).

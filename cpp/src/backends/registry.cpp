@@ -1,6 +1,7 @@
 #include "backends/kernel.hpp"
 
 #include <algorithm>
+#include <utility>
 
 #include "core/op_registry.hpp"
 #include "backends/eigen/eigen_backend.hpp"
@@ -34,6 +35,14 @@ std::vector<OpSupport> KernelTable::list() const {
   }
   return ops;
 }
+
+namespace {
+thread_local std::string cpu_decline;
+}
+
+void note_cpu_decline(std::string why) { cpu_decline = std::move(why); }
+
+std::string take_cpu_decline() { return std::exchange(cpu_decline, std::string()); }
 
 bool read_only_by(const Graph& g, int value, const std::string& op) {
   if (g.info(value).host_read) return false;

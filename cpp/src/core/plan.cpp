@@ -147,7 +147,11 @@ void Plan::select_kernels(const std::string& backend, bool deterministic) {
 #endif
     for (const Backend* b : candidates) {
       if (deterministic && !b->deterministic(graph, node)) continue;
-      if (KernelFn fn = b->find(graph, node)) {
+      take_cpu_decline();
+      KernelFn fn = b->find(graph, node);
+      if (std::string why = take_cpu_decline(); !fn && !why.empty())
+        s.cpu_declines += std::string(s.cpu_declines.empty() ? "" : "; ") + b->name() + " declined on this CPU: " + why;
+      if (fn) {
         s.kernel = fn;
         s.backend = b;
         PreparedNode prepared = b->prepare(graph, node);
@@ -400,6 +404,7 @@ std::string Plan::describe() const {
     if (!fused_activation(n.attrs).empty()) os << " +" << fused_activation(n.attrs);
     if (!n.scope.empty()) os << " scope=" << n.scope;
     for (int out : n.outputs) os << " -> " << shape_str(graph.info(out).shape);
+    if (!s.cpu_declines.empty()) os << "  # " << s.cpu_declines;
     os << "\n";
   }
   return os.str();

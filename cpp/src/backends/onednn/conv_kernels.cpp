@@ -152,7 +152,9 @@ MemDesc weights_md(const dnnl::primitive_desc& pd, ConvPass pass) {
 // ("gemm:jit") is what plain layouts get and is no faster than Eigen, reference kernels are slower.
 bool direct_impl(const dnnl::primitive_desc& pd) {
   const char* impl = pd.impl_info_str();
-  return impl && (std::strncmp(impl, "jit", 3) == 0 || std::strncmp(impl, "brg", 3) == 0);
+  const bool direct = impl && (std::strncmp(impl, "jit", 3) == 0 || std::strncmp(impl, "brg", 3) == 0);
+  if (!direct) note_cpu_decline(std::string("no direct oneDNN kernel (") + (impl ? impl : "?") + ")");
+  return direct;
 }
 
 // Where oneDNN's blocked kernels beat Eigen, reorders included: measured with bench/onednn_conv.py

@@ -11,6 +11,24 @@ namespace treadle {
 namespace {
 using namespace onednn;
 
+// oneDNN's name for the instruction set it dispatches to (ONEDNN_MAX_CPU_ISA's spelling, lower case).
+std::string isa_name(dnnl_cpu_isa_t isa) {
+  switch (isa) {
+    case dnnl_cpu_isa_sse41: return "sse41";
+    case dnnl_cpu_isa_avx: return "avx";
+    case dnnl_cpu_isa_avx2: return "avx2";
+    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
+    case dnnl_cpu_isa_avx2_vnni_2: return "avx2_vnni_2";
+    case dnnl_cpu_isa_avx512_core: return "avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_fp16: return "avx512_core_fp16";
+    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+    case dnnl_cpu_isa_avx512_core_amx_fp16: return "avx512_core_amx_fp16";
+    default: return "default";
+  }
+}
+
 class OnednnBackend final : public Backend {
  public:
   OnednnBackend() {
@@ -42,6 +60,12 @@ class OnednnBackend final : public Backend {
     std::vector<OpSupport> ops;
     for (const auto& [op, entry] : entries_) ops.push_back({reg.at(op).name, {"float32"}});
     return ops;
+  }
+
+  std::vector<std::pair<std::string, std::string>> build_info() const override {
+    const dnnl_version_t* v = dnnl_version();
+    return {{"version", std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch)},
+            {"isa", isa_name(dnnl_get_effective_cpu_isa())}};
   }
 
   PreparedNode prepare(const Graph& g, const Node& node) const override {

@@ -52,7 +52,13 @@ dnnl::primitive_attr default_attr() {
 
 bool is_optimised(const dnnl::primitive_desc_base& pd) {
   const char* impl = pd.impl_info_str();
-  return impl && std::strncmp(impl, "ref", 3) != 0;
+  const bool fast = impl && std::strncmp(impl, "ref", 3) != 0;
+  if (!fast) note_cpu_decline(std::string("only oneDNN's reference kernel (") + (impl ? impl : "?") + ")");
+  return fast;
+}
+
+void note_unimplemented(const dnnl::error& e) {
+  if (e.status == dnnl_unimplemented) note_cpu_decline("no oneDNN kernel for this instruction set");
 }
 
 bool all_f32(const Graph& g, const Node& n) {

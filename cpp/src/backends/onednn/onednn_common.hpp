@@ -54,8 +54,11 @@ MemDesc f32_dense(const Dims& dims);
 // Attributes every primitive of this backend is created with (user-managed scratchpad).
 dnnl::primitive_attr default_attr();
 
-// True when oneDNN chose an optimised implementation (not a reference one, which Eigen beats).
+// True when oneDNN chose an optimised implementation (not a reference one, which Eigen beats);
+// false notes a CPU decline (backends/kernel.hpp): which kernels oneDNN has depends on the ISA.
 bool is_optimised(const dnnl::primitive_desc_base& pd);
+// A primitive oneDNN could not create for want of an implementation: a CPU decline as well.
+void note_unimplemented(const dnnl::error& e);
 
 // How a node's work is tiled: a rows x cols grid of items in tiles of row_grain x col_grain (work
 // split along one dimension only has cols = 1). Grains depend on the problem only.
@@ -157,7 +160,8 @@ template <typename F>
 std::optional<dnnl::primitive_desc> try_pd(F&& make) {
   try {
     return make();
-  } catch (const dnnl::error&) {
+  } catch (const dnnl::error& e) {
+    note_unimplemented(e);
     return std::nullopt;
   }
 }

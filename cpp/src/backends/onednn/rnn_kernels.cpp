@@ -61,7 +61,8 @@ std::optional<dnnl::lstm_forward::primitive_desc> piece_pd(const Layer& l, int64
                                           state, state, default_attr());
     if (!is_optimised(pd)) return std::nullopt;
     return pd;
-  } catch (const dnnl::error&) {
+  } catch (const dnnl::error& e) {
+    note_unimplemented(e);
     return std::nullopt;
   }
 }

@@ -81,7 +81,8 @@ std::optional<PiecePds> piece_pds(const Layer& l, int64_t n, bool inference = fa
       p.workspace_bytes = f.workspace_desc().get_size();
     }
     return p;
-  } catch (const dnnl::error&) {
+  } catch (const dnnl::error& e) {
+    note_unimplemented(e);
     return std::nullopt;
   }
 }
