@@ -143,6 +143,11 @@ void bind_profiler(py::module_& m) {
 
 void bind_core(py::module_& m) {
   m.def("backends", &backend_names);
+  m.def("build_info", [] {
+    py::dict d;
+    for (const BuildInfoEntry& e : build_info()) d[py::str(e.key)] = e.value;
+    return d;
+  });
   m.def("backend_ops", [](const std::string& backend) {
     py::dict ops;
     for (const OpSupport& s : backend_ops(backend)) ops[py::str(s.op)] = py::cast(s.dtypes);

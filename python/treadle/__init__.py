@@ -25,6 +25,15 @@ __version__ = "0.1.0"
 float32, float64 = "float32", "float64"
 
 
+def info():
+    """What this install is and what it runs on: {"version", "backends" (fastest first),
+    "compiled_for" ("native" or "portable", with the widest instruction set the core's own kernels
+    use), "cpu_features" (of this CPU), "eigen" (its version), then per backend, e.g.
+    "onednn.version" and "onednn.isa" (the instruction set oneDNN dispatches to here, after any
+    ONEDNN_MAX_CPU_ISA cap)}. `python -m treadle --version` prints the same."""
+    return dict(_core.build_info())
+
+
 def backends():
     """Names of the compiled backends, fastest first (the Eigen reference is always last)."""
     return list(_core.backends())

@@ -26,6 +26,13 @@ def _print_cmake_dir():
     return 0
 
 
+def version_text():
+    """`treadle 0.1.0` and one line per build fact (treadle.info())."""
+    facts = treadle.info()
+    width = max(len(k) for k in facts)
+    return "\n".join([f"treadle {facts.pop('version')}"] + [f"  {k:<{width}}  {v}" for k, v in facts.items()])
+
+
 def main(argv=None):
     from . import demo
 
@@ -38,7 +45,9 @@ def main(argv=None):
     prog = os.path.basename(sys.argv[0]) if os.path.basename(sys.argv[0]) != "__main__.py" else "python -m treadle"
     parser = argparse.ArgumentParser(prog=prog, description=_DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action="version", version=f"treadle {treadle.__version__}")
+    parser.add_argument("--version", action="version", version=version_text(),
+                        help="print the version, the backends, instruction sets and library versions of this "
+                             "build, and exit")
     parser.add_argument("--cmake-dir", action="store_true",
                         help="print the directory holding treadleConfig.cmake, for find_package(treadle) "
                              "from a C++ host (exit status 1 if it is not installed)")

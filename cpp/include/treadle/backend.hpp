@@ -18,4 +18,14 @@ struct OpSupport {
 };
 // Sorted by op name; throws ValueError naming the known backends for an unknown name.
 TREADLE_API std::vector<OpSupport> backend_ops(const std::string& backend);
+
+// What this build is and what it runs on, as (key, value) pairs in a fixed order: "version",
+// "backends", "compiled_for" (the instruction set the core's own kernels were compiled for:
+// "native" or the portable baseline), "cpu_features" (of this CPU, as the kernels see them),
+// "eigen", then each backend's own entries prefixed by its name ("onednn.version",
+// "onednn.isa": the instruction set oneDNN dispatches to on this CPU, after ONEDNN_MAX_CPU_ISA).
+struct BuildInfoEntry {
+  std::string key, value;
+};
+TREADLE_API std::vector<BuildInfoEntry> build_info();
 }  // namespace treadle
