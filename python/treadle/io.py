@@ -269,6 +269,12 @@ def load(path, model=None):
     return net
 
 
+def _require_trainer(trainer, who):
+    if not isinstance(getattr(trainer, "_native", None), _core.Trainer):
+        raise TypeError(f"{who}: expected a tl.Trainer (a checkpoint holds the optimizer state too; tl.save and "
+                        f"tl.load handle a model alone), got {type(trainer).__name__}")
+
+
 def save_checkpoint(path, trainer, metadata=None):
     """Writes a training checkpoint of ``trainer`` (a tl.Trainer) atomically.
 
@@ -277,6 +283,7 @@ def save_checkpoint(path, trainer, metadata=None):
     ``load_checkpoint`` into freshly built objects continues the run bit for bit (and ``tl.load`` of
     the checkpoint returns the model).
     """
+    _require_trainer(trainer, "save_checkpoint")
     meta = _model_metadata(trainer.model, metadata, "save_checkpoint")
     _core.save_checkpoint(os.fspath(path), trainer._native, meta)
 
@@ -286,6 +293,7 @@ def load_checkpoint(path, trainer):
 
     Everything is checked first; on ValueError nothing changed. Returns the user metadata.
     """
+    _require_trainer(trainer, "load_checkpoint")
     return _only_user(_core.load_checkpoint(os.fspath(path), trainer._native))
 
 

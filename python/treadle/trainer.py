@@ -4,6 +4,12 @@ import numpy as np
 from . import _core
 
 
+def _require(obj, attribute, name, expected):
+    """TypeError naming the argument and what it must be, instead of an AttributeError later."""
+    if obj is None or not hasattr(obj, attribute):
+        raise TypeError(f"Trainer: {name} must be {expected}, got {type(obj).__name__}")
+
+
 class Trainer:
     """A model, a loss and an optimizer, stepped from the host's own loop.
 
@@ -40,6 +46,9 @@ class Trainer:
     def __init__(self, model, loss, optimizer, schedule=None, clip_grad_norm=None, check_finite=False, seed=0,
                  executor=None, skip_nonfinite=False, verify_parameters=False, memory_budget=None,
                  detect_anomaly=False, cuda_graph=False, loss_scale=None):
+        _require(model, "_compiled", "model", "a treadle module (tl.nn.Module, tl.nn.Sequential, ...)")
+        _require(loss, "_native", "loss", "a treadle loss such as tl.loss.MSE()")
+        _require(optimizer, "_native", "optimizer", "a treadle optimizer such as tl.optim.Adam(lr=1e-3)")
         options = _core.TrainerOptions()
         options.loss_scaling = _loss_scaling(loss_scale)
         if cuda_graph:
@@ -49,8 +58,8 @@ class Trainer:
                                  f"{', '.join(_core.backends())}")
             options.cuda_graph = True
         if clip_grad_norm is not None:
-            if clip_grad_norm <= 0:
-                raise ValueError(f"Trainer: clip_grad_norm must be positive, got {clip_grad_norm}")
+            if not np.isfinite(clip_grad_norm) or clip_grad_norm <= 0:
+                raise ValueError(f"Trainer: clip_grad_norm must be a finite positive number, got {clip_grad_norm}")
             options.clip_grad_norm = float(clip_grad_norm)
         options.check_finite = bool(check_finite)
         options.skip_nonfinite = bool(skip_nonfinite)

@@ -246,10 +246,22 @@ class MemorySource final : public Source {
   std::size_t n_;
 };
 
+// A path is a C string for the kernel: an embedded NUL would silently cut it short.
+// The message spells the NUL as \0: a C string (an exception's what()) would end there.
+void refuse_nul(const std::string& path, const std::string& who) {
+  if (path.find('\0') == std::string::npos) return;
+  std::string shown;
+  for (char c : who) shown += c == '\0' ? std::string("\\0") : std::string(1, c);
+  throw_value_error(shown, ": the path contains a NUL byte");
+}
+
 class FileSource final : public Source {
  public:
   FileSource(const std::string& path, const std::string& who) : who_(who) {
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    refuse_nul(path, who);
+    // O_NONBLOCK: opening a FIFO for reading would wait for a writer forever; it is refused below
+    // as not a regular file (for which the flag changes nothing).
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd_ < 0) throw_io_error(errno, who + ": cannot open the file");
     struct stat st {};
     if (::fstat(fd_, &st) != 0) {
@@ -440,6 +452,7 @@ void fsync_directory(const std::filesystem::path& dir, const std::string& who) {
 void write_atomic(const std::string& path, const Prepared& p, const std::string& who) {
   namespace fs = std::filesystem;
   static std::atomic<uint64_t> counter{0};
+  refuse_nul(path, who);
   const fs::path dest(path);
   if (!dest.has_filename()) throw_value_error(who, ": the path names a directory, not a file");
   const fs::path dir = dest.has_parent_path() ? dest.parent_path() : fs::path(".");

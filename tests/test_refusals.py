@@ -1,0 +1,78 @@
+"""Misuse that used to hang, truncate or fail late with an unrelated error: each is now refused up front
+with an error that names the argument, and nothing is half done."""
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import treadle as tl
+
+
+def _net():
+    tl.manual_seed(0)
+    return tl.nn.Sequential(tl.nn.Linear(3, 4), tl.nn.Tanh(), tl.nn.Linear(4, 1))
+
+
+def test_loading_a_fifo_is_refused_instead_of_waiting_for_a_writer(tmp_path):
+    fifo = tmp_path / "model.safetensors"
+    os.mkfifo(fifo)
+    script = textwrap.dedent(f"""
+        import treadle as tl
+        for call in (tl.load, tl.io.read_metadata, tl.io.load_file):
+            try:
+                call({str(fifo)!r})
+            except ValueError as e:
+                assert "not a regular file" in str(e), e
+            else:
+                raise AssertionError(f"{{call.__name__}} accepted a FIFO")
+        print("refused")
+        """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "refused" in proc.stdout, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("save", ["model", "checkpoint"])
+def test_a_path_with_a_nul_byte_is_refused_and_writes_nothing(tmp_path, save):
+    net = _net()
+    path = str(tmp_path / "net.safetensors") + "\0.bak"
+    with pytest.raises(ValueError, match="NUL byte"):
+        if save == "model":
+            tl.save(net, path)
+        else:
+            tl.save_checkpoint(path, tl.Trainer(net, tl.loss.MSE(), tl.optim.SGD(lr=0.1)))
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(ValueError, match="NUL byte"):
+        tl.load(path)
+
+
+@pytest.mark.parametrize("missing", ["model", "loss", "optimizer"])
+def test_trainer_names_a_missing_argument(missing):
+    args = {"model": _net(), "loss": tl.loss.MSE(), "optimizer": tl.optim.Adam(lr=1e-3)}
+    args[missing] = None
+    with pytest.raises(TypeError, match=f"Trainer: {missing} must be"):
+        tl.Trainer(**args)
+
+
+@pytest.mark.parametrize("clip", [math.nan, math.inf, 0.0, -1.0])
+def test_trainer_refuses_a_clip_norm_that_is_not_finite_and_positive(clip):
+    with pytest.raises(ValueError, match="clip_grad_norm must be a finite positive number"):
+        tl.Trainer(_net(), tl.loss.MSE(), tl.optim.Adam(lr=1e-3), clip_grad_norm=clip)
+
+
+def test_checkpoints_need_a_trainer_not_a_model(tmp_path):
+    net = _net()
+    trainer = tl.Trainer(net, tl.loss.MSE(), tl.optim.SGD(lr=0.1))
+    trainer.step(np.ones((2, 3), np.float32), np.ones((2, 1), np.float32))
+    path = tmp_path / "ckpt.safetensors"
+    tl.save_checkpoint(path, trainer)
+    before = net.state_dict()
+    with pytest.raises(TypeError, match="load_checkpoint: expected a tl.Trainer"):
+        tl.load_checkpoint(path, net)
+    with pytest.raises(TypeError, match="save_checkpoint: expected a tl.Trainer"):
+        tl.save_checkpoint(tmp_path / "other.safetensors", net)
+    for k, v in net.state_dict().items():
+        np.testing.assert_array_equal(v, before[k])
