@@ -59,7 +59,7 @@ def test_trainer_names_a_missing_argument(missing):
 
 @pytest.mark.parametrize("clip", [math.nan, math.inf, 0.0, -1.0])
 def test_trainer_refuses_a_clip_norm_that_is_not_finite_and_positive(clip):
-    with pytest.raises(ValueError, match="clip_grad_norm must be a finite positive number"):
+    with pytest.raises(ValueError, match="clip_grad_norm must be positive and finite"):
         tl.Trainer(_net(), tl.loss.MSE(), tl.optim.Adam(lr=1e-3), clip_grad_norm=clip)
 
 

@@ -59,7 +59,7 @@ class Trainer:
             options.cuda_graph = True
         if clip_grad_norm is not None:
             if not np.isfinite(clip_grad_norm) or clip_grad_norm <= 0:
-                raise ValueError(f"Trainer: clip_grad_norm must be a finite positive number, got {clip_grad_norm}")
+                raise ValueError(f"Trainer: clip_grad_norm must be positive and finite, got {clip_grad_norm}")
             options.clip_grad_norm = float(clip_grad_norm)
         options.check_finite = bool(check_finite)
         options.skip_nonfinite = bool(skip_nonfinite)
