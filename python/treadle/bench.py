@@ -104,7 +104,8 @@ def machine_info():
 
 
 def treadle_info(tl):
-    info = {"version": tl.__version__, "backends": tl.backends(), "git": None}
+    info = {"version": tl.__version__, "backends": tl.backends(), "git": None,
+            "build": tl.info() if hasattr(tl, "info") else {}}
     try:
         here = Path(tl.__file__).resolve().parent
         info["git"] = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=here, capture_output=True,
@@ -371,6 +372,20 @@ def _gflops(r, kind):
     return "-" if not g else f"{g['treadle']:.1f} / {g['torch']:.1f}"
 
 
+def gemm_peak_1t(result):
+    """The measured single-thread float32 GEMM peak: the faster of torch.mm and treadle's Linear
+    (treadle runs on one thread), or None without the GEMM line."""
+    g = result.get("gemm")
+    if not g:
+        return None
+    return max(v for v in (g["torch"].get("1"), g["treadle"]) if v)
+
+
+def _peak_share(r, peak):
+    g = r["train_gflops"]
+    return "-" if not g or not peak else f"{g['treadle'] / peak:.0%}"
+
+
 def _busy(result):
     loads = [r.get("loadavg") for r in result["rows"] if r.get("loadavg") is not None]
     return max(loads) if loads and max(loads) > 0.5 * (result["machine"]["cpus_usable"] or 1) else None
@@ -386,6 +401,10 @@ def _header_lines(result):
     lines.append(f"- Versions: torch {result['torch']['version']} (Adam: {result['torch']['adam']}), treadle "
                  f"{t['version']} ({t['git'] or 'no git'}; backends {', '.join(t['backends'])}), numpy {m['numpy']}, "
                  f"Python {m['python']}")
+    b = t.get("build") or {}
+    if b:
+        lines.append(f"- treadle build: core compiled {b.get('compiled_for')}; oneDNN "
+                     f"{b.get('onednn.version', 'not built')} dispatching to {b.get('onednn.isa', '-')}")
     d = result.get("device")
     if d:
         lines.append(f"- **On the GPU**: {d['name']} (compute capability {d['capability']}, {d['memory_gib']} GiB, "
@@ -396,8 +415,9 @@ def _header_lines(result):
     if g:
         per_t = ", ".join(f"{k} thread{'s' if k != '1' else ''} {v:.0f}" for k, v in g["torch"].items())
         lines.append(f"- CPU peak, measured float32 GEMM {g['n']}^3 in GFLOP/s: torch.mm {per_t}; numpy (OpenBLAS, "
-                     f"its default threads) {g['numpy']:.0f}; treadle Linear predict (Eigen, 1 thread) "
-                     f"{g['treadle']:.0f}")
+                     f"its default threads) {g['numpy']:.0f}; treadle Linear predict (1 thread, default "
+                     f"dispatch) {g['treadle']:.0f}. '% of peak': treadle's training GFLOP/s over the faster "
+                     f"single-thread GEMM ({gemm_peak_1t(result):.0f})")
     o = result.get("call_overhead_us")
     if o:
         lines.append(f"- treadle per-call floor (Linear 1->1, batch 1): predict {_us(o['predict'])} us, "
@@ -416,16 +436,16 @@ def _header_lines(result):
     return lines + [""]
 
 
-def _main_table(rows):
+def _main_table(rows, peak=None):
     lines = ["| workload | batch | threads | train treadle | train torch | train ratio | infer treadle | "
-             "infer torch | infer ratio | GFLOP/s train (tl / torch) | target | load | check |",
-             "|" + "---|" * 13]
+             "infer torch | infer ratio | GFLOP/s train (tl / torch) | % of peak | target | load | check |",
+             "|" + "---|" * 14]
     for r in rows:
         tr, inf = r["train_us"] or {}, r["infer_us"] or {}
         lines.append(f"| {r['workload']} {r['title']} | {r['batch']} | {r['threads_torch']} | "
                      f"{_us(tr.get('treadle'))} | {_us(tr.get('torch'))} | {_ratio(r['train_ratio'])} | "
                      f"{_us(inf.get('treadle'))} | {_us(inf.get('torch'))} | {_ratio(r['infer_ratio'])} | "
-                     f"{_gflops(r, 'train')} | {_target(r)} | {_load(r)} | {_check(r)} |")
+                     f"{_gflops(r, 'train')} | {_peak_share(r, peak)} | {_target(r)} | {_load(r)} | {_check(r)} |")
     return lines
 
 
@@ -446,7 +466,7 @@ def _profile_lines(profile):
 
 def to_markdown(result):
     """The report as markdown: machine and method lines, the table, and optional extra tables."""
-    lines = _header_lines(result) + _main_table(result["rows"])
+    lines = _header_lines(result) + _main_table(result["rows"], gemm_peak_1t(result))
     if _busy(result):
         lines += _best_round_table(result["rows"])
     lines += _profile_lines(result.get("profile"))
