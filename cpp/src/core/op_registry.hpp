@@ -1,7 +1,7 @@
 #pragma once
 // An op is data: a name, a shape/dtype rule that also validates, and a gradient rule written as
 // other graph ops. Kernels live in the backends. Adding an op = a definition in cpp/src/ops,
-// one Eigen kernel, one line in register_all_ops(), and tests.
+// one Eigen kernel, its family's register_*_ops(), and tests.
 #include <functional>
 #include <string>
 #include <unordered_map>
@@ -57,7 +57,7 @@ class OpRegistry {
   std::unordered_map<std::string, int> ids_;
 };
 
-// Each op family file provides one of these; register_all_ops() calls them in turn.
+// Each op family file provides one of these; OpRegistry::instance() calls them in turn.
 void register_linear_ops(OpRegistry& r);
 void register_elementwise_ops(OpRegistry& r);
 void register_shape_ops(OpRegistry& r);
