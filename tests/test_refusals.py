@@ -76,3 +76,19 @@ def test_checkpoints_need_a_trainer_not_a_model(tmp_path):
         tl.save_checkpoint(tmp_path / "other.safetensors", net)
     for k, v in net.state_dict().items():
         np.testing.assert_array_equal(v, before[k])
+
+
+@pytest.mark.parametrize("bad", ["wrong_width", "wrong_dtype", "unpaired", "empty", "not_a_pair"])
+def test_fit_refuses_bad_validation_data_before_training(bad):
+    net = _net()
+    trainer = tl.Trainer(net, tl.loss.MSE(), tl.optim.Adam(lr=1e-2))
+    x, y = np.ones((8, 3), np.float32), np.zeros((8, 1), np.float32)
+    validation = {"wrong_width": (np.ones((4, 5), np.float32), np.zeros((4, 1), np.float32)),
+                  "wrong_dtype": (np.ones((4, 3)), np.zeros((4, 1), np.float32)),
+                  "unpaired": (np.ones((4, 3), np.float32), np.zeros((3, 1), np.float32)),
+                  "empty": (np.ones((0, 3), np.float32), np.zeros((0, 1), np.float32)),
+                  "not_a_pair": np.ones((4, 3), np.float32)}[bad]
+    before = net._compiled().flat_parameters().copy()
+    with pytest.raises(ValueError, match="fit: validation"):
+        trainer.fit(x, y, epochs=2, batch_size=4, validation=validation)
+    np.testing.assert_array_equal(net._compiled().flat_parameters(), before)

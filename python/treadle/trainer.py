@@ -193,6 +193,8 @@ class Trainer:
             raise ValueError("fit: no samples")
         if batch_size <= 0 or epochs < 0:
             raise ValueError(f"fit: batch_size must be positive and epochs >= 0, got {batch_size}, {epochs}")
+        if validation is not None:  # checked before the first step: a refusal leaves the model untouched
+            validation = _validation_pair(validation, x, y)
         rng = np.random.default_rng(seed)
         history = {"loss": [], "val_loss": []}
         bar = _progress_bar(epochs * ((n + batch_size - 1) // batch_size)) if progress else None
@@ -209,13 +211,27 @@ class Trainer:
                     bar.set_postfix(loss=f"{loss:.4g}")
             history["loss"].append(total / count)
             if validation is not None:
-                xv, yv = (np.ascontiguousarray(a) for a in validation)
-                history["val_loss"].append(self.evaluate(xv, yv))
+                history["val_loss"].append(self.evaluate(*validation))
             if callback is not None and callback(epoch, {k: v[-1] for k, v in history.items() if v}):
                 break
         if bar is not None:
             bar.close()
         return history
+
+
+def _validation_pair(validation, x, y):
+    """fit's validation=(x_val, y_val) as contiguous arrays, refused (ValueError) unless it matches the
+    training data in per-sample shape and dtype and has samples."""
+    if not isinstance(validation, (tuple, list)) or len(validation) != 2:
+        raise ValueError(f"fit: validation must be a pair (x_val, y_val), got {type(validation).__name__}")
+    xv, yv = (np.ascontiguousarray(a) for a in validation)
+    if len(xv) == 0 or len(xv) != len(yv):
+        raise ValueError(f"fit: validation needs as many targets as samples (at least one), got {len(xv)} and {len(yv)}")
+    for name, got, want in (("x", xv, x), ("y", yv, y)):
+        if got.shape[1:] != want.shape[1:] or got.dtype != want.dtype:
+            raise ValueError(f"fit: validation {name} must be {want.dtype} samples of shape {want.shape[1:]} like the "
+                             f"training {name}, got {got.dtype} of shape {got.shape[1:]}")
+    return xv, yv
 
 
 _LOSS_SCALE_KEYS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval")
