@@ -92,3 +92,20 @@ def test_fit_refuses_bad_validation_data_before_training(bad):
     with pytest.raises(ValueError, match="fit: validation"):
         trainer.fit(x, y, epochs=2, batch_size=4, validation=validation)
     np.testing.assert_array_equal(net._compiled().flat_parameters(), before)
+
+
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])
+@pytest.mark.parametrize("make", [lambda v: tl.optim.SGD(lr=v), lambda v: tl.optim.Adam(lr=v),
+                                  lambda v: tl.optim.Adam(eps=v), lambda v: tl.optim.SGD(momentum=v)])
+def test_optimizers_refuse_non_finite_hyper_parameters(make, value):
+    with pytest.raises(ValueError):
+        make(value)
+
+
+@pytest.mark.parametrize("value", [math.inf, math.nan, -1.0])
+def test_a_bound_optimizer_refuses_a_bad_lr_and_keeps_its_own(value):
+    opt = tl.optim.Adam(lr=1e-3)
+    tl.Trainer(_net(), tl.loss.MSE(), opt)
+    with pytest.raises(ValueError, match="lr"):
+        opt.lr = value
+    assert opt.lr == pytest.approx(1e-3)

@@ -14,6 +14,7 @@ Without a trainer, an optimizer can drive flat numpy buffers directly::
 Schedules are closed forms: ``lr_at(t, base_lr)`` is the lr of optimizer update t + 1 (t = 0 first),
 equal to what torch's scheduler of the same name gives after t calls of ``.step()``.
 """
+import math
 import numbers
 import sys
 import types
@@ -30,8 +31,12 @@ __all__ = [
 
 
 def _number(cls_name, what, value):
+    """A hyper-parameter as a float: a real number, and finite (an infinite lr or eps would turn every
+    parameter into NaN or Inf at the first update, far from the call that set it)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{cls_name}: {what} must be a number, got {type(value).__name__}")
+    if not math.isfinite(value):
+        raise ValueError(f"{cls_name}: invalid {what} value: {value} (hyper-parameters must be finite)")
     return float(value)
 
 
