@@ -109,3 +109,45 @@ def test_a_bound_optimizer_refuses_a_bad_lr_and_keeps_its_own(value):
     with pytest.raises(ValueError, match="lr"):
         opt.lr = value
     assert opt.lr == pytest.approx(1e-3)
+
+
+_HUGE_SIZES_SCRIPT = """
+import random, sys
+import treadle as tl
+rng = random.Random(int(sys.argv[1]))
+makers = {
+    "Linear": lambda a, b: tl.nn.Linear(a, b), "Embedding": lambda a, b: tl.nn.Embedding(a, b),
+    "LayerNorm": lambda a, b: tl.nn.LayerNorm((a, b)), "BatchNorm1d": lambda a, b: tl.nn.BatchNorm1d(a),
+    "GroupNorm": lambda a, b: tl.nn.GroupNorm(1, a), "Conv2d": lambda a, b: tl.nn.Conv2d(a, b, 3),
+    "Conv2d-kernel": lambda a, b: tl.nn.Conv2d(2, 2, (a, b)), "LSTM": lambda a, b: tl.nn.LSTM(a, b),
+    "MultiheadAttention": lambda a, b: tl.nn.MultiheadAttention(a, 1),
+}
+refused = 0
+for i in range(60):
+    name = rng.choice(sorted(makers))
+    # every size past any machine's memory (2^46 elements and up) or negative
+    a, b = (rng.choice([2 ** rng.randint(46, 62), -rng.randint(1, 2 ** 40), 2 ** 62 - 1]) for _ in range(2))
+    try:
+        makers[name](a, b)
+    except (ValueError, TypeError, OverflowError):
+        refused += 1
+    else:
+        raise AssertionError(f"{name}({a}, {b}) was accepted")
+print("refused", refused)
+"""
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_absurd_layer_sizes_are_refused_without_a_crash(seed):
+    """Sizes that overflow 64-bit element or byte counts used to wrap around and crash (SIGSEGV)."""
+    proc = subprocess.run([sys.executable, "-c", _HUGE_SIZES_SCRIPT, str(seed)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, f"rc {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    assert "refused 60" in proc.stdout
+
+
+@pytest.mark.parametrize("make", [lambda: tl.nn.Linear(1, 2 ** 62), lambda: tl.nn.LayerNorm((2 ** 31, 2 ** 31)),
+                                  lambda: tl.nn.Conv2d(3, 3, 2 ** 31)])
+def test_an_absurd_size_is_named_by_its_layer(make):
+    with pytest.raises(ValueError, match=r"^(Linear|LayerNorm|Conv2d)\(.*(bytes one tensor may hold|overflows)"):
+        make()

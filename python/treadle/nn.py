@@ -4,6 +4,7 @@ A module's `forward` runs once per input signature, on symbolic tensors, to reco
 treadle compiles; it is not called per step. Write it with the ops in `treadle.functional` and the
 operators +, -, * (residual and branching models are ordinary Python in forward).
 """
+import functools
 import threading
 import weakref
 
@@ -233,6 +234,26 @@ def _flatten_outputs(out):
 
 class _NativeModule(Module):
     """A layer implemented in the C++ core."""
+
+    def __init_subclass__(cls, **kwargs):
+        # A size the core refuses (an overflowing or absurd parameter shape) is named by the layer
+        # that asked for it: "Linear(1, 4611686018427387904): Tensor: shape ... needs ...".
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is None:
+            return
+
+        @functools.wraps(init)
+        def checked_init(self, *args, **kw):
+            try:
+                init(self, *args, **kw)
+            except (ValueError, OverflowError, MemoryError) as e:
+                if str(e).startswith(("Tensor:", "shape (")):  # the core's size checks
+                    shown = ", ".join([repr(a) for a in args] + [f"{k}={v!r}" for k, v in kw.items()])
+                    raise type(e)(f"{type(self).__name__}({shown}): {e}") from None
+                raise
+
+        cls.__init__ = checked_init
 
     def __init__(self, native):
         super().__init__()

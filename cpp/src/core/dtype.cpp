@@ -44,7 +44,9 @@ std::string device_name(Device d) {
 
 int64_t shape_numel(const Shape& s) {
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  for (int64_t d : s)
+    if (__builtin_mul_overflow(n, d, &n))  // absurd sizes wrapped around to small ones before
+      throw_value_error("shape ", shape_str(s), ": the number of elements overflows a 64-bit integer");
   return n;
 }
 

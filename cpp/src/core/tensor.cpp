@@ -4,6 +4,8 @@
 #include <cstring>
 #include <new>
 
+#include <unistd.h>
+
 #include "treadle/error.hpp"
 #ifdef TREADLE_WITH_CUDA
 #include "backends/cuda/cuda_backend.hpp"
@@ -55,8 +57,35 @@ Shape contiguous_strides(const Shape& shape) {
   return strides;
 }
 
+namespace {
+// The most one host tensor may hold: this machine's physical memory (a larger one could only be
+// touched by swapping or the OOM killer, well after the call that asked for it), and never more than
+// 2^47 bytes, far below where byte counts and the planner's offsets overflow.
+int64_t max_tensor_bytes() {
+  static const int64_t limit = [] {
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+    const int64_t cap = int64_t{1} << 47;
+    return pages > 0 && page > 0 && pages < cap / page ? static_cast<int64_t>(pages) * page : cap;
+  }();
+  return limit;
+}
+
+// Bytes of a new dense tensor, refusing negative dimensions and absurd sizes with a ValueError that
+// names the shape (they used to wrap around and crash later).
+std::size_t checked_bytes(const Shape& shape, DType dtype) {
+  for (int64_t d : shape)
+    if (d < 0) throw_value_error("Tensor: negative dimension in shape ", shape_str(shape));
+  const int64_t n = shape_numel(shape);
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(n, static_cast<int64_t>(dtype_size(dtype)), &bytes) || bytes > max_tensor_bytes())
+    throw_value_error("Tensor: shape ", shape_str(shape), " of ", dtype_name(dtype), " needs ", n, " elements, more "
+                      "than the ", max_tensor_bytes(), " bytes one tensor may hold (this machine's memory)");
+  return static_cast<std::size_t>(bytes);
+}
+}  // namespace
+
 Tensor::Tensor(Shape shape, DType dtype)
-    : storage_(std::make_shared<Storage>(static_cast<std::size_t>(shape_numel(shape)) * dtype_size(dtype))),
+    : storage_(std::make_shared<Storage>(checked_bytes(shape, dtype))),
       shape_(std::move(shape)),
       dtype_(dtype) {
   strides_ = contiguous_strides(shape_);
