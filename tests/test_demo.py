@@ -115,4 +115,6 @@ def test_cmake_dir_prints_the_package_location():
 def test_version():
     proc = run_treadle("--version")
     assert proc.returncode == 0
-    assert proc.stdout.strip() == f"treadle {treadle.__version__}"
+    lines = proc.stdout.splitlines()
+    assert lines[0] == f"treadle {treadle.__version__}"  # then the build facts (tests/test_build_info.py)
+    assert lines[1].split() == ["backends"] + [b + "," for b in treadle.backends()[:-1]] + treadle.backends()[-1:]
