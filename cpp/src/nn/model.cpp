@@ -173,24 +173,24 @@ PlanKey Model::infer_key(const std::vector<Tensor>& inputs) const {
 // Lock order (docs/architecture.md, "Locks"): the GIL, then a model's mutex_, never the other way.
 // Tracing runs the host's forward, which takes the GIL in Python, so a plan compiles with no lock
 // of the model held: a thread holding the GIL and waiting for mutex_ (a setter) would deadlock
-// against it otherwise. The plan is published only if no setter changed the model meanwhile
-// (generation_); else it is compiled again. Two threads compiling one key both trace (tracing
-// state is per thread) and the first to publish wins.
+// against it otherwise. The key carries every setting the plan depends on, so a setter that runs
+// meanwhile does not make it wrong (it only empties the cache); a re-pack of the flat buffers does
+// (layout_generation_), and the plan is then compiled again. Two threads compiling one key both
+// trace (tracing state is per thread) and the first to publish wins.
 std::shared_ptr<const Plan> Model::plan(const PlanKey& key, const Loss* loss) {
   for (;;) {
-    uint64_t generation = 0, layout_generation = 0;
+    uint64_t layout_generation = 0;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       auto it = plans_.find(key);
       if (it != plans_.end()) return it->second;
-      generation = generation_;
       layout_generation = layout_generation_;
     }
     std::shared_ptr<Plan> plan = compile(key, loss);
     plan->owner = this;
     plan->owner_generation = layout_generation;
     std::lock_guard<std::mutex> lock(mutex_);
-    if (generation_ != generation) continue;  // settings changed while tracing: compile under the new ones
+    if (layout_generation_ != layout_generation) continue;  // re-packed while tracing: offsets changed
     return plans_.emplace(key, std::move(plan)).first->second;
   }
 }
