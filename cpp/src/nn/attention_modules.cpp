@@ -23,11 +23,12 @@ MultiheadAttention::MultiheadAttention(int64_t embed_dim, int64_t num_heads, dou
   if (!(dropout >= 0.0 && dropout <= 1.0))
     throw_value_error("MultiheadAttention: dropout must be in [0, 1], got ", dropout);
   // torch: xavier_uniform_ on in_proj_weight, zero biases, out_proj.weight as a default Linear.
-  const double xavier = std::sqrt(6.0 / static_cast<double>(embed_dim + 3 * embed_dim));
-  in_proj_weight_ = std::make_shared<Parameter>(uniform({3 * embed_dim, embed_dim}, dtype, xavier));
+  const int64_t qkv_dim = shape_numel({3, embed_dim});  // checked: an absurd embed_dim raises
+  const double xavier = std::sqrt(6.0 / (4.0 * static_cast<double>(embed_dim)));
+  in_proj_weight_ = std::make_shared<Parameter>(uniform({qkv_dim, embed_dim}, dtype, xavier));
   register_parameter("in_proj_weight", in_proj_weight_);
   if (bias) {
-    in_proj_bias_ = std::make_shared<Parameter>(Tensor({3 * embed_dim}, dtype));
+    in_proj_bias_ = std::make_shared<Parameter>(Tensor({qkv_dim}, dtype));
     register_parameter("in_proj_bias", in_proj_bias_);
   }
   out_proj_ = std::make_shared<Linear>(embed_dim, embed_dim, bias, dtype);

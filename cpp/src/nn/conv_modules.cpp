@@ -49,11 +49,7 @@ void check_channels(const std::string& layer, int64_t in, int64_t out, int64_t g
 
 std::string spatial_names(int nd) { return nd == 1 ? "L" : nd == 2 ? "H, W" : "D, H, W"; }
 
-int64_t product(const Shape& s) {
-  int64_t p = 1;
-  for (int64_t v : s) p *= v;
-  return p;
-}
+int64_t product(const Shape& s) { return shape_numel(s); }  // checked: absurd kernel sizes raise
 
 // Checks the rank and (when channels > 0) the channel count; runs `body` on a batched view and
 // restores an unbatched input's shape afterwards.
@@ -122,7 +118,8 @@ ConvNd::ConvNd(int nd, int64_t in_channels, int64_t out_channels, Shape kernel_s
   }
   Shape w{out_channels, in_channels / groups};
   w.insert(w.end(), kernel_.begin(), kernel_.end());
-  const double bound = 1.0 / std::sqrt(static_cast<double>(in_channels / groups * product(kernel_)));
+  shape_numel(w);  // a weight too large to count raises here, before any arithmetic on its sizes
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in_channels / groups) * static_cast<double>(product(kernel_)));
   weight_ = std::make_shared<Parameter>(uniform_init(w, dtype, bound));
   register_parameter("weight", weight_);
   if (bias) {

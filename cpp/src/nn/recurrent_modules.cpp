@@ -39,7 +39,7 @@ Recurrent::Recurrent(std::string type, std::string cell, int gates, int64_t inpu
     throw_type_error(type_, ": dtype must be float32 or float64, got ", dtype_name(opt.dtype));
   const double bound = 1.0 / std::sqrt(static_cast<double>(hidden_size));
   const int dirs = opt.bidirectional ? 2 : 1;
-  const int64_t GH = gates * hidden_size;
+  const int64_t GH = shape_numel({gates, hidden_size});  // checked: absurd sizes raise, never overflow
   for (int64_t layer = 0; layer < opt.num_layers; ++layer)
     for (int dir = 0; dir < dirs; ++dir) {
       const std::string suffix = "_l" + std::to_string(layer) + (dir ? "_reverse" : "");
