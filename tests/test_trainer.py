@@ -248,17 +248,28 @@ def test_parameter_free_model_trains_as_a_no_op(rng):
     assert trainer.steps == 1
 
 
-def test_changing_dtype_under_a_trainer_is_a_clear_error(mlp_pair, rng):
-    """The optimizer state is bound to the dtype it was created for; after .double() the old trainer
-    refuses to update (TypeError naming both dtypes) and leaves the weights alone."""
+def test_a_trainer_follows_its_model_to_another_dtype(mlp_pair, rng):
+    """After net.double() the trainer goes on: the optimizer's state is converted (exactly, float32 to
+    float64) with its step count, so the next step equals a float64 trainer restored to that state."""
     net, _, trainer = _trainer(mlp_pair)
     x, y = _data(rng, 8)
     trainer.step(x, y)
+    trainer.step(x, y)
+    state32 = trainer.optimizer.state()
     net.double()
-    params = net.flat_parameters().copy()
-    with pytest.raises(TypeError, match="float64.*float32|float32.*float64"):
-        trainer.step(x.astype(np.float64), y.astype(np.float64))
-    np.testing.assert_array_equal(net.flat_parameters(), params)
-    assert trainer.steps == 1
-    fresh = tl.Trainer(net, tl.loss.MSE(), tl.optim.Adam(lr=1e-2))  # a new optimizer binds to float64
-    assert np.isfinite(fresh.step(x.astype(np.float64), y.astype(np.float64)))
+    x64, y64 = x.astype(np.float64), y.astype(np.float64)
+    with pytest.raises(TypeError, match="float64"):  # the model is float64 now: so must its inputs be
+        trainer.step(x, y)
+    assert trainer.steps == 2
+
+    twin, _ = mlp_pair(SIZES, dtype="float64")
+    twin.load_state_dict(net.state_dict())
+    reference = tl.Trainer(twin, tl.loss.MSE(), tl.optim.Adam(lr=1e-2))
+    reference.optimizer.load_state({k: v.astype(np.float64) for k, v in state32.items()}, step_count=2)
+    loss = trainer.step(x64, y64)
+    assert loss == reference.step(x64, y64)
+    assert trainer.steps == 3
+    np.testing.assert_array_equal(net.flat_parameters(), twin.flat_parameters())
+    for name, value in trainer.optimizer.state().items():
+        assert value.dtype == np.float64
+        np.testing.assert_array_equal(value, reference.optimizer.state()[name])

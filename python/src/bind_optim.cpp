@@ -90,6 +90,9 @@ void load_state(Optimizer& o, const py::dict& d) {
 // Python's bind: slots [(name, shape), ...] packed back to back from offset 0.
 void bind_slots(Optimizer& o, const py::iterable& slots, const py::handle& dtype) {
   const std::string who = o.name() + ".bind";
+  if (o.claimed())
+    throw_value_error(who, ": this optimizer serves a Trainer, which binds it to its model; create another optimizer ",
+                      "for flat buffers of your own");
   std::vector<ParamSlot> layout;
   int64_t offset = 0;
   for (const py::handle item : slots) {

@@ -85,7 +85,14 @@ class Optimizer:
         return self._native.state()
 
     def load_state(self, state, step_count=None):
-        """Restores state buffers (and optionally the step count) saved by ``state()``."""
+        """Restores state buffers (and optionally the step count) saved by ``state()``; a refused call
+        changes nothing."""
+        if step_count is not None:
+            if isinstance(step_count, bool) or not isinstance(step_count, numbers.Integral):
+                raise TypeError(f"{type(self).__name__}.load_state: step_count must be an integer, "
+                                f"got {type(step_count).__name__}")
+            if step_count < 0:
+                raise ValueError(f"{type(self).__name__}.load_state: invalid step count {step_count} (must be >= 0)")
         self._native.load_state(dict(state))
         if step_count is not None:
             self._native.step_count = int(step_count)

@@ -44,9 +44,19 @@ class TREADLE_API Optimizer {
   void step(const Tensor& params, const Tensor& grads, double lr, Executor& exec);
 
   double lr() const { return lr_; }
-  void set_lr(double lr) { lr_ = lr; }
   int64_t step_count() const { return t_; }
-  void set_step_count(int64_t t) { t_ = t; }
+  // Both refuse (ValueError, nothing changed) what no update could use: a negative or non-finite
+  // learning rate, a negative step count.
+  void set_lr(double lr);
+  void set_step_count(int64_t t);
+
+  // An optimizer's state belongs to one model: the trainers of that model share it (a notebook
+  // that re-creates its trainer keeps the optimizer), and while any of them lives, a trainer of
+  // another model (or a manual bind) is refused before anything changes. claim() is called by
+  // the Trainer constructor and release() by its destructor.
+  void claim(const void* model, const char* who);
+  void release(const void* model);
+  bool claimed() const { return claims_ > 0; }
   // Named 1-D state buffers (torch's state keys: "momentum_buffer", "exp_avg", "sum", ...), for
   // checkpoints and tests. Element-wise optimizers mirror the flat parameter buffer; row/column-wise
   // AdaGrad keeps a compact buffer (see rowwise_adagrad). Writing into them is how a checkpoint is
@@ -75,6 +85,8 @@ class TREADLE_API Optimizer {
   int64_t total_ = 0;
   std::vector<ParamSlot> layout_;
   std::vector<std::pair<std::string, Tensor>> state_;
+  const void* claimed_for_ = nullptr;  // the model of the trainers holding this optimizer
+  int claims_ = 0;
 };
 
 namespace optim {

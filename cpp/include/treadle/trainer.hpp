@@ -183,6 +183,7 @@ class TREADLE_API Trainer {
   PlanKey make_key(PlanMode mode, Inputs xs, const Tensor* y, bool input_grad) const;
   MemoryReport report_for(const Plan& p);
   void check_budget(const Plan& p, const Shape& x_shape);
+  void follow_model_dtype();
   bool gradients_finite() const;
   void verify_parameters() const;
   std::vector<uint64_t> checksum_parameters(std::size_t first_slot) const;

@@ -75,6 +75,29 @@ void check_buffer(const Optimizer& o, const char* what, const Tensor& t, DType d
 
 }  // namespace
 
+void Optimizer::set_lr(double lr) {
+  if (!(lr >= 0.0) || !std::isfinite(lr))
+    throw_value_error(name(), ": invalid lr (learning rate) value: ", lr, " (must be finite and >= 0)");
+  lr_ = lr;
+}
+
+void Optimizer::set_step_count(int64_t t) {
+  if (t < 0) throw_value_error(name(), ": invalid step count ", t, " (must be >= 0)");
+  t_ = t;
+}
+
+void Optimizer::claim(const void* model, const char* who) {
+  if (claims_ > 0 && claimed_for_ != model)
+    throw_value_error(who, ": this ", name(), " already serves a trainer of another model; its state (step count, ",
+                      "moments) belongs to that model, so create one optimizer per model");
+  claimed_for_ = model;
+  ++claims_;
+}
+
+void Optimizer::release(const void* model) {
+  if (claims_ > 0 && claimed_for_ == model && --claims_ == 0) claimed_for_ = nullptr;
+}
+
 void Optimizer::bind(const std::vector<ParamSlot>& layout, int64_t total, DType dtype) {
   if (dtype != DType::f32 && dtype != DType::f64)
     throw_type_error(name(), ".bind: only float32 and float64 parameters are supported, got ", dtype_name(dtype));

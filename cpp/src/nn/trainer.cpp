@@ -34,21 +34,29 @@ Trainer::Trainer(std::shared_ptr<Model> model, Loss loss, std::shared_ptr<Optimi
       ctx_(executor, seed) {
   if (!model_) throw_value_error("Trainer: model is null");
   if (!optimizer_) throw_value_error("Trainer: optimizer is null");
-  optimizer_->bind(model_->trainable_layout(), model_->num_trainable(), model_->dtype());
+  // Everything is checked before the optimizer is touched: a refused trainer changes nothing.
   validate_loss_scaling(options_.loss_scaling, "Trainer");
-  if (options_.loss_scaling.mode != LossScaling::Mode::off)
-    scaler_ = std::make_unique<LossScaler>(options_.loss_scaling);
 #ifdef TREADLE_WITH_CUDA
   if (on_device()) check_device_support("Trainer");  // e.g. an optimizer without a device update
 #endif
+  optimizer_->claim(model_.get(), "Trainer");
+  try {
+    optimizer_->bind(model_->trainable_layout(), model_->num_trainable(), model_->dtype());
+  } catch (...) {
+    optimizer_->release(model_.get());
+    throw;
+  }
+  if (options_.loss_scaling.mode != LossScaling::Mode::off)
+    scaler_ = std::make_unique<LossScaler>(options_.loss_scaling);
 }
 
 #ifdef TREADLE_WITH_CUDA
 Trainer::~Trainer() {
   if (device_) device_wait();  // the last update may still run: it ends before its buffers go
+  optimizer_->release(model_.get());
 }
 #else
-Trainer::~Trainer() = default;
+Trainer::~Trainer() { optimizer_->release(model_.get()); }
 #endif
 
 void Trainer::check_input(const Tensor& t, const char* what) const {
@@ -296,6 +304,7 @@ bool Trainer::unscale_and_check() {
 }
 
 void Trainer::update() {
+  follow_model_dtype();
   if (optimizer_->numel() != model_->num_trainable() || optimizer_->dtype() != model_->dtype())
     throw_type_error("Trainer.update: the model changed (dtype ", dtype_name(model_->dtype()), ", ",
                      model_->num_trainable(), " trainable values) since the optimizer was bound (",
@@ -314,6 +323,16 @@ void Trainer::update() {
   if (options_.clip_grad_norm > 0) clip_grad_norm(grads, options_.clip_grad_norm, ctx_.executor());
   optimizer_->step(model_->trainable_parameters(), grads, current_lr(), ctx_.executor());
   if (options_.verify_parameters) reseal_parameters();
+}
+
+void Trainer::follow_model_dtype() {
+  // model.to(dtype) keeps the layout: the optimizer's state is converted with it (step count kept),
+  // as torch's optimizer follows module.double() on the same parameters.
+  if (optimizer_->dtype() == model_->dtype() || optimizer_->numel() != model_->num_trainable()) return;
+#ifdef TREADLE_WITH_CUDA
+  if (device_) device_optimizer_to_host(true);
+#endif
+  optimizer_->bind(model_->trainable_layout(), model_->num_trainable(), model_->dtype());
 }
 
 bool Trainer::gradients_finite() const {
