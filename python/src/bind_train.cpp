@@ -1,4 +1,6 @@
 // Trainer bindings: every call validates its arrays, then releases the GIL for the whole step.
+#include <cmath>
+
 #include "bindings.hpp"
 #include "treadle/error.hpp"
 #include "treadle/trainer.hpp"
@@ -163,7 +165,8 @@ void bind_train(py::module_& m) {
       .def_property_readonly("context", &Trainer::context, py::return_value_policy::reference_internal)
       .def_property("clip_grad_norm", [](Trainer& t) { return t.options().clip_grad_norm; },
                     [](Trainer& t, double v) {
-                      if (v < 0) throw_value_error("clip_grad_norm must be >= 0, got ", v);
+                      if (!(v >= 0) || !std::isfinite(v))
+                        throw_value_error("clip_grad_norm must be finite and >= 0 (0: off), got ", v);
                       t.options().clip_grad_norm = v;
                     })
       .def_property("check_finite", [](Trainer& t) { return t.options().check_finite; },

@@ -5,6 +5,7 @@ treadle compiles; it is not called per step. Write it with the ops in `treadle.f
 operators +, -, * (residual and branching models are ordinary Python in forward).
 """
 import functools
+import math
 import threading
 import weakref
 
@@ -19,6 +20,22 @@ __all__ = [
 
 # The graph being traced on this thread and the module names under its root (see Module.__call__).
 _tracing = threading.local()
+
+
+def _shaped_input(shape, dtype):
+    """An uninitialised array of `shape` for memory_report, refused with the shape named when no machine
+    could hold it (instead of numpy's own error)."""
+    shape = tuple(int(d) for d in shape)
+    if any(d < 0 for d in shape):
+        raise ValueError(f"memory_report: shape {shape} has a negative dimension")
+    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+    if nbytes >= 2 ** 63:
+        raise ValueError(f"memory_report: an input of shape {shape} overflows a 64-bit byte count")
+    try:
+        return np.empty(shape, dtype=dtype)
+    except (MemoryError, ValueError) as e:
+        raise ValueError(f"memory_report: an input of shape {shape} ({nbytes} bytes) cannot be allocated "
+                         f"on this machine: {e}") from None
 
 
 class Module:
@@ -159,7 +176,7 @@ class Module:
         shapes = x_shape if x_shape and isinstance(x_shape[0], (tuple, list)) else [x_shape]
         model = self._compiled()
         dtypes = dtype if isinstance(dtype, (tuple, list)) else [dtype] * len(shapes)
-        xs = [np.empty(tuple(int(d) for d in s), dtype=model.dtype if dt is None else dt) for s, dt in zip(shapes, dtypes)]
+        xs = [_shaped_input(s, model.dtype if dt is None else dt) for s, dt in zip(shapes, dtypes)]
         return model.memory_report(xs, bool(training))
 
     def to(self, dtype):
