@@ -1,5 +1,8 @@
 // The C API's factories: modules from architecture JSON (the format tl.save writes), optimizers from
 // names and torch.optim keyword arguments, losses from names.
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <optional>
@@ -15,6 +18,25 @@ namespace {
 
 constexpr const char* kFormat = "treadle-architecture/1";
 
+// A JSON number as a finite double: 1e999 is refused (ValueError naming it), not an internal error.
+double finite_number(const std::string& text, const std::string& who, const char* key) {
+  errno = 0;
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (errno == ERANGE || !std::isfinite(v) || end != text.c_str() + text.size())
+    throw_value_error(who, ": ", key, " is ", text, ", outside the range of a finite double");
+  return v;
+}
+
+int64_t integer_number(const std::string& text, const std::string& who, const char* key) {
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (errno == ERANGE || end != text.c_str() + text.size())
+    throw_value_error(who, ": ", key, " is ", text, ", outside the range of a 64-bit integer");
+  return v;
+}
+
 // Reads the "config" members of one layer, refusing members the layer does not know (a typo must
 // not silently fall back to a default).
 class Config {
@@ -28,7 +50,7 @@ class Config {
     if (!v || v->kind == json::Kind::null) return fallback;
     if (v->kind != json::Kind::number)
       throw_value_error("treadle_model_from_json: ", where_, ".", key, " must be a number, got ", json::kind_name(v->kind));
-    return std::stod(v->text);
+    return finite_number(v->text, "treadle_model_from_json: " + where_, key);
   }
   int64_t integer(const char* key, std::optional<int64_t> fallback = std::nullopt) {
     const json::Value* v = take(key);
@@ -76,7 +98,7 @@ class Config {
   int64_t to_int(const json::Value& v, const char* key) const {
     if (v.kind != json::Kind::number || v.text.find_first_of(".eE") != std::string::npos)
       throw_value_error("treadle_model_from_json: ", where_, ".", key, " must be an integer");
-    return std::stoll(v.text);
+    return integer_number(v.text, "treadle_model_from_json: " + where_, key);
   }
   const json::Value* config_;
   std::string where_;
@@ -128,7 +150,14 @@ std::shared_ptr<Module> build_node(const json::Value& node, const std::string& w
     return seq;
   }
   Config config(node.find("config"), where + " (" + type->text + ")");
-  auto layer = build_layer(type->text, config);
+  std::shared_ptr<Module> layer;
+  try {
+    layer = build_layer(type->text, config);
+  } catch (const ValueError& e) {  // the layer's own refusal (an absurd size): say which layer
+    const std::string message = e.what();
+    if (message.rfind("treadle_model_from_json", 0) == 0) throw;
+    throw_value_error("treadle_model_from_json: ", where, " (", type->text, "): ", message);
+  }
   if (!layer)
     throw_value_error("treadle_model_from_json: unknown layer type '", type->text, "' at ", where,
                       " (the C API builds Sequential, Linear, activations, Dropout, LayerNorm, Flatten, Identity)");
@@ -164,7 +193,7 @@ struct OptionReader {
     taken.emplace_back(key);
     if (const json::Value* v = doc.find(key)) {
       if (v->kind != json::Kind::number) throw_value_error(who, ": option '", key, "' must be a number");
-      out = std::stod(v->text);
+      out = finite_number(v->text, who, key);
     }
   }
   void read(const char* key, bool& out) {
@@ -180,8 +209,8 @@ struct OptionReader {
       if (v->kind != json::Kind::array || v->items.size() != 2 || v->items[0].kind != json::Kind::number ||
           v->items[1].kind != json::Kind::number)
         throw_value_error(who, ": option 'betas' must be a list of two numbers");
-      b1 = std::stod(v->items[0].text);
-      b2 = std::stod(v->items[1].text);
+      b1 = finite_number(v->items[0].text, who, "betas[0]");
+      b2 = finite_number(v->items[1].text, who, "betas[1]");
     }
   }
   void finish() const {
