@@ -4,6 +4,7 @@
 // as in PyTorch.
 #include <cmath>
 #include <functional>
+#include <limits>
 
 #include "ops/conv_geometry.hpp"
 #include "treadle/error.hpp"
@@ -81,6 +82,13 @@ Shape spatial(const Value& x) {
   return Shape(s.begin() + 2, s.end());
 }
 
+// The smallest spatial size a window fits: dilation * (kernel - 1) + 1 - padding, computed wide
+// (absurd kernel sizes must not wrap around to a size that "fits"), saturated to int64.
+int64_t window_need(int64_t kernel, int64_t dilation, __int128 padding) {
+  const __int128 need = static_cast<__int128>(dilation) * (kernel - 1) + 1 - padding;
+  return need > std::numeric_limits<int64_t>::max() ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(need);
+}
+
 void too_small(const std::string& layer, const Value& x, const Shape& k, const Shape& pad, const Shape& dil,
                const Shape& need) {
   throw_value_error(layer, ": input ", shape_str(x.shape()), " is too small for kernel_size ", shape_str(k),
@@ -135,7 +143,7 @@ Value ConvNd::forward(Value x) {
     Shape need(nd_);
     bool small = false;
     for (int i = 0; i < nd_; ++i) {
-      need[i] = dilation_[i] * (kernel_[i] - 1) + 1 - pad_begin_[i] - pad_end_[i];
+      need[i] = window_need(kernel_[i], dilation_[i], static_cast<__int128>(pad_begin_[i]) + pad_end_[i]);
       small = small || s[i] < need[i];
     }
     if (small) too_small(layer, xb, kernel_, pad_begin_, dilation_, need);
@@ -205,7 +213,7 @@ void check_pool_fits(const std::string& layer, const Value& x, const Shape& k, c
   Shape need(in.size());
   bool small = false;
   for (std::size_t i = 0; i < in.size(); ++i) {
-    need[i] = d[i] * (k[i] - 1) + 1 - 2 * p[i];
+    need[i] = window_need(k[i], d[i], static_cast<__int128>(2) * p[i]);
     small = small || pool_output_size(in[i], k[i], s[i], p[i], d[i], ceil_mode) < 1;
   }
   if (small) too_small(layer, x, k, p, d, need);

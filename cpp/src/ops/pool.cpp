@@ -4,6 +4,7 @@
 // formula start = floor(o*I/O), end = ceil((o+1)*I/O)). Average pools are linear, so the gradient of
 // each backward op is the forward op again.
 #include <algorithm>
+#include <limits>
 #include <string_view>
 
 #include "core/op_registry.hpp"
@@ -34,10 +35,13 @@ Shape with_spatial(const Shape& nc_from, const std::vector<int64_t>& spatial) {
 
 // Floor or ceil division; in ceil mode the last window must start inside the input or its left padding.
 int64_t pool_output_size(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d, bool ceil_mode) {
-  const int64_t num = in + 2 * p - d * (k - 1) - 1 + (ceil_mode ? s - 1 : 0);
-  int64_t out = (num >= 0 ? num / s : -((-num + s - 1) / s)) + 1;
-  if (ceil_mode && (out - 1) * s >= in + p) --out;
-  return out;
+  // Wide: absurd kernel or padding sizes must not wrap around to a window that "fits".
+  using wide = __int128;
+  const wide num = wide(in) + wide(2) * p - wide(d) * (k - 1) - 1 + (ceil_mode ? wide(s) - 1 : 0);
+  wide out = (num >= 0 ? num / s : -((-num + s - 1) / s)) + 1;
+  if (ceil_mode && (out - 1) * s >= wide(in) + p) --out;
+  if (out > std::numeric_limits<int64_t>::max()) return std::numeric_limits<int64_t>::max();
+  return out < std::numeric_limits<int64_t>::min() ? std::numeric_limits<int64_t>::min() : static_cast<int64_t>(out);
 }
 
 PoolGeometry pool_geometry(const char* kind, const Shape& x, const Attrs& attrs, bool allow_dilation) {
