@@ -1,5 +1,8 @@
 // Core bindings: dtypes, backends, the symbolic Value used while tracing, functional ops,
 // contexts and the op runner used by the verification suite.
+#include <memory>
+#include <string>
+
 #include "bindings.hpp"
 #include "treadle/backend.hpp"
 #include "treadle/context.hpp"
@@ -153,6 +156,21 @@ void bind_core(py::module_& m) {
     for (const OpSupport& s : backend_ops(backend)) ops[py::str(s.op)] = py::cast(s.dtypes);
     return ops;
   }, py::arg("backend"));
+  // `with _core.AllocationBudget(bytes, what):` bounds the tensors this thread creates inside (tl.load
+  // builds a file's architecture under one; see treadle::AllocationBudget).
+  struct BudgetScope {
+    int64_t bytes;
+    std::string what;
+    std::unique_ptr<AllocationBudget> active;
+  };
+  py::class_<BudgetScope>(m, "AllocationBudget")
+      .def(py::init([](int64_t bytes, std::string what) { return BudgetScope{bytes, std::move(what), nullptr}; }),
+           py::arg("bytes"), py::arg("what"))
+      .def("__enter__", [](BudgetScope& b) {
+        if (b.active) throw_value_error("AllocationBudget: already entered");
+        b.active = std::make_unique<AllocationBudget>(b.bytes, b.what);
+      })
+      .def("__exit__", [](BudgetScope& b, const py::args&) { b.active.reset(); });
   m.def("manual_seed", &manual_seed, py::arg("seed"), "Seeds the generator used to initialise parameters.");
   m.def("run_op", &run_op_py, py::arg("op"), py::arg("inputs"), py::arg("attrs"), py::arg("grad_outputs") = py::none(),
         py::arg("backend") = "", py::arg("training") = true, py::arg("seed") = 0, py::arg("workers") = 1);

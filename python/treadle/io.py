@@ -238,6 +238,9 @@ def save(model, path, metadata=None):
     _core.save_model(os.fspath(path), model._compiled(), meta)
 
 
+_BUILD_SLACK_BYTES = 16 << 20  # temporaries of the layers' initialisation
+
+
 def load(path, model=None):
     """The model saved at ``path``; with ``model=net``, loads the weights into ``net`` and returns it.
 
@@ -259,12 +262,20 @@ def load(path, model=None):
                 else "no architecture description (it was not written by tl.save)")
         raise ValueError(f"load: '{path}' holds {what}; build the model yourself and pass it: "
                          f"tl.load(path, model=net)")
-    net = build(arch)
     dtype = meta.get("treadle.dtype", "float32")
     if dtype not in ("float32", "float64"):
         raise ValueError(f"load: '{path}' declares dtype {dtype!r}")
-    if dtype != net.dtype:
-        net.to(dtype)
+    # The description is untrusted too: the model it builds may need no more memory than the file's
+    # own tensors fill (three times: a float64 model is built in float32 first, and compiling copies
+    # the parameters into one flat buffer), so a forged
+    # Linear(70000, 70000) over an empty payload is refused before it is allocated.
+    held = sum(t.nbytes for t in tensors.values())
+    with _core.AllocationBudget(3 * held + _BUILD_SLACK_BYTES,
+                                f"load: the architecture in '{path}' needs more memory than the {held} bytes of "
+                                "tensors the file holds, so it does not describe them"):
+        net = build(arch)
+        if dtype != net.dtype:
+            net.to(dtype)
     _core.load_model_tensors(net._compiled(), tensors, meta, path)
     return net
 

@@ -89,4 +89,23 @@ class TREADLE_API Tensor {
 
 TREADLE_API Shape contiguous_strides(const Shape& shape);
 
+// Bounds the bytes of the host tensors this thread creates while it lives. Loading builds a file's
+// architecture under one sized from the file's own tensors: a description that declares more
+// parameters than the file holds (a forged Linear(1, 2**62), or a cheap Linear(70000, 70000)) is
+// refused, naming `what`, before it is allocated or initialised. Budgets nest; the innermost counts.
+class TREADLE_API AllocationBudget {
+ public:
+  AllocationBudget(int64_t bytes, std::string what);
+  ~AllocationBudget();
+  AllocationBudget(const AllocationBudget&) = delete;
+  AllocationBudget& operator=(const AllocationBudget&) = delete;
+  // Called for every new tensor: throws ValueError when `bytes` more would pass this thread's budget.
+  static void spend(int64_t bytes);
+
+ private:
+  int64_t left_;
+  std::string what_;
+  AllocationBudget* outer_;
+};
+
 }  // namespace treadle

@@ -3,6 +3,7 @@
 #include "treadle/treadle.h"
 
 #include <cstring>
+#include <filesystem>
 #include <new>
 #include <string>
 #include <system_error>
@@ -139,9 +140,18 @@ int treadle_model_load(const char* path, treadle_model** out) {
       throw_value_error("treadle_model_load: '", path, "' has no architecture description (write it with ",
                         "treadle_model_save or tl.save; for weights only use treadle_model_load_weights)");
     auto handle = std::make_unique<treadle_model>();
-    handle->model = std::make_shared<Model>(capi::build_module(arch->second, &handle->architecture));
-    if (auto dt = meta.find("treadle.dtype"); dt != meta.end() && dtype_from_name(dt->second) != DType::f32)
-      handle->model->to(dtype_from_name(dt->second));
+    {
+      // The description is untrusted too: it may not declare more parameters than the file could hold
+      // (three times its size: built in float32 first, then converted, then packed; as tl.load).
+      std::error_code ec;
+      const auto size = static_cast<int64_t>(std::filesystem::file_size(path, ec));
+      AllocationBudget budget(ec ? 0 : 3 * size + (int64_t{16} << 20),
+                              std::string("treadle_model_load: the architecture in '") + path +
+                                  "' needs more memory than the file's tensors fill, so it does not describe them");
+      handle->model = std::make_shared<Model>(capi::build_module(arch->second, &handle->architecture));
+      if (auto dt = meta.find("treadle.dtype"); dt != meta.end() && dtype_from_name(dt->second) != DType::f32)
+        handle->model->to(dtype_from_name(dt->second));
+    }
     load_model(path, *handle->model);
     *out = handle.release();
   });

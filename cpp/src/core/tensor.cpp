@@ -80,9 +80,27 @@ std::size_t checked_bytes(const Shape& shape, DType dtype) {
   if (__builtin_mul_overflow(n, static_cast<int64_t>(dtype_size(dtype)), &bytes) || bytes > max_tensor_bytes())
     throw_value_error("Tensor: shape ", shape_str(shape), " of ", dtype_name(dtype), " needs ", n, " elements, more "
                       "than the ", max_tensor_bytes(), " bytes one tensor may hold (this machine's memory)");
+  AllocationBudget::spend(bytes);
   return static_cast<std::size_t>(bytes);
 }
+
+thread_local AllocationBudget* current_budget = nullptr;
 }  // namespace
+
+AllocationBudget::AllocationBudget(int64_t bytes, std::string what)
+    : left_(bytes), what_(std::move(what)), outer_(current_budget) {
+  current_budget = this;
+}
+
+AllocationBudget::~AllocationBudget() { current_budget = outer_; }
+
+void AllocationBudget::spend(int64_t bytes) {
+  AllocationBudget* b = current_budget;
+  if (!b) return;
+  if (bytes > b->left_)
+    throw_value_error(b->what_, ": needs a tensor of ", bytes, " bytes, past the ", b->left_, " bytes left of its budget");
+  b->left_ -= bytes;
+}
 
 Tensor::Tensor(Shape shape, DType dtype)
     : storage_(std::make_shared<Storage>(checked_bytes(shape, dtype))),

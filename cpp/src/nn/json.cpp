@@ -1,6 +1,8 @@
 #include "nn/json.hpp"
 
 #include <cstdio>
+#include <string>
+#include <unordered_set>
 
 #include "treadle/error.hpp"
 
@@ -90,11 +92,12 @@ class Parser {
     ++pos_;  // '{'
     skip_ws();
     if (peek() == '}') { ++pos_; return; }
+    std::unordered_set<std::string> keys;  // duplicates found in linear time: headers are untrusted
     for (;;) {
       skip_ws();
       if (peek() != '"') fail("expected a string key");
       std::string key = parse_string();
-      if (v.find(key)) fail("duplicate key \"" + key + "\"");
+      if (!keys.insert(key).second) fail("duplicate key \"" + key + "\"");
       skip_ws();
       if (peek() != ':') fail("expected ':'");
       ++pos_;
