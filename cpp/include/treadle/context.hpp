@@ -3,8 +3,10 @@
 // lends, and the dropout RNG. Caller-owned; one per concurrent caller. A context is not shared
 // between threads at the same time, but many contexts may run one plan concurrently.
 #include "treadle/config.hpp"  // TREADLE_WITH_CUDA as the library was built
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <thread>
 
 #include "treadle/executor.hpp"
 
@@ -18,6 +20,20 @@ class TREADLE_API Context {
   ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
+
+  // Held by a prediction on a caller's context for its duration: a context used by two threads at
+  // once raises RuntimeError naming `who` instead of two plans sharing one arena. A thread may nest.
+  class TREADLE_API Use {
+   public:
+    Use(Context& ctx, const char* who);
+    ~Use();
+    Use(const Use&) = delete;
+    Use& operator=(const Use&) = delete;
+
+   private:
+    Context& ctx_;
+    bool outer_ = false;
+  };
 
   Executor& executor() const { return executor_ ? *executor_ : serial_executor(); }
   void set_executor(Executor* e) { executor_ = e; }
@@ -69,6 +85,7 @@ class TREADLE_API Context {
   std::size_t memory_budget_ = 0;
   Profiler* profiler_ = nullptr;
   bool check_numerics_ = false;
+  std::atomic<std::thread::id> user_{};
 #ifdef TREADLE_WITH_CUDA
   // Stream, allocator and device arena (cuda_backend_context.cpp), created on first device use.
   struct DeviceState;

@@ -11,6 +11,7 @@
 #include <span>
 #endif
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "treadle/context.hpp"
@@ -61,6 +62,21 @@ class TREADLE_API Model {
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
+
+  // Held by every Trainer call that runs a plan or touches the gradients: the gradients (shared by
+  // all trainers of this model) and a trainer's activations are used by one thread at a time. A
+  // call from a second thread while one runs raises RuntimeError naming both; a thread may nest.
+  class TREADLE_API TrainingCall {
+   public:
+    TrainingCall(Model& m, const char* who);
+    ~TrainingCall();
+    TrainingCall(const TrainingCall&) = delete;
+    TrainingCall& operator=(const TrainingCall&) = delete;
+
+   private:
+    Model& m_;
+    bool outer_ = false;
+  };
 
   DType dtype() const { return dtype_; }
   int64_t num_parameters() const { return total_; }
@@ -201,6 +217,8 @@ class TREADLE_API Model {
   // Changes only when the flat buffers are re-packed (a dtype change): a plan compiled before a
   // setting changed still runs correctly, one compiled before a re-pack does not.
   std::atomic<uint64_t> layout_generation_{0};
+  std::atomic<std::thread::id> training_thread_{};  // see TrainingCall
+  std::atomic<const char*> training_call_{nullptr};
   // The inference plan used last, answered without building a key (guarded by mutex_).
   struct LastInfer {
     uint64_t generation = ~uint64_t{0};

@@ -102,7 +102,7 @@ class TREADLE_API Trainer {
   // Accumulates parameter gradients from dL/d(output). When input_grad is non-null it receives
   // dL/d(input) (allocated here, shaped like the input).
   void backward(const Tensor& grad_output, Tensor* input_grad = nullptr);
-  void zero_grad() { model_->zero_grad(); }
+  void zero_grad();
   // (clip) + optimizer step with the scheduled learning rate.
   void update();
 

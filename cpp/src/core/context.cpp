@@ -17,6 +17,20 @@ Context::Context(Executor* executor, uint64_t seed) : executor_(executor), seed_
 
 Context::~Context() { std::free(arena_); }
 
+Context::Use::Use(Context& ctx, const char* who) : ctx_(ctx) {
+  const std::thread::id me = std::this_thread::get_id();
+  if (ctx.user_.load(std::memory_order_acquire) == me) return;  // nested on this thread
+  std::thread::id none{};
+  if (!ctx.user_.compare_exchange_strong(none, me, std::memory_order_acq_rel))
+    throw_runtime_error(who, ": this Context is in use by another thread; a context serves one thread at a time ",
+                        "(give each thread its own, or none: predictions then take one from the model's pool)");
+  outer_ = true;
+}
+
+Context::Use::~Use() {
+  if (outer_) ctx_.user_.store(std::thread::id{}, std::memory_order_release);
+}
+
 void* Context::arena(std::size_t bytes) {
   if (bytes > arena_bytes_) {
     if (memory_budget_ && bytes > memory_budget_)

@@ -2,6 +2,7 @@
 
 #include <array>
 #include <cstring>
+#include <optional>
 #include <set>
 
 #include "core/compile.hpp"
@@ -278,6 +279,26 @@ std::vector<std::pair<Shape, DType>> Model::output_shapes(const Plan& plan) {
   return out;
 }
 
+Model::TrainingCall::TrainingCall(Model& m, const char* who) : m_(m) {
+  const std::thread::id me = std::this_thread::get_id();
+  if (m.training_thread_.load(std::memory_order_acquire) == me) return;  // nested on this thread
+  std::thread::id none{};
+  if (!m.training_thread_.compare_exchange_strong(none, me, std::memory_order_acq_rel)) {
+    const char* other = m.training_call_.load(std::memory_order_relaxed);
+    throw_runtime_error(who, ": another thread is inside ", other ? other : "a training call",
+                        " on this model; a model trains on one thread at a time (one thread per Trainer, and the ",
+                        "trainers of one model, which share its gradients, take turns)");
+  }
+  m.training_call_.store(who, std::memory_order_relaxed);
+  outer_ = true;
+}
+
+Model::TrainingCall::~TrainingCall() {
+  if (!outer_) return;
+  m_.training_call_.store(nullptr, std::memory_order_relaxed);
+  m_.training_thread_.store(std::thread::id{}, std::memory_order_release);
+}
+
 void Model::predict_into(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs, Context* ctx) {
   predict_into(*infer_plan(inputs), inputs, outputs, ctx);
 }
@@ -319,6 +340,8 @@ void Model::predict_into(const Plan& plan, const std::vector<Tensor>& inputs, co
   std::array<void*, kMaxInputs> ptrs{};
   for (std::size_t i = 0; i < inputs.size() && !on_device; ++i)
     ptrs[i] = inputs[i].is_contiguous() ? inputs[i].data() : (copies[i] = inputs[i].clone()).data();
+  std::optional<Context::Use> in_use;  // a caller's context: one thread at a time
+  if (ctx) in_use.emplace(*ctx, "predict");
   std::unique_ptr<Context> pooled = ctx ? nullptr : take_context();
   Context& c = ctx ? *ctx : *pooled;
   Bindings b{flat_params_.data(), std::span<void* const>(ptrs.data(), inputs.size()), {}, {}};

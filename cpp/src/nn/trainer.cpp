@@ -171,6 +171,7 @@ double Trainer::run_loss_plan(Inputs xs, const Tensor& y, PlanMode mode) {
 }
 
 double Trainer::step(Inputs xs, const Tensor& y) {
+  Model::TrainingCall call(*model_, "Trainer.step");
 #ifdef TREADLE_WITH_CUDA
   if (options_.cuda_graph && on_device()) return device_graph_step(xs, y);
 #endif
@@ -200,11 +201,23 @@ void Trainer::hold_inputs(Inputs xs, std::array<void*, kMaxInputs>& ptrs) {
   }
 }
 
-double Trainer::compute_gradients(Inputs xs, const Tensor& y) { return run_loss_plan(xs, y, PlanMode::train_loss); }
+double Trainer::compute_gradients(Inputs xs, const Tensor& y) {
+  Model::TrainingCall call(*model_, "Trainer.compute_gradients");
+  return run_loss_plan(xs, y, PlanMode::train_loss);
+}
 
-double Trainer::evaluate(Inputs xs, const Tensor& y) { return run_loss_plan(xs, y, PlanMode::eval_loss); }
+double Trainer::evaluate(Inputs xs, const Tensor& y) {
+  Model::TrainingCall call(*model_, "Trainer.evaluate");
+  return run_loss_plan(xs, y, PlanMode::eval_loss);
+}
+
+void Trainer::zero_grad() {
+  Model::TrainingCall call(*model_, "Trainer.zero_grad");
+  model_->zero_grad();
+}
 
 Tensor Trainer::forward(Inputs xs, bool input_grad) {
+  Model::TrainingCall call(*model_, "Trainer.forward");
   for (const Tensor& x : xs) check_input(x, "input");
   if (options_.verify_parameters) verify_parameters();
   std::shared_ptr<const Plan> p = plan_for(PlanMode::train_seeded, xs, nullptr, input_grad);
@@ -227,6 +240,7 @@ Tensor Trainer::forward(Inputs xs, bool input_grad) {
 }
 
 void Trainer::backward(const Tensor& grad_output, Tensor* input_grad) {
+  Model::TrainingCall call(*model_, "Trainer.backward");
   if (!pending_) throw_value_error("Trainer.backward: call forward first (each forward allows one backward)");
   std::shared_ptr<const Plan> p = pending_;
   const ValueInfo& out = p->graph.info(p->outputs.at(0));
@@ -304,6 +318,7 @@ bool Trainer::unscale_and_check() {
 }
 
 void Trainer::update() {
+  Model::TrainingCall call(*model_, "Trainer.update");
   follow_model_dtype();
   if (optimizer_->numel() != model_->num_trainable() || optimizer_->dtype() != model_->dtype())
     throw_type_error("Trainer.update: the model changed (dtype ", dtype_name(model_->dtype()), ", ",

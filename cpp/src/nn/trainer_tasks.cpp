@@ -29,6 +29,7 @@ std::vector<StepTask> describe_tasks(const Plan& p, const std::vector<PlanTask>&
 }  // namespace
 
 const std::vector<StepTask>& Trainer::begin_step(Inputs xs, const Tensor& y, int depth) {
+  Model::TrainingCall call(*model_, "Trainer.begin_step");
   if (depth < 1) throw_value_error("Trainer.begin_step: depth must be >= 1, got ", depth);
 #ifdef TREADLE_WITH_CUDA
   if (on_device())
@@ -98,6 +99,7 @@ void Trainer::run_task(int k) {
 }
 
 double Trainer::finish_step() {
+  Model::TrainingCall call(*model_, "Trainer.finish_step");
   if (!tasked_ || !tasked_->active) throw_value_error("Trainer.finish_step: no step in progress (call begin_step)");
   TaskedStep& ts = *tasked_;
   if (ts.failed) {
