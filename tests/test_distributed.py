@@ -125,6 +125,8 @@ def test_setup_mismatch_raises_the_same_error_on_every_rank(world_size_ok, tmp_p
     assert m["dtype"] == "DataParallel: dtype is float32 on rank 1 but float64 on root rank 0"
     assert m["optimizer"].startswith("DataParallel: optimizer is Adam(lr=0.5,") and "on rank 2" in m["optimizer"]
     assert m["missing"] == "DataParallel: rank 1 lacks parameter '2.bias' of root rank 0"
+    assert m["guards"] == "DataParallel: skip_nonfinite is True on rank 1 but False on root rank 0"
+    assert m["divergence_nan_native_None"] == m["divergence_nan_native_False"] == "nan"
     assert m["root"] == "DataParallel: rank 2 failed: root must be a rank in [0, 3), got 5"
     assert m["ok"] is None and np.isfinite(m["loss_after"])  # the communicator is still usable
 

@@ -170,7 +170,9 @@ void bind_train(py::module_& m) {
                       t.options().clip_grad_norm = v;
                     })
       .def_property("check_finite", [](Trainer& t) { return t.options().check_finite; },
-                    [](Trainer& t, bool v) { t.options().check_finite = v; });
+                    [](Trainer& t, bool v) { t.options().check_finite = v; })
+      .def_property_readonly("skip_nonfinite", [](Trainer& t) { return t.options().skip_nonfinite; })
+      .def_property_readonly("verify_parameters", [](Trainer& t) { return t.options().verify_parameters; });
 }
 
 }  // namespace treadle::py_bind

@@ -189,6 +189,9 @@ class DataParallel:
         items.append(("optimizer state", tuple((k, v.size) for k, v in sorted(opt.state().items()))))
         items.append(("schedule", repr(self.trainer.schedule)))
         items.append(("clip_grad_norm", self.trainer._native.clip_grad_norm))
+        # guards that decide whether an update happens: a rank that skips while another applies diverges
+        for guard in ("check_finite", "skip_nonfinite", "verify_parameters"):
+            items.append((guard, bool(getattr(self.trainer._native, guard))))
         s = self.trainer._native.loss_scaling
         items.append(("loss scaling", (s.mode, s.init_scale, s.growth_factor, s.backoff_factor, s.growth_interval)))
         return items
@@ -361,14 +364,19 @@ class DataParallel:
 
     # -- checks -----------------------------------------------------------------------------------
     def parameter_divergence(self):
-        """Largest |p - p_root| over all parameters and ranks (collective; 0.0 when in sync)."""
+        """Largest |p - p_root| over all parameters and ranks (collective; 0.0 when in sync, NaN when
+        any rank holds a parameter that is not finite)."""
         if self._native is not None:
             return self._native.parameter_divergence()
         params = self.trainer.model.flat_parameters()
         ref = params.copy()
         self.comm.Bcast(ref, root=self.root)
-        local = float(np.max(np.abs(params - ref))) if params.size else 0.0
-        return self.comm.allreduce(local, op=self._mpi.MAX)
+        diff = np.abs(params.astype(np.float64) - ref)
+        finite = np.isfinite(diff)
+        # MPI's MAX over a NaN is implementation-defined: the NaN travels as a flag
+        local = np.array([float(diff[finite].max()) if finite.any() else 0.0, 0.0 if finite.all() else 1.0])
+        self.comm.Allreduce(self._mpi.IN_PLACE, local, op=self._mpi.MAX)
+        return float("nan") if local[1] else float(local[0])
 
     def _agree(self, error, where):
         """Collective: raises the same ValueError on every rank if any rank passes an error."""

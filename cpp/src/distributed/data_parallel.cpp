@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -71,6 +72,10 @@ Items setup_items(Trainer& t, BufferSync buffers, const std::string& transport) 
   clip.precision(17);
   clip << t.options().clip_grad_norm;
   items.emplace_back("clip_grad_norm", clip.str());
+  // guards that decide whether an update happens: a rank that skips while another applies diverges
+  items.emplace_back("check_finite", t.options().check_finite ? "True" : "False");
+  items.emplace_back("skip_nonfinite", t.options().skip_nonfinite ? "True" : "False");
+  items.emplace_back("verify_parameters", t.options().verify_parameters ? "True" : "False");
   const LossScaling& ls = t.options().loss_scaling;
   std::ostringstream scaling;
   scaling.precision(17);
@@ -384,14 +389,20 @@ double DataParallel::parameter_divergence() {
   Tensor ref = params.clone();
   check_mpi(MPI_Bcast(ref.data(), as_count(ref.numel()), mpi_type(ref.dtype(), "parameters"), root_, comm_),
             "MPI_Bcast");
-  double local = 0.0;
+  // {largest difference, 1 if any value is not finite}: MPI_MAX over a NaN is implementation-defined
+  // (and std::max drops it), so a NaN on any rank travels as a flag and comes back as NaN.
+  double local[2] = {0.0, 0.0};
   for (int64_t i = 0, n = params.numel(); i < n; ++i) {
     double a = params.dtype() == DType::f32 ? params.data_as<float>()[i] : params.data_as<double>()[i];
     double b = ref.dtype() == DType::f32 ? ref.data_as<float>()[i] : ref.data_as<double>()[i];
-    local = std::max(local, std::fabs(a - b));
+    const double d = std::fabs(a - b);
+    if (std::isfinite(d))
+      local[0] = std::max(local[0], d);
+    else
+      local[1] = 1.0;
   }
-  check_mpi(MPI_Allreduce(MPI_IN_PLACE, &local, 1, MPI_DOUBLE, MPI_MAX, comm_), "MPI_Allreduce");
-  return local;
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, local, 2, MPI_DOUBLE, MPI_MAX, comm_), "MPI_Allreduce");
+  return local[1] > 0 ? std::numeric_limits<double>::quiet_NaN() : local[0];
 }
 
 }  // namespace treadle
