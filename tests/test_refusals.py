@@ -151,3 +151,28 @@ def test_absurd_layer_sizes_are_refused_without_a_crash(seed):
 def test_an_absurd_size_is_named_by_its_layer(make):
     with pytest.raises(ValueError, match=r"^(Linear|LayerNorm|Conv2d)\(.*(bytes one tensor may hold|overflows)"):
         make()
+
+
+@pytest.mark.parametrize("make,name", [
+    (lambda: tl.nn.Linear(2.9, 3), "Linear: in_features must be an int, got float 2.9"),
+    (lambda: tl.nn.Linear(True, 3), "Linear: in_features must be an int, got bool"),
+    (lambda: tl.nn.Embedding(10.0, 3), "Embedding: num_embeddings must be an int"),
+    (lambda: tl.nn.Embedding(10, 3, padding_idx=1.5), "Embedding: padding_idx must be an int"),
+    (lambda: tl.nn.LSTM(3.5, 4), "LSTM: input_size must be an int"),
+    (lambda: tl.nn.GRU(3, 4, num_layers=2.0), "GRU: num_layers must be an int"),
+    (lambda: tl.nn.Conv2d(3.0, 2, 3), "Conv2d: in_channels must be an int"),
+    (lambda: tl.nn.GroupNorm(2, 4.0), "GroupNorm: num_channels must be an int"),
+    (lambda: tl.nn.BatchNorm1d(4.5), "BatchNorm1d: num_features must be an int"),
+    (lambda: tl.nn.LayerNorm((4.5,)), r"LayerNorm: expected an int or a sequence of ints, got \(4.5,\)"),
+    (lambda: tl.nn.MultiheadAttention(8, 2.0), "MultiheadAttention: num_heads must be an int"),
+])
+def test_a_size_that_is_not_an_integer_is_refused_not_truncated(make, name):
+    """torch.nn refuses Linear(2.9, 3); truncating it to Linear(2, 3) would build another model."""
+    with pytest.raises(TypeError, match=name):
+        make()
+    assert tl.nn.Linear(np.int64(3), 2).in_features == 3  # numpy integers are integers
+
+
+def test_binding_a_shape_whose_size_overflows_is_refused():
+    with pytest.raises(ValueError, match="overflows a 64-bit integer"):
+        tl.optim.Adam().bind([("w", (2 ** 32, 2 ** 32))], "float32")

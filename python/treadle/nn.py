@@ -6,6 +6,7 @@ operators +, -, * (residual and branching models are ordinary Python in forward)
 """
 import functools
 import math
+import numbers
 import threading
 import weakref
 
@@ -20,6 +21,20 @@ __all__ = [
 
 # The graph being traced on this thread and the module names under its root (see Module.__call__).
 _tracing = threading.local()
+
+
+def _int_arg(owner, name, value):
+    """A size or count argument as an int: a float (2.9) or a bool is refused rather than truncated,
+    as torch.nn refuses it; numpy integers are ints."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{type(owner).__name__}: {name} must be an int, got {type(value).__name__} {value!r}")
+    return int(value)
+
+
+def _int_args(owner, **named):
+    """_int_arg for several arguments, in order: ``a, b = _int_args(self, a=a, b=b)``."""
+    values = tuple(_int_arg(owner, name, value) for name, value in named.items())
+    return values if len(values) > 1 else values[0]
 
 
 def _shaped_input(shape, dtype):
@@ -309,7 +324,8 @@ class Linear(_NativeModule):
     """y = x W^T + b with W of shape (out_features, in_features); PyTorch's default initialisation."""
 
     def __init__(self, in_features, out_features, bias=True, dtype="float32"):
-        super().__init__(_core.Linear(int(in_features), int(out_features), bool(bias), dtype))
+        super().__init__(_core.Linear(_int_arg(self, "in_features", in_features),
+                                      _int_arg(self, "out_features", out_features), bool(bias), dtype))
         self.in_features, self.out_features, self.has_bias = in_features, out_features, bias
 
     @property

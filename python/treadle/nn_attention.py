@@ -1,6 +1,6 @@
 """Attention layers (torch.nn names and parameter layouts)."""
 from . import _core
-from .nn import _NativeModule
+from .nn import _NativeModule, _int_args
 
 __all__ = ["MultiheadAttention", "TransformerEncoderLayer"]
 
@@ -17,7 +17,8 @@ class MultiheadAttention(_NativeModule):
     """
 
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, batch_first=False, dtype="float32"):
-        super().__init__(_core.MultiheadAttention(int(embed_dim), int(num_heads), float(dropout), bool(bias),
+        embed_dim, num_heads = _int_args(self, embed_dim=embed_dim, num_heads=num_heads)
+        super().__init__(_core.MultiheadAttention(embed_dim, num_heads, float(dropout), bool(bias),
                                                   bool(batch_first), dtype))
         self.embed_dim, self.num_heads, self.batch_first = embed_dim, num_heads, batch_first
         self.dropout, self.bias = float(dropout), bool(bias)
@@ -41,7 +42,8 @@ class TransformerEncoderLayer(_NativeModule):
 
     def __init__(self, d_model, nhead, dim_feedforward=2048, dropout=0.1, activation="relu", layer_norm_eps=1e-5,
                  batch_first=False, norm_first=False, bias=True, dtype="float32"):
-        super().__init__(_core.TransformerEncoderLayer(int(d_model), int(nhead), int(dim_feedforward), float(dropout),
+        d_model, nhead, dim_feedforward = _int_args(self, d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward)
+        super().__init__(_core.TransformerEncoderLayer(d_model, nhead, dim_feedforward, float(dropout),
                                                        str(activation), float(layer_norm_eps), bool(batch_first),
                                                        bool(norm_first), bool(bias), dtype))
         self.d_model, self.nhead, self.norm_first = d_model, nhead, norm_first

@@ -7,7 +7,7 @@ PyTorch-style arguments (an int or a tuple) into the lists the core takes.
 import numbers
 
 from . import _core
-from .nn import _NativeModule
+from .nn import _NativeModule, _int_args
 
 __all__ = [
     "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
@@ -76,7 +76,9 @@ class _ConvNd(_WeightedModule):
             pad = _dims(layer, "padding", padding, nd)
         k, s, d = (_dims(layer, n, v, nd) for n, v in
                    (("kernel_size", kernel_size), ("stride", stride), ("dilation", dilation)))
-        super().__init__(_core.Conv(nd, int(in_channels), int(out_channels), k, s, pad, d, int(groups), bool(bias),
+        in_channels, out_channels, groups = _int_args(self, in_channels=in_channels, out_channels=out_channels,
+                                                      groups=groups)
+        super().__init__(_core.Conv(nd, in_channels, out_channels, k, s, pad, d, groups, bool(bias),
                                     _dtype(dtype)))
         self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
         self.kernel_size, self.stride, self.dilation = tuple(k), tuple(s), tuple(d)
@@ -134,7 +136,9 @@ class _ConvTransposeNd(_WeightedModule):
                                                     ("padding", padding), ("output_padding", output_padding),
                                                     ("dilation", dilation))]
         k, s, p, op, d = args
-        super().__init__(_core.ConvTranspose(nd, int(in_channels), int(out_channels), k, s, p, op, int(groups),
+        in_channels, out_channels, groups = _int_args(self, in_channels=in_channels, out_channels=out_channels,
+                                                      groups=groups)
+        super().__init__(_core.ConvTranspose(nd, in_channels, out_channels, k, s, p, op, groups,
                                              bool(bias), d, _dtype(dtype)))
         self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
         self.kernel_size, self.stride, self.padding = tuple(k), tuple(s), tuple(p)

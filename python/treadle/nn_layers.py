@@ -13,7 +13,7 @@ and shift. They receive no gradient and only training steps write them.
 import numbers
 
 from . import _core
-from .nn import _NativeModule
+from .nn import _NativeModule, _int_args
 
 __all__ = [
     "LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "Embedding", "Unflatten",
@@ -26,12 +26,18 @@ def _dtype(dtype):
 
 
 def _shape(shape, what):
-    if isinstance(shape, numbers.Integral):
+    def is_int(v):
+        return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+    if is_int(shape):
         return [int(shape)]
     try:
-        return [int(s) for s in shape]
+        dims = list(shape)
     except TypeError:
         raise TypeError(f"{what}: expected an int or a sequence of ints, got {type(shape).__name__}") from None
+    if not all(is_int(d) for d in dims):
+        raise TypeError(f"{what}: expected an int or a sequence of ints, got {shape!r}")
+    return [int(d) for d in dims]
 
 
 class _WithParams(_NativeModule):
@@ -81,7 +87,8 @@ class GroupNorm(_WithParams):
     """Input (N, C, *): statistics per sample over groups of C / num_groups channels; per-channel affine."""
 
     def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, dtype=None):
-        super().__init__(_core.GroupNorm(int(num_groups), int(num_channels), float(eps), bool(affine), _dtype(dtype)))
+        num_groups, num_channels = _int_args(self, num_groups=num_groups, num_channels=num_channels)
+        super().__init__(_core.GroupNorm(num_groups, num_channels, float(eps), bool(affine), _dtype(dtype)))
         self.num_groups, self.num_channels, self.eps, self.affine = num_groups, num_channels, eps, affine
 
     def extra_repr(self):
@@ -92,7 +99,8 @@ class _BatchNorm(_WithParams):
     _dims = 0
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True, dtype=None):
-        super().__init__(_core.BatchNorm(self._dims, int(num_features), float(eps),
+        num_features = _int_args(self, num_features=num_features)
+        super().__init__(_core.BatchNorm(self._dims, num_features, float(eps),
                                          None if momentum is None else float(momentum), bool(affine),
                                          bool(track_running_stats), _dtype(dtype)))
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
@@ -140,8 +148,10 @@ class Embedding(_WithParams):
     """
 
     def __init__(self, num_embeddings, embedding_dim, padding_idx=None, dtype=None):
-        super().__init__(_core.Embedding(int(num_embeddings), int(embedding_dim),
-                                         None if padding_idx is None else int(padding_idx), _dtype(dtype)))
+        num_embeddings, embedding_dim = _int_args(self, num_embeddings=num_embeddings, embedding_dim=embedding_dim)
+        if padding_idx is not None:
+            padding_idx = _int_args(self, padding_idx=padding_idx)
+        super().__init__(_core.Embedding(num_embeddings, embedding_dim, padding_idx, _dtype(dtype)))
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         self.padding_idx = None if padding_idx is None else self._native.padding_idx
 
@@ -155,7 +165,8 @@ class Unflatten(_NativeModule):
 
     def __init__(self, dim, unflattened_size):
         sizes = _shape(unflattened_size, "Unflatten")
-        super().__init__(_core.Unflatten(int(dim), sizes))
+        dim = _int_args(self, dim=dim)
+        super().__init__(_core.Unflatten(dim, sizes))
         self.dim, self.unflattened_size = dim, tuple(sizes)
 
     def extra_repr(self):

@@ -19,7 +19,7 @@ A typical regression model keeps the last layer's final state:
             return self.fc(h[-1])
 """
 from . import _core
-from .nn import _NativeModule
+from .nn import _NativeModule, _int_args
 
 __all__ = ["RNN", "GRU", "LSTM"]
 
@@ -98,7 +98,9 @@ class RNN(_Recurrent):
 
     def __init__(self, input_size, hidden_size, num_layers=1, nonlinearity="tanh", bias=True, batch_first=False,
                  dropout=0.0, bidirectional=False, dtype="float32"):
-        super().__init__(_core.RNN(int(input_size), int(hidden_size), int(num_layers), str(nonlinearity), bool(bias),
+        input_size, hidden_size, num_layers = _int_args(self, input_size=input_size, hidden_size=hidden_size,
+                                                        num_layers=num_layers)
+        super().__init__(_core.RNN(input_size, hidden_size, num_layers, str(nonlinearity), bool(bias),
                                    bool(batch_first), float(dropout), bool(bidirectional), dtype))
 
 
@@ -107,7 +109,9 @@ class GRU(_Recurrent):
 
     def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
                  bidirectional=False, dtype="float32"):
-        super().__init__(_core.GRU(int(input_size), int(hidden_size), int(num_layers), bool(bias), bool(batch_first),
+        input_size, hidden_size, num_layers = _int_args(self, input_size=input_size, hidden_size=hidden_size,
+                                                        num_layers=num_layers)
+        super().__init__(_core.GRU(input_size, hidden_size, num_layers, bool(bias), bool(batch_first),
                                    float(dropout), bool(bidirectional), dtype))
 
 
@@ -118,7 +122,9 @@ class LSTM(_Recurrent):
 
     def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
                  bidirectional=False, dtype="float32"):
-        super().__init__(_core.LSTM(int(input_size), int(hidden_size), int(num_layers), bool(bias), bool(batch_first),
+        input_size, hidden_size, num_layers = _int_args(self, input_size=input_size, hidden_size=hidden_size,
+                                                        num_layers=num_layers)
+        super().__init__(_core.LSTM(input_size, hidden_size, num_layers, bool(bias), bool(batch_first),
                                     float(dropout), bool(bidirectional), dtype))
 
 
