@@ -162,6 +162,8 @@ void bind_nn(py::module_& m) {
       // Setters take the model's lock: never while holding the GIL (a compile traces under the GIL).
       .def_property("deterministic", &Model::deterministic,
                     py::cpp_function(&Model::set_deterministic, py::call_guard<py::gil_scoped_release>()))
+      .def_property("plan_cache_limit", &Model::plan_cache_limit,
+                    py::cpp_function(&Model::set_plan_cache_limit, py::call_guard<py::gil_scoped_release>()))
       .def_property("fusion", &Model::fusion,
                     py::cpp_function(&Model::set_fusion, py::call_guard<py::gil_scoped_release>()))
       .def_property_readonly("backend", &Model::backend)

@@ -239,6 +239,19 @@ class Module:
     def fusion(self, on):
         self._compiled().fusion = bool(on)
 
+    @property
+    def plan_cache_limit(self):
+        """Compiled plans kept (one per input signature and mode; 64 by default), the least recently
+        used evicted first, so a host that feeds a new batch size every step stays within bounded
+        memory. Each plan holds its kernels (oneDNN's JIT code included)."""
+        return self._compiled().plan_cache_limit
+
+    @plan_cache_limit.setter
+    def plan_cache_limit(self, limit):
+        if isinstance(limit, bool) or not isinstance(limit, numbers.Integral) or limit < 1:
+            raise ValueError(f"plan_cache_limit must be an integer >= 1, got {limit!r}")
+        self._compiled().plan_cache_limit = int(limit)
+
     def set_precision(self, name):
         """Compute precision of the matrix products and convolutions: "float32" (default), "bf16" or
         "fp16" (operands rounded to bfloat16 or IEEE half, float32 accumulation; parameters stay

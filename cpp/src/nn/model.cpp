@@ -184,7 +184,10 @@ std::shared_ptr<const Plan> Model::plan(const PlanKey& key, const Loss* loss) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       auto it = plans_.find(key);
-      if (it != plans_.end()) return it->second;
+      if (it != plans_.end()) {
+        it->second.last_use = ++plan_clock_;
+        return it->second.plan;
+      }
       layout_generation = layout_generation_;
     }
     std::shared_ptr<Plan> plan = compile(key, loss);
@@ -192,8 +195,35 @@ std::shared_ptr<const Plan> Model::plan(const PlanKey& key, const Loss* loss) {
     plan->owner_generation = layout_generation;
     std::lock_guard<std::mutex> lock(mutex_);
     if (layout_generation_ != layout_generation) continue;  // re-packed while tracing: offsets changed
-    return plans_.emplace(key, std::move(plan)).first->second;
+    auto [it, fresh] = plans_.emplace(key, CachedPlan{std::move(plan), 0});
+    it->second.last_use = ++plan_clock_;
+    std::shared_ptr<const Plan> result = it->second.plan;
+    if (fresh) evict_plans_over_limit();
+    return result;
   }
+}
+
+void Model::evict_plans_over_limit() {
+  // A linear scan per insertion over at most limit + 1 entries; callers hold their plans by
+  // shared_ptr, so an evicted plan lives on until its last run ends.
+  while (plans_.size() > plan_cache_limit_) {
+    auto oldest = plans_.begin();
+    for (auto it = plans_.begin(); it != plans_.end(); ++it)
+      if (it->second.last_use < oldest->second.last_use) oldest = it;
+    plans_.erase(oldest);
+  }
+}
+
+void Model::set_plan_cache_limit(std::size_t limit) {
+  if (limit < 1) throw_value_error("Model.set_plan_cache_limit: the limit must be at least 1, got ", limit);
+  std::lock_guard<std::mutex> lock(mutex_);
+  plan_cache_limit_ = limit;
+  evict_plans_over_limit();
+}
+
+std::size_t Model::plan_cache_limit() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return plan_cache_limit_;
 }
 
 std::shared_ptr<Plan> Model::compile(const PlanKey& key, const Loss* loss) const {
@@ -224,7 +254,7 @@ MemoryReport Model::memory_report(const std::vector<Tensor>& inputs, bool traini
 std::string Model::describe_plans() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::string text;
-  for (const auto& [key, plan] : plans_) text += plan->describe();
+  for (const auto& [key, cached] : plans_) text += cached.plan->describe();
   return text;
 }
 
