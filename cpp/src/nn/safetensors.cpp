@@ -2,6 +2,7 @@
 // trusts the file: every length, offset and shape is checked against the bytes actually present
 // before anything is allocated or copied, and tensors are only returned once the checksum matched.
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,7 +10,9 @@
 #include <atomic>
 #include <bit>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <optional>
@@ -448,6 +451,31 @@ void fsync_directory(const std::filesystem::path& dir, const std::string& who) {
   if (rc != 0 && err != EINVAL && err != ENOTSUP) throw_io_error(err, who + ": fsync of the directory failed");
 }
 
+// A save killed mid-write (SIGKILL, power loss) leaves its temporary file behind. The next save to
+// the same path removes those of processes no longer alive on this host, once they are a minute
+// old (a shared file system may hold a live writer of another host with the same pid: it keeps
+// its file fresh while it writes). Best effort: any error leaves the file where it is.
+void remove_stale_temporaries(const std::filesystem::path& dir, const std::string& filename) {
+  namespace fs = std::filesystem;
+  const std::string prefix = "." + filename + ".tmp.";
+  std::error_code ec;
+  const auto now = fs::file_time_type::clock::now();
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    const std::string rest = name.substr(prefix.size());
+    const std::size_t dot = rest.find('.');
+    if (dot == 0 || dot == std::string::npos || rest.find_first_not_of("0123456789.") != std::string::npos) continue;
+    const long pid = std::strtol(rest.substr(0, dot).c_str(), nullptr, 10);
+    if (pid <= 0 || pid == ::getpid() || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    std::error_code time_ec;
+    const auto written = fs::last_write_time(it->path(), time_ec);
+    if (time_ec || now - written < std::chrono::minutes(1)) continue;
+    std::error_code remove_ec;
+    fs::remove(it->path(), remove_ec);
+  }
+}
+
 // Temporary file beside the destination -> write -> fsync -> close -> rename -> fsync directory.
 void write_atomic(const std::string& path, const Prepared& p, const std::string& who) {
   namespace fs = std::filesystem;
@@ -456,6 +484,7 @@ void write_atomic(const std::string& path, const Prepared& p, const std::string&
   const fs::path dest(path);
   if (!dest.has_filename()) throw_value_error(who, ": the path names a directory, not a file");
   const fs::path dir = dest.has_parent_path() ? dest.parent_path() : fs::path(".");
+  remove_stale_temporaries(dir, dest.filename().string());
   const fs::path tmp = dir / ("." + dest.filename().string() + ".tmp." + std::to_string(::getpid()) + "." +
                               std::to_string(counter++));
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
