@@ -125,3 +125,59 @@ def test_a_wide_file_of_many_tensors_loads_in_linear_time(tmp_path):
     start = time.perf_counter()
     assert len(tl.io.load_file(str(path))) == 20_000
     assert time.perf_counter() - start < 10
+
+
+def _mutations(rng, node):
+    """Variants of one architecture node: numbers made absurd, negative, fractional or strings; keys
+    dropped, renamed or added; types swapped; structure nested or emptied."""
+    values = [0, -1, 2 ** 62, 2 ** 63 - 1, 2 ** 64, 1.5, -0.5, 1e308, "3", None, [], {}, [2 ** 40, 2 ** 40], True]
+    types = ["Linear", "Conv2d", "LayerNorm", "Embedding", "LSTM", "MultiheadAttention", "Sequential", "Nope", ""]
+    out = json.loads(json.dumps(node))
+    config = out.setdefault("config", {}) if isinstance(out, dict) else {}
+    choice = rng.integers(6)
+    if choice == 0 and config:
+        config[rng.choice(sorted(config))] = values[rng.integers(len(values))]
+    elif choice == 1 and config:
+        del config[rng.choice(sorted(config))]
+    elif choice == 2:
+        config[f"unknown_{rng.integers(3)}"] = values[rng.integers(len(values))]
+    elif choice == 3:
+        out["type"] = types[rng.integers(len(types))]
+    elif choice == 4:
+        out = {"type": "Sequential", "layers": [out] * int(rng.integers(0, 3))}
+    else:
+        out["config"] = values[rng.integers(len(values))]
+    return out
+
+
+def _seed_layers():
+    """Architecture nodes as tl.save writes them, one per kind of saved layer."""
+    modules = [tl.nn.Linear(3, 4), tl.nn.Conv2d(1, 2, 3, padding=1), tl.nn.LayerNorm(4), tl.nn.Embedding(5, 3),
+               tl.nn.GroupNorm(2, 4), tl.nn.MaxPool2d(2), tl.nn.BatchNorm1d(4), tl.nn.ConvTranspose2d(2, 2, 3)]
+    return [tl.io.describe(tl.nn.Sequential(m))["model"]["layers"][0] for m in modules]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_mutated_architectures_are_refused_or_loaded_never_crash(tmp_path, seed):
+    """Each mutation is loaded over the seed layer's real weights and over an empty payload: tl.load
+    raises a ValueError or TypeError or returns a model; under tools/sanitize.sh it runs with ASan."""
+    rng = np.random.default_rng(seed)
+    seeds = _seed_layers()
+    outcomes = {"refused": 0, "loaded": 0}
+    for trial in range(60):
+        layer = seeds[trial % len(seeds)]
+        tl.manual_seed(0)
+        honest = tl.io.build({"format": FORMAT, "model": {"type": "Sequential", "layers": [layer]}})
+        tensors = {k: np.ascontiguousarray(v) for k, v in honest.state_dict().items()}
+        mutated = _mutations(rng, layer)
+        for payload in (tensors, {}):
+            path = _forge(tmp_path / f"m{trial}.safetensors", [mutated], payload)
+            try:
+                net = tl.load(path)
+            except (ValueError, TypeError, KeyError):
+                outcomes["refused"] += 1
+            else:
+                outcomes["loaded"] += 1
+                if not payload:  # weights from nowhere would be a silently made-up model
+                    assert net.num_parameters() == 0, mutated
+    assert outcomes["refused"] > 0, outcomes
