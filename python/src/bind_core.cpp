@@ -30,7 +30,7 @@ Attrs attrs_from_dict(const py::dict& d) {
 
 OpRunResult run_op_checked(const std::string& op, const py::list& inputs, const py::dict& attrs,
                            const py::object& grads, const std::string& backend, bool training, uint64_t seed,
-                           int workers) {
+                           int workers, bool all_kernels = false) {
   std::vector<Tensor> in, go;
   for (std::size_t i = 0; i < inputs.size(); ++i) in.push_back(tensor_from_numpy(inputs[i], "run_op input"));
   if (!grads.is_none())
@@ -39,18 +39,20 @@ OpRunResult run_op_checked(const std::string& op, const py::list& inputs, const 
   OpRunResult r;
   {
     py::gil_scoped_release release;
-    r = run_op(op, in, a, go, backend, training, seed, workers);
+    r = run_op(op, in, a, go, backend, training, seed, workers, all_kernels);
   }
   return r;
 }
 
 py::tuple run_op_py(const std::string& op, const py::list& inputs, const py::dict& attrs, const py::object& grads,
-                    const std::string& backend, bool training, uint64_t seed, int workers) {
-  OpRunResult r = run_op_checked(op, inputs, attrs, grads, backend, training, seed, workers);
+                    const std::string& backend, bool training, uint64_t seed, int workers, bool all_kernels,
+                    bool return_plan) {
+  OpRunResult r = run_op_checked(op, inputs, attrs, grads, backend, training, seed, workers, all_kernels);
   py::list outs, in_grads;
   // An output a device backend kept in its own layout (run_op) is not returned: None.
   for (const Tensor& t : r.outputs) outs.append(t.defined() ? py::object(numpy_copy(t)) : py::none());
   for (const Tensor& t : r.input_grads) in_grads.append(t.defined() ? py::object(numpy_copy(t)) : py::none());
+  if (return_plan) return py::make_tuple(outs, in_grads, r.plan);
   return py::make_tuple(outs, in_grads);
 }
 
@@ -173,7 +175,10 @@ void bind_core(py::module_& m) {
       .def("__exit__", [](BudgetScope& b, const py::args&) { b.active.reset(); });
   m.def("manual_seed", &manual_seed, py::arg("seed"), "Seeds the generator used to initialise parameters.");
   m.def("run_op", &run_op_py, py::arg("op"), py::arg("inputs"), py::arg("attrs"), py::arg("grad_outputs") = py::none(),
-        py::arg("backend") = "", py::arg("training") = true, py::arg("seed") = 0, py::arg("workers") = 1);
+        py::arg("backend") = "", py::arg("training") = true, py::arg("seed") = 0, py::arg("workers") = 1,
+        py::arg("all_kernels") = false, py::arg("return_plan") = false,
+        "One op on one backend, forward (and backward given grad_outputs): (outputs, input_grads[, plan]). "
+        "all_kernels: the backend also takes nodes below its profitability thresholds (verification).");
   m.def("describe_op", [](const std::string& op, const py::list& inputs, const py::dict& attrs, const py::object& grads,
                           const std::string& backend, bool training) {
           return run_op_checked(op, inputs, attrs, grads, backend, training, 0, 1).plan;

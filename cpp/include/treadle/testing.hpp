@@ -39,9 +39,11 @@ struct OpRunResult {
 // non-empty (one per output; an undefined tensor means no gradient), also runs the backward pass
 // and returns the gradient of sum(grad_output * output) with respect to each floating input.
 // workers > 1 runs on a host executor that splits every parallel_for into that many ranges (run
-// serially, last first): results must be bitwise those of the serial executor.
+// serially, last first): results must be bitwise those of the serial executor. all_kernels: a
+// backend takes every node it can compute, also those below its profitability thresholds (small
+// shapes, where the planner would prefer Eigen), so that its kernels are checked on small inputs.
 TREADLE_API OpRunResult run_op(const std::string& op, const std::vector<Tensor>& inputs, const Attrs& attrs,
                                const std::vector<Tensor>& grad_outputs = {}, const std::string& backend = "",
-                               bool training = true, uint64_t seed = 0, int workers = 1);
+                               bool training = true, uint64_t seed = 0, int workers = 1, bool all_kernels = false);
 
 }  // namespace treadle

@@ -102,6 +102,23 @@ class Backend {
 void note_cpu_decline(std::string why);
 std::string take_cpu_decline();
 
+// Backends decline nodes too small to pay for their fixed costs (measured thresholds: Eigen is
+// faster there). Verification checks kernels on small shapes, so while a KernelsForAnySize lives on
+// this thread (run_op's all_kernels) a backend takes every node it can compute, whatever its size.
+// Declines by capability (dtype, layout, the CPU) stand.
+class KernelsForAnySize {
+ public:
+  KernelsForAnySize();
+  ~KernelsForAnySize();
+  KernelsForAnySize(const KernelsForAnySize&) = delete;
+  KernelsForAnySize& operator=(const KernelsForAnySize&) = delete;
+
+ private:
+  bool outer_;
+};
+// Whether a node below a backend's profitability threshold is declined (false inside KernelsForAnySize).
+bool size_thresholds_apply();
+
 // Whether `value` is read by nodes of op `op` only, and not by the host: a forward may then write it
 // in its backend's own layout for that backward op (PreparedNode::opaque_outputs).
 bool read_only_by(const Graph& g, int value, const std::string& op);

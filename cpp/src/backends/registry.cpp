@@ -42,6 +42,14 @@ thread_local std::string cpu_decline;
 
 void note_cpu_decline(std::string why) { cpu_decline = std::move(why); }
 
+namespace {
+thread_local bool any_size = false;
+}  // namespace
+
+KernelsForAnySize::KernelsForAnySize() : outer_(any_size) { any_size = true; }
+KernelsForAnySize::~KernelsForAnySize() { any_size = outer_; }
+bool size_thresholds_apply() { return !any_size; }
+
 std::string take_cpu_decline() { return std::exchange(cpu_decline, std::string()); }
 
 bool read_only_by(const Graph& g, int value, const std::string& op) {

@@ -2,8 +2,10 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
+#include "backends/kernel.hpp"
 #include "core/plan.hpp"
 #ifdef TREADLE_WITH_CUDA
 #include "backends/cuda/cuda_backend.hpp"
@@ -105,8 +107,10 @@ void finalize_on_device(OpPlan& p, const std::string& op, const std::vector<Tens
 
 OpRunResult run_op(const std::string& op, const std::vector<Tensor>& inputs, const Attrs& attrs,
                    const std::vector<Tensor>& grad_outputs, const std::string& backend, bool training,
-                   uint64_t seed, int workers) {
+                   uint64_t seed, int workers, bool all_kernels) {
   if (workers < 1) throw_value_error("run_op: workers must be >= 1, got ", workers);
+  std::optional<KernelsForAnySize> any_size;  // while the plan is finalized (kernels are chosen)
+  if (all_kernels) any_size.emplace();
   const bool backward = !grad_outputs.empty();
   OpPlan p = build_op_plan(op, inputs, attrs, grad_outputs, training, true);
 #ifdef TREADLE_WITH_CUDA

@@ -164,6 +164,7 @@ bool direct_impl(const dnnl::primitive_desc& pd) {
 constexpr int64_t kMinMacs = int64_t{1} << 16;
 
 bool worth_it(const ConvGeometry& g, ConvPass pass) {
+  if (!size_thresholds_apply()) return true;
   if (g.batch * image_macs(g) < kMinMacs) return false;
   switch (pass) {
     case ConvPass::forward:

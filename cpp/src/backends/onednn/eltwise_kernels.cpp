@@ -45,7 +45,7 @@ dnnl::eltwise_forward::primitive_desc forward_pd(const EltwiseAlg& e, int64_t n)
 std::optional<int64_t> elements_if_worth_it(const Graph& g, const Node& node, const EltwiseAlg& e) {
   if (!all_f32(g, node)) return std::nullopt;
   const int64_t numel = shape_numel(in_shape(g, node, 0));
-  if (numel < e.min_elements) return std::nullopt;
+  if (numel < e.min_elements && size_thresholds_apply()) return std::nullopt;
   return numel;
 }
 

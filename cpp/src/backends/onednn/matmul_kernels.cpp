@@ -32,6 +32,7 @@ constexpr int64_t kMinMacs = int64_t{1} << 17;
 constexpr int64_t kMinOutputRows = 2;
 
 bool worth_it(int64_t batch, int64_t m, int64_t k, int64_t n) {
+  if (!size_thresholds_apply()) return m > 0 && n > 0 && k > 0;
   return m >= kMinOutputRows && n > 0 && k > 0 && batch * m * k * n >= kMinMacs;
 }
 

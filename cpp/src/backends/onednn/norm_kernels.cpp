@@ -54,7 +54,7 @@ std::optional<Rows> rows_if_supported(const Graph& g, const Node& node, int x) {
   const int64_t k = node.attrs.i("normalized_ndim"), numel = shape_numel(s);
   Rows r;
   for (std::size_t d = s.size() - static_cast<std::size_t>(k); d < s.size(); ++d) r.width *= s[d];
-  if (r.width == 0 || numel < kMinElements) return std::nullopt;
+  if (r.width == 0 || (numel < kMinElements && size_thresholds_apply())) return std::nullopt;
   r.rows = numel / r.width;
   return r;
 }
@@ -64,7 +64,7 @@ std::optional<Rows> group_rows_if_supported(const Graph& g, const Node& node) {
   if (!all_f32(g, node)) return std::nullopt;
   const Shape& s = in_shape(g, node, 0);
   const int64_t numel = shape_numel(s), rows = s[0] * node.attrs.i("num_groups");
-  if (rows == 0 || numel < kMinElements) return std::nullopt;
+  if (rows == 0 || (numel < kMinElements && size_thresholds_apply())) return std::nullopt;
   return Rows{rows, numel / rows};
 }
 

@@ -139,7 +139,7 @@ std::optional<ChunkPlan> plan_avg(const PoolDims& p, algorithm alg, bool backwar
 std::optional<ChunkPlan> plan_avg_node(const Graph& g, const Node& node) {
   const bool backward = op_name(node) == "avg_pool_backward";
   const Shape& x = backward ? out_shape(g, node, 0) : in_shape(g, node, 0);
-  if (!f32_data(g, node) || shape_numel(x) < kMinAvgElements) return std::nullopt;
+  if (!f32_data(g, node) || (shape_numel(x) < kMinAvgElements && size_thresholds_apply())) return std::nullopt;
   const PoolDims p = pool_dims("avg", x, node.attrs, false);
   const std::optional<algorithm> alg = avg_algorithm(node, p);
   if (!alg) return std::nullopt;
@@ -153,7 +153,7 @@ std::optional<ChunkPlan> plan_adaptive_node(const Graph& g, const Node& node) {
   const bool backward = op_name(node) == "adaptive_avg_pool_backward";
   const Shape& x = backward ? out_shape(g, node, 0) : in_shape(g, node, 0);
   const Shape& y = backward ? in_shape(g, node, 0) : out_shape(g, node, 0);
-  if (!f32_data(g, node) || shape_numel(x) < kMinAvgElements) return std::nullopt;
+  if (!f32_data(g, node) || (shape_numel(x) < kMinAvgElements && size_thresholds_apply())) return std::nullopt;
   Shape window;
   int64_t taps = 1;
   for (std::size_t d = 2; d < x.size(); ++d) {
@@ -176,7 +176,8 @@ struct MaxPoolState {
 };
 
 std::optional<ChunkPlan> plan_max(const Graph& g, const Node& node) {
-  if (!f32_data(g, node) || shape_numel(in_shape(g, node, 0)) < kMinMaxElements) return std::nullopt;
+  if (!f32_data(g, node) || (shape_numel(in_shape(g, node, 0)) < kMinMaxElements && size_thresholds_apply()))
+    return std::nullopt;
   const PoolDims p = pool_dims("max", in_shape(g, node, 0), node.attrs, true);
   const int64_t taps = p.g.kernel[0] * p.g.kernel[1] * p.g.kernel[2];
   if (taps > 256) return std::nullopt;  // the offsets must fit oneDNN's u8 workspace

@@ -42,7 +42,9 @@ constexpr int64_t kMinMacs = int64_t{1} << 18;
 std::optional<Layer> layer_of(const Graph& g, const Node& node) {
   if (g.info(node.outputs.back()).read) return std::nullopt;  // `saved` is needed: training
   const std::optional<Layer> l = layer_of_node(g, node, false);
-  if (!l || l->N < kMinSamples || l->T * l->N * 4 * l->H * (l->I + l->H) < kMinMacs) return std::nullopt;
+  if (!l) return std::nullopt;
+  if (size_thresholds_apply() && (l->N < kMinSamples || l->T * l->N * 4 * l->H * (l->I + l->H) < kMinMacs))
+    return std::nullopt;
   return l;
 }
 

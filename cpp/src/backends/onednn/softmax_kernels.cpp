@@ -41,7 +41,7 @@ dnnl::softmax_forward::primitive_desc forward_pd(const Lines& l, int64_t rows) {
 std::optional<Lines> lines_if_supported(const Graph& g, const Node& node) {
   if (!all_f32(g, node)) return std::nullopt;
   const Shape& s = in_shape(g, node, 0);
-  if (s.empty() || shape_numel(s) < kMinElements) return std::nullopt;
+  if (s.empty() || (shape_numel(s) < kMinElements && size_thresholds_apply())) return std::nullopt;
   return lines_of(s, static_cast<int>(node.attrs.i("axis")));
 }
 
