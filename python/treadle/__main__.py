@@ -1,4 +1,5 @@
-"""Command line: `python -m treadle demo [options]`, `python -m treadle --cmake-dir`."""
+"""Command line: `python -m treadle demo [options]`, `python -m treadle verify [options]`,
+`python -m treadle --cmake-dir`."""
 import argparse
 import os
 import sys
@@ -57,6 +58,12 @@ def main(argv=None):
                      "it on held-out runs and verifies gradients (a few seconds)",
         description=demo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
     commands.add_parser("bench", help="benchmarks against PyTorch (see `python -m treadle bench --help`)")
+    from . import verify
+
+    verify.add_arguments(commands.add_parser(
+        "verify", help="checks every op of this installation on this machine: gradients against finite "
+                       "differences, every backend against the float64 reference (no torch needed)",
+        description=verify.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
     args = parser.parse_args(argv)
     if args.cmake_dir:
         return _print_cmake_dir()
@@ -67,6 +74,8 @@ def main(argv=None):
             parser.error(str(e))  # usage message, exit status 2
         demo.run(args)
         return 0
+    if args.command == "verify":
+        return verify.main(args)
     parser.print_help()
     return 2
 
