@@ -131,6 +131,12 @@ def test_portable_wheel_is_manylinux_and_trains_in_a_fresh_environment(tmp_path)
     site = _run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], env=env).strip()
     result = _run([py, "-c", textwrap.dedent(SMOKE), site], env=env, cwd=tmp_path)
     assert "wheel ok" in result
+    # The installation check from the wheel alone (no torch, no source tree), under every Eigen kernel
+    # variant below.
+    torch_spec = _run([py, "-c", "import importlib.util; print(importlib.util.find_spec('torch'))"], env=env)
+    assert torch_spec.strip() == "None"
+    verified = _run([py, "-m", "treadle", "verify", "--quick"], env=env, cwd=tmp_path)
+    assert "checks passed" in verified and "onednn float32" in verified, verified[-3000:]
 
     supported = _run([py, "-c", "import treadle; print(treadle.info()['eigen.kernels'])"], env=env).strip()
     order = ["baseline", "x86-64-v3", "x86-64-v4"]
@@ -140,6 +146,9 @@ def test_portable_wheel_is_manylinux_and_trains_in_a_fresh_environment(tmp_path)
         out = _run([py, "-c", textwrap.dedent(VARIANT)], env=dict(env, TREADLE_EIGEN_KERNELS=kernels), cwd=tmp_path)
         got = json.loads(out.strip().splitlines()[-1])
         assert got["kernels"] == kernels, got
+        verified = _run([py, "-m", "treadle", "verify", "--quick", "--backend", "eigen"], env=dict(
+            env, TREADLE_EIGEN_KERNELS=kernels), cwd=tmp_path)
+        assert f"eigen.kernels {kernels}" in verified and "checks passed" in verified, verified[-3000:]
         curves[kernels] = got["losses"]
     for kernels, losses in curves.items():  # float32 with and without FMA: same curve to rounding
         np.testing.assert_allclose(losses, curves["baseline"], rtol=1e-4, err_msg=kernels)
