@@ -137,6 +137,14 @@ def test_portable_wheel_is_manylinux_and_trains_in_a_fresh_environment(tmp_path)
     assert torch_spec.strip() == "None"
     verified = _run([py, "-m", "treadle", "verify", "--quick"], env=env, cwd=tmp_path)
     assert "checks passed" in verified and "onednn float32" in verified, verified[-3000:]
+    # The benchmark suites ship in the package: the crossover study runs (it needs no torch), and the
+    # torch comparison says what it needs.
+    study = _run([py, "-m", "treadle", "bench", "crossover", "--quick", "--configs", "linear-32", "--batches", "1,8",
+                  "--min-time", "0.01", "--no-plot", "--quiet", "--out", tmp_path / "crossover"], env=env, cwd=tmp_path)
+    assert "linear-32" in study and (tmp_path / "crossover" / "latest-crossover.json").is_file(), study[-2000:]
+    no_torch = subprocess.run([py, "-m", "treadle", "bench", "--workloads", "W1"], capture_output=True, text=True,
+                              env=env, cwd=tmp_path, timeout=300)
+    assert no_torch.returncode == 2 and "PyTorch, which is not importable here" in no_torch.stderr, no_torch.stderr
 
     supported = _run([py, "-c", "import treadle; print(treadle.info()['eigen.kernels'])"], env=env).strip()
     order = ["baseline", "x86-64-v3", "x86-64-v4"]

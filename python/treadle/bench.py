@@ -1,6 +1,6 @@
 """Benchmarks against PyTorch: `python -m treadle bench` or `python bench/run.py` (see bench/README.md).
 
-Each workload (bench/workloads.py) is built in treadle and in PyTorch with the same weights and
+Each workload (treadle/bench_workloads.py) is built in treadle and in PyTorch with the same weights and
 data. Before anything is timed, the two must agree: same inference output and the same first
 training-step loss (so a ratio never compares different work). Then training steps (forward +
 loss + backward + Adam update) and inference calls are timed alternately, treadle then PyTorch, in
@@ -542,22 +542,22 @@ def run_suite(workloads, threads=(1, 2), min_time=1.0, warmup=0.2, gemm=True, pr
 
 
 def load_workloads(path=None):
-    """The workload list from bench/workloads.py: `path`, $TREADLE_BENCH_DIR, the source tree, or ./bench."""
-    here = Path(__file__).resolve().parent
-    candidates = [Path(path)] if path else []
-    if os.environ.get("TREADLE_BENCH_DIR"):
-        candidates.append(Path(os.environ["TREADLE_BENCH_DIR"]))
-    candidates += [here.parent.parent / "bench", Path.cwd() / "bench"]
-    for d in candidates:
-        f = d / "workloads.py" if d.is_dir() else d
-        if f.is_file():
-            spec = importlib.util.spec_from_file_location("treadle_bench_workloads", f)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[spec.name] = module  # dataclasses look their module up by name
-            spec.loader.exec_module(module)
-            return module.all_workloads()
-    raise FileNotFoundError("bench: cannot find bench/workloads.py (looked in "
-                            + ", ".join(str(c) for c in candidates) + "); set TREADLE_BENCH_DIR to the suite's folder")
+    """The workload list: treadle/bench_workloads.py, or a workloads.py of your own at `path` or in
+    $TREADLE_BENCH_DIR."""
+    custom = path or os.environ.get("TREADLE_BENCH_DIR")
+    custom = Path(custom) if custom else None
+    if custom is None:
+        from .bench_workloads import all_workloads
+
+        return all_workloads()
+    f = custom / "workloads.py" if custom.is_dir() else custom
+    if not f.is_file():
+        raise FileNotFoundError(f"bench: no workloads file at {f}")
+    spec = importlib.util.spec_from_file_location("treadle_bench_custom_workloads", f)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module.all_workloads()
 
 
 def _default_out_dir():
@@ -580,7 +580,8 @@ def _parser():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: both frameworks on the GPU (a CUDA build of treadle, torch with CUDA)")
-    p.add_argument("--workloads-file", default=None, help="path to a workloads.py (default: bench/workloads.py)")
+    p.add_argument("--workloads-file", default=None,
+                   help="path to a workloads.py of your own (default: the suite's, treadle/bench_workloads.py)")
     p.add_argument("--quiet", action="store_true", help="no progress lines (the table is still printed)")
     return p
 
@@ -589,10 +590,15 @@ def main(argv=None, workloads=None):
     """Entry point of `python -m treadle bench [options]`; returns the process exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["crossover"]:
-        from .bench_crossover import main as crossover_main  # the backend study: bench/crossover.py
+        from .bench_crossover import main as crossover_main  # the backend study (no torch needed)
 
         return crossover_main(argv[1:])
     args = _parser().parse_args(argv)
+    if importlib.util.find_spec("torch") is None:
+        print("bench: the benchmarks time treadle against PyTorch, which is not importable here; install it "
+              "(pip install torch==2.13.0, CPU build) or run `python -m treadle bench crossover`, which compares "
+              "treadle's backends and needs no torch", file=sys.stderr)
+        return 2
     if args.min_time <= 0 or args.warmup < 0:
         raise SystemExit(f"bench: --min-time must be > 0 and --warmup >= 0, got {args.min_time}, {args.warmup}")
     available = workloads if workloads is not None else load_workloads(args.workloads_file)
