@@ -118,3 +118,26 @@ def test_version():
     lines = proc.stdout.splitlines()
     assert lines[0] == f"treadle {treadle.__version__}"  # then the build facts (tests/test_build_info.py)
     assert lines[1].split() == ["backends"] + [b + "," for b in treadle.backends()[:-1]] + treadle.backends()[-1:]
+
+
+def test_demo_plot_draws_the_curve_and_the_rollout(tmp_path):
+    path = tmp_path / "demo.png"
+    proc = subprocess.run([sys.executable, "-m", "treadle", "demo", "--steps", "200", "--quiet", "--plot", str(path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"wrote {path}" in proc.stdout
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000  # two panels of lines, not an empty canvas
+
+
+def test_demo_plot_without_matplotlib_says_what_it_needs(monkeypatch):
+    import importlib.util
+    from types import SimpleNamespace
+
+    from treadle import demo
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    args = SimpleNamespace(steps=10, batch_size=64, hidden=8, lr=1e-3, plot="out.png")
+    with pytest.raises(ValueError, match=r"--plot needs matplotlib, which is not installed"):
+        demo.check_arguments(args)

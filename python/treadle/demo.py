@@ -133,7 +133,7 @@ def train_in_the_loop(args, log):
     sim = HeatEnsemble(rng)
     buffer = ReplayBuffer(REPLAY, NX + 1, NX)
     report_every = max(args.steps // 5, 1)
-    window, train_time = [], 0.0
+    window, train_time, curve = [], 0.0, []
     for step in range(1, args.steps + 1):
         u0, r, u1 = sim.advance()                                  # the simulation's own time step
         newest = buffer.push(features(u0, r), targets(u0, u1))     # hand over the newest samples
@@ -141,11 +141,12 @@ def train_in_the_loop(args, log):
         t0 = time.perf_counter()
         window.append(trainer.step(x, y))                          # one training step, then back to the host
         train_time += time.perf_counter() - t0
+        curve.append(window[-1])
         if step % report_every == 0 or step == args.steps:
             log(f"  step {step:6d}/{args.steps}  simulated steps {sim.t * SUBSTEPS:7d}  "
                 f"train loss {np.mean(window):.3e}  lr {trainer.lr:.2e}  replay {buffer.size}")
             window = []
-    return net, train_time
+    return net, train_time, curve
 
 
 # -- verification -------------------------------------------------------------------------------------
@@ -231,6 +232,9 @@ def add_arguments(parser):
                              "(default: %(default)s)")
     parser.add_argument("--quiet", action="store_true",
                         help="print only the results: held-out error and gradient check")
+    parser.add_argument("--plot", metavar="PNG", default=None,
+                        help="also draw the training curve and a held-out rollout against the simulation into "
+                             "this file (needs matplotlib: pip install treadle[plot])")
     return parser
 
 
@@ -243,6 +247,12 @@ def check_arguments(args):
                          f"got {args.batch_size}")
     if not args.lr > 0:
         raise ValueError(f"demo: --lr must be positive, got {args.lr}")
+    if getattr(args, "plot", None):
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            raise ValueError("demo: --plot needs matplotlib, which is not installed (pip install matplotlib, or "
+                             "treadle[plot])")
 
 
 def run(args):
@@ -254,7 +264,7 @@ def run(args):
     log(f"  network {NX + 1} -> {args.hidden} -> {args.hidden} -> {NX} (tanh), Adam, batch {args.batch_size}, "
         f"{args.steps} steps, seed {args.seed}")
     t0 = time.perf_counter()
-    net, train_time = train_in_the_loop(args, log)
+    net, train_time, curve = train_in_the_loop(args, log)
     total = time.perf_counter() - t0
     log(f"  trained in {total:.2f} s ({1e6 * train_time / args.steps:.0f} us per trainer.step, "
         f"the rest is the simulation and the replay buffer)")
@@ -266,7 +276,43 @@ def run(args):
     grad_err, n_in, n_par = gradient_check(net, args.hidden, probe, args.seed)
     print(f"gradient check: max relative error of trainer.backward vs float64 central differences "
           f"= {grad_err:.2e} ({n_in} input and {n_par} parameter entries)")
+    if args.plot:
+        plot(args.plot, net, curve, args.seed)
+        print(f"wrote {args.plot}")
     return {"rollout_error": err["rollout"], "one_step_error": err["one_step"], "gradient_error": grad_err}
+
+
+def plot(path, net, curve, seed, snapshots=(0, EPISODE // 4, EPISODE // 2, EPISODE)):
+    """The training curve, and one held-out run: the surrogate's rollout against the simulation."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # a file, never a window
+    import matplotlib.pyplot as plt
+
+    u, r = random_initial_conditions(np.random.default_rng([seed, 1]), 1)
+    true_states, surrogate_states = [u], [u]
+    for _ in range(EPISODE):
+        true_states.append(coarse_step(true_states[-1], r))
+        surrogate_states.append(surrogate_step(net, surrogate_states[-1], r))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    steps = np.arange(1, len(curve) + 1)
+    left.semilogy(steps, curve, lw=0.6, alpha=0.5, label="per step")
+    width = max(len(curve) // 50, 1)
+    if len(curve) >= width:
+        smooth = np.convolve(curve, np.ones(width) / width, mode="valid")
+        left.semilogy(steps[width - 1:], smooth, lw=1.5, label=f"mean of {width}")
+    left.set(xlabel="training step (one per simulation step)", ylabel="MSE loss", title="training in the loop")
+    left.legend()
+    x = np.arange(NX)
+    for k, t in enumerate(snapshots):
+        color = f"C{k}"
+        right.plot(x, true_states[t][0], color=color, lw=1.5, label=f"simulation, step {t}")
+        right.plot(x, surrogate_states[t][0], color=color, lw=1.5, ls="--", label=f"surrogate, step {t}")
+    right.set(xlabel="grid point", ylabel="u", title=f"held-out run: rollout of {EPISODE} coarse steps")
+    right.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def main(argv=None):
