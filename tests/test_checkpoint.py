@@ -585,3 +585,33 @@ def test_cpp_host_rejects_bad_files_unchanged(cpp_host, tmp_path):
 def test_cpp_host_resumes_bitwise(cpp_host, tmp_path):
     rc, out, err = _host(cpp_host, "resume", tmp_path / "ckpt.safetensors")
     assert rc == 0 and "resume ok" in out, out + err
+
+
+@pytest.mark.parametrize("make,shape", [
+    (lambda: tl.nn.LSTM(3, 4, num_layers=2, bidirectional=True, batch_first=True), (2, 5, 3)),
+    (lambda: tl.nn.GRU(3, 4, bias=False), (5, 2, 3)),
+    (lambda: tl.nn.RNN(3, 4, nonlinearity="relu"), (5, 2, 3)),
+    (lambda: tl.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, activation="gelu", batch_first=True,
+                                           norm_first=True), (2, 5, 8)),
+])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_recurrent_and_attention_layers_save_with_their_architecture(tmp_path, make, shape, dtype):
+    """tl.save writes the architecture of the sequence layers too, so tl.load rebuilds them alone."""
+    tl.manual_seed(0)
+    net = tl.nn.Sequential(make())
+    net.to(dtype)
+    path = tmp_path / "seq.safetensors"
+    tl.save(net, path)
+    again = tl.load(path)
+    assert again._modules["0"].config() == net._modules["0"].config()
+    x = np.random.default_rng(0).standard_normal(shape).astype(dtype)
+    first = lambda out: out[0] if isinstance(out, (tuple, list)) else out  # noqa: E731 (the output sequence)
+    np.testing.assert_array_equal(first(again.predict(x)), first(net.predict(x)))
+
+
+def test_multihead_attention_config_round_trips():
+    m = tl.nn.MultiheadAttention(8, 2, dropout=0.1, bias=False, batch_first=True)
+    desc = tl.io.describe(tl.nn.Sequential(m))
+    rebuilt = tl.io.build(desc)._modules["0"]
+    assert rebuilt.config() == m.config() == {"embed_dim": 8, "num_heads": 2, "dropout": 0.1, "bias": False,
+                                              "batch_first": True}

@@ -23,6 +23,11 @@ class MultiheadAttention(_NativeModule):
         self.embed_dim, self.num_heads, self.batch_first = embed_dim, num_heads, batch_first
         self.dropout, self.bias = float(dropout), bool(bias)
 
+    def config(self):
+        """The constructor arguments (tl.save writes them; tl.load rebuilds the layer from them)."""
+        return {"embed_dim": self.embed_dim, "num_heads": self.num_heads, "dropout": self.dropout, "bias": self.bias,
+                "batch_first": bool(self.batch_first)}
+
     def forward(self, query, key=None, value=None, key_padding_mask=None, need_weights=True, attn_mask=None,
                 is_causal=False):
         key = query if key is None else key
@@ -47,6 +52,13 @@ class TransformerEncoderLayer(_NativeModule):
                                                        str(activation), float(layer_norm_eps), bool(batch_first),
                                                        bool(norm_first), bool(bias), dtype))
         self.d_model, self.nhead, self.norm_first = d_model, nhead, norm_first
+        self._config = {"d_model": d_model, "nhead": nhead, "dim_feedforward": dim_feedforward,
+                        "dropout": float(dropout), "activation": str(activation), "layer_norm_eps": float(layer_norm_eps),
+                        "batch_first": bool(batch_first), "norm_first": bool(norm_first), "bias": bool(bias)}
+
+    def config(self):
+        """The constructor arguments (tl.save writes them; tl.load rebuilds the layer from them)."""
+        return dict(self._config)
 
     def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
         return self._native.encode(src, src_mask, src_key_padding_mask, is_causal)

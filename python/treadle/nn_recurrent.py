@@ -47,6 +47,16 @@ class _Recurrent(_NativeModule):
                 return params[name].data
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
+    def config(self):
+        """The constructor arguments (tl.save writes them; tl.load rebuilds the layer from them). The
+        dtype is the file's own."""
+        n = self._native
+        cfg = {"input_size": n.input_size, "hidden_size": n.hidden_size, "num_layers": n.num_layers, "bias": n.bias,
+               "batch_first": n.batch_first, "dropout": n.dropout, "bidirectional": n.bidirectional}
+        if n.cell.startswith("rnn_"):
+            cfg["nonlinearity"] = n.cell[len("rnn_"):]
+        return cfg
+
     @property
     def input_size(self):
         return self._native.input_size
