@@ -66,8 +66,8 @@ def _run_pinned(case, inputs, grad_outputs, backend):
     ran = [line for line in plan.splitlines() if f"[{backend}]" in line]
     if backend != "eigen" and not ran:
         why = [line.split("#", 1)[1].strip() for line in plan.splitlines() if "#" in line]
-        raise Declined(why[0] if why else f"{backend} took none of these nodes: it lists the op, but not for these "
-                       "attributes or this plan (e.g. its LSTM serves inference plans that do not return the saved gates)")
+        raise Declined(why[0] if why else f"{backend} took none of these nodes: it lists the op, but not for "
+                       "these attributes or this plan (its LSTM serves inference plans, which keep no gates)")
     return outputs, grads
 
 
