@@ -359,3 +359,14 @@ def test_trainer_rejects_bad_labels_before_any_update():
     after = trainer.model.state_dict()
     assert all(np.array_equal(before[k], np.array(after[k])) for k in before)
     trainer.step(x, np.array([0, 1, 4, 2], dtype=np.int64))  # a good batch still trains
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_unbatched_cross_entropy_takes_a_0d_label_as_torch_does(dtype):
+    """logits of shape (C,) with a 0-d class index: the functional call used to turn the label into
+    shape (1,) on its way to the op, and refuse it."""
+    logits = np.array([0.3, -1.2, 2.0, 0.1], dtype)
+    for label in range(4):
+        got = tl.loss.CrossEntropy()(logits, np.array(label))
+        expected = torch.nn.functional.cross_entropy(torch.tensor(logits), torch.tensor(label)).item()
+        np.testing.assert_allclose(got, expected, rtol=1e-6 if dtype == "float32" else 1e-13)

@@ -46,7 +46,8 @@ class Loss:
     def __call__(self, pred, target, backend=""):
         """Evaluates the loss on numpy arrays (one op call; for inspection, not for training loops)."""
         # Any layout is fine here (a copy when strided): the op itself checks dtypes and shapes.
-        arrays = [np.ascontiguousarray(a) for a in (pred, target)]
+        # np.asarray(order="C") keeps a 0-d target 0-d (np.ascontiguousarray would make it (1,)).
+        arrays = [np.asarray(a, order="C") for a in (pred, target)]
         for what, a in zip(("prediction", "target"), arrays):
             if a.dtype.name not in ("float32", "float64", "int32", "int64"):
                 raise TypeError(f"{type(self).__name__}: {what} has unsupported dtype {a.dtype} "
