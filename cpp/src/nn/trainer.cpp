@@ -341,8 +341,8 @@ void Trainer::update() {
 }
 
 void Trainer::follow_model_dtype() {
-  // model.to(dtype) keeps the layout: the optimizer's state is converted with it (step count kept),
-  // as torch's optimizer follows module.double() on the same parameters.
+  // model.to(dtype) keeps the layout: the optimizer's state is converted with it and keeps its step
+  // count, so training goes on where it was.
   if (optimizer_->dtype() == model_->dtype() || optimizer_->numel() != model_->num_trainable()) return;
 #ifdef TREADLE_WITH_CUDA
   if (device_) device_optimizer_to_host(true);
