@@ -66,7 +66,8 @@ class PoolExecutor final : public Executor {
   }
   static void check_future(const py::object& future) {
     if (!py::hasattr(future, "result"))
-      throw_type_error("PoolExecutor: pool.submit returned ", std::string(py::str(py::type::of(future).attr("__name__"))),
+      throw_type_error("PoolExecutor: pool.submit returned ",
+                       std::string(py::str(py::type::of(future).attr("__name__"))),
                        ", not a future with result(); lend a concurrent.futures executor");
   }
   ~PoolExecutor() override {

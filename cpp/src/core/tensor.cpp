@@ -98,7 +98,8 @@ void AllocationBudget::spend(int64_t bytes) {
   AllocationBudget* b = current_budget;
   if (!b) return;
   if (bytes > b->left_)
-    throw_value_error(b->what_, ": needs a tensor of ", bytes, " bytes, past the ", b->left_, " bytes left of its budget");
+    throw_value_error(b->what_, ": needs a tensor of ", bytes, " bytes, past the ", b->left_,
+                      " bytes left of its budget");
   b->left_ -= bytes;
 }
 

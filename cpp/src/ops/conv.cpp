@@ -21,9 +21,10 @@ namespace treadle {
 int64_t window_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad_begin, int64_t pad_end,
                            int64_t dilation) {
   // Wide: absurd kernel or padding sizes must not wrap around to a window that "fits".
-  const __int128 span = static_cast<__int128>(in) + pad_begin + pad_end - static_cast<__int128>(dilation) * (kernel - 1) - 1;
+  using wide = __int128;
+  const wide span = wide(in) + pad_begin + pad_end - wide(dilation) * (kernel - 1) - 1;
   if (span < 0) return 0;
-  const __int128 out = span / stride + 1;
+  const wide out = span / stride + 1;
   return out > std::numeric_limits<int64_t>::max() ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(out);
 }
 
