@@ -15,8 +15,8 @@ import numpy as np
 from . import _core
 
 __all__ = [
-    "Module", "Sequential", "Linear", "ReLU", "LeakyReLU", "ELU", "GELU", "SiLU", "Tanh", "Sigmoid", "Softplus",
-    "Softmax", "LogSoftmax", "Dropout", "Flatten", "Identity",
+    "Module", "Sequential", "ModuleList", "ModuleDict", "Linear", "ReLU", "LeakyReLU", "ELU", "GELU", "SiLU",
+    "Tanh", "Sigmoid", "Softplus", "Softmax", "LogSoftmax", "Dropout", "Flatten", "Identity",
 ]
 
 # The graph being traced on this thread and the module names under its root (see Module.__call__).
@@ -77,6 +77,11 @@ class Module:
         graph, names = getattr(_tracing, "graph", None), getattr(_tracing, "names", None)
         name = names.get(id(self)) if names else None
         if not name:
+            if graph is not None and names is not None and self.named_parameter_objects():
+                raise ValueError(f"{type(self).__name__} is used in the forward but is not registered with the "
+                                 "model, so its parameters are not the model's: assign it as an attribute "
+                                 "(self.layer = ...) or keep it in a tl.nn.ModuleList or ModuleDict, not in a plain "
+                                 "list or dict")
             return self.forward(*inputs, **kwargs)
         graph.push_scope(name)
         try:
@@ -94,6 +99,36 @@ class Module:
                     names[id(child)] = name
                     stack.append(child)
         return names
+
+    # -- submodules (torch.nn.Module's names) ---------------------------------------------------
+    def named_children(self):
+        """(name, module) for each direct submodule, in registration order."""
+        return iter(list(self._modules.items()))
+
+    def children(self):
+        return iter([m for _, m in self._modules.items()])
+
+    def named_modules(self, prefix=""):
+        """(name, module) for this module ("" or `prefix`) and every submodule below it, each once."""
+        seen, out, stack = set(), [], [(prefix, self)]
+        while stack:
+            name, module = stack.pop()
+            if id(module) in seen:
+                continue
+            seen.add(id(module))
+            out.append((name, module))
+            stack.extend(reversed([(f"{name}.{n}" if name else n, m) for n, m in module._modules.items()]))
+        return iter(out)
+
+    def modules(self):
+        return iter([m for _, m in self.named_modules()])
+
+    def apply(self, fn):
+        """Calls fn on every submodule (children first, as torch does), then on this module; returns it."""
+        for child in self._modules.values():
+            child.apply(fn)
+        fn(self)
+        return self
 
     # -- parameters -------------------------------------------------------------------------
     def _own_parameters(self):
@@ -331,6 +366,106 @@ class Sequential(Module):
 
     def __len__(self):
         return len(self._modules)
+
+
+class ModuleList(Module):
+    """Submodules in a list, registered with the model (torch.nn.ModuleList): parameters are named
+    "<attribute>.<index>.<name>" as in torch. A container only: its owner's forward calls the layers."""
+
+    def __init__(self, modules=None):
+        super().__init__()
+        self.extend(modules or [])
+
+    def _check(self, module, where):
+        if not isinstance(module, Module):
+            raise TypeError(f"ModuleList: {where} is a {type(module).__name__}, not a treadle Module")
+        return module
+
+    def append(self, module):
+        setattr(self, str(len(self._modules)), self._check(module, f"element {len(self._modules)}"))
+        return self
+
+    def extend(self, modules):
+        for module in modules:
+            self.append(module)
+        return self
+
+    def insert(self, index, module):
+        items = list(self._modules.values())
+        items.insert(index, self._check(module, f"element {index}"))
+        self._invalidate()
+        self._modules.clear()
+        for i, m in enumerate(items):
+            setattr(self, str(i), m)
+
+    def _index(self, i):
+        if isinstance(i, bool) or not isinstance(i, numbers.Integral):
+            raise TypeError(f"ModuleList indices must be integers or slices, not {type(i).__name__}")
+        n = len(self._modules)
+        if not -n <= i < n:
+            raise IndexError(f"ModuleList index {i} is out of range for {n} modules")
+        return str(i % n)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return ModuleList(list(self._modules.values())[i])
+        return self._modules[self._index(i)]
+
+    def __setitem__(self, i, module):
+        setattr(self, self._index(i), self._check(module, f"element {i}"))
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(list(self._modules.values()))
+
+    def forward(self, *inputs):
+        raise NotImplementedError("ModuleList is a container and has no forward: call its modules in a loop")
+
+
+class ModuleDict(Module):
+    """Submodules by name, registered with the model (torch.nn.ModuleDict): parameters are named
+    "<attribute>.<key>.<name>" as in torch. A container only: its owner's forward calls the layers."""
+
+    def __init__(self, modules=None):
+        super().__init__()
+        self.update(modules or {})
+
+    def __setitem__(self, key, module):
+        if not isinstance(key, str) or not key or "." in key:
+            raise KeyError(f"ModuleDict keys must be non-empty strings without '.', got {key!r}")
+        if not isinstance(module, Module):
+            raise TypeError(f"ModuleDict: {key!r} is a {type(module).__name__}, not a treadle Module")
+        setattr(self, key, module)
+
+    def __getitem__(self, key):
+        return self._modules[key]
+
+    def update(self, modules):
+        for key, module in (modules.items() if hasattr(modules, "items") else modules):
+            self[key] = module
+
+    def __contains__(self, key):
+        return key in self._modules
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(list(self._modules))
+
+    def keys(self):
+        return list(self._modules.keys())
+
+    def values(self):
+        return list(self._modules.values())
+
+    def items(self):
+        return list(self._modules.items())
+
+    def forward(self, *inputs):
+        raise NotImplementedError("ModuleDict is a container and has no forward: call its modules by key")
 
 
 class Linear(_NativeModule):
