@@ -73,7 +73,7 @@ def test_module_list_behaves_like_a_list():
     with pytest.raises(TypeError, match="not a treadle Module"):
         layers.append(torch.nn.Linear(2, 2))
     with pytest.raises(NotImplementedError, match="container"):
-        layers(np.ones((1, 2), np.float32))
+        layers.forward(None)
 
 
 def test_module_dict_behaves_like_a_dict():
@@ -109,3 +109,13 @@ def test_a_layer_kept_in_a_plain_list_is_named_in_the_error():
 
     with pytest.raises(ValueError, match=r"Linear is used in the forward but is not registered .*ModuleList"):
         Net().predict(np.ones((2, 3), np.float32))
+
+
+def test_calling_a_module_on_a_numpy_array_says_what_to_call():
+    """model(x) on data used to end in a pybind11 dump of the whole array."""
+    net = tl.nn.Sequential(tl.nn.Linear(3, 2))
+    x = np.ones((2, 3), np.float32)
+    for module in (net, net[0]):
+        with pytest.raises(TypeError, match=r"\(x\) on a numpy array: .*call \.predict\(x\)"):
+            module(x)
+    assert net.predict(x).shape == (2, 2)

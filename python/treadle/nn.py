@@ -75,6 +75,10 @@ class Module:
         # While a model is traced, each submodule records its ops under its name ("0", "encoder.fc1"),
         # so profiles and anomaly errors can say which module a node came from.
         graph, names = getattr(_tracing, "graph", None), getattr(_tracing, "names", None)
+        if graph is None and any(isinstance(x, np.ndarray) for x in inputs):
+            raise TypeError(f"{type(self).__name__}(x) on a numpy array: a treadle module computes in compiled "
+                            "plans, not eagerly; call .predict(x) for inference (eval mode), or train it with a "
+                            "tl.Trainer (its forward runs on symbolic values while the plan is traced)")
         name = names.get(id(self)) if names else None
         if not name:
             if graph is not None and names is not None and self.named_parameter_objects():
