@@ -119,3 +119,14 @@ def test_calling_a_module_on_a_numpy_array_says_what_to_call():
         with pytest.raises(TypeError, match=r"\(x\) on a numpy array: .*call \.predict\(x\)"):
             module(x)
     assert net.predict(x).shape == (2, 2)
+
+
+def test_named_parameters_iterates_pairs_like_torch_and_indexes_like_a_dict():
+    net, ref = _pair()
+    pairs = [(name, p.shape) for name, p in net.named_parameters()]
+    assert pairs == [(name, tuple(p.shape)) for name, p in ref.named_parameters()]
+    params = net.named_parameters()
+    assert params["blocks.0.weight"].shape == (8, 4) and dict(params).keys() == params.keys()
+    assert [p.shape for p in net.parameters()] == [tuple(p.shape) for p in ref.parameters()]
+    net.parameters()[0][...] = 0.5  # writable views into the model's flat buffer
+    assert np.all(net.state_dict()["blocks.0.weight"] == 0.5)

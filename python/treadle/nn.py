@@ -53,6 +53,14 @@ def _shaped_input(shape, dtype):
                          f"on this machine: {e}") from None
 
 
+class _NamedParameters(dict):
+    """A dict name -> parameter view that iterates (name, view) pairs, so that both
+    `net.named_parameters()["0.weight"]` and torch's `for name, p in net.named_parameters()` work."""
+
+    def __iter__(self):
+        return iter(list(self.items()))
+
+
 class Module:
     """Base class: holds submodules (set as attributes) and compiles into a model on first use."""
 
@@ -146,9 +154,14 @@ class Module:
         return out
 
     def named_parameters(self):
-        """Dict name -> writable numpy view of each parameter (in the model's flat buffer once compiled)."""
+        """name -> writable numpy view of each parameter (in the model's flat buffer once compiled).
+        Indexes like a dict; iterates (name, view) pairs, as torch's named_parameters()."""
         self._compiled()
-        return {n: p.data for n, p in self._unique_parameter_objects()}
+        return _NamedParameters((n, p.data) for n, p in self._unique_parameter_objects())
+
+    def parameters(self):
+        """The writable numpy view of each parameter, in state_dict order (shared ones once)."""
+        return [view for _, view in self.named_parameters().items()]
 
     def _unique_parameter_objects(self):
         """Shared (tied) parameters once, under their first name, as torch's named_parameters."""
