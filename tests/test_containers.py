@@ -130,3 +130,12 @@ def test_named_parameters_iterates_pairs_like_torch_and_indexes_like_a_dict():
     assert [p.shape for p in net.parameters()] == [tuple(p.shape) for p in ref.parameters()]
     net.parameters()[0][...] = 0.5  # writable views into the model's flat buffer
     assert np.all(net.state_dict()["blocks.0.weight"] == 0.5)
+
+
+def test_module_zero_grad_clears_what_a_backward_accumulated():
+    net, _ = _pair()
+    trainer = tl.Trainer(net, tl.loss.MSE(), tl.optim.SGD(lr=0.0))
+    trainer.compute_gradients(np.ones((3, 4)), np.zeros((3, 2)))
+    assert np.any(net.flat_gradients() != 0)
+    net.zero_grad()
+    assert not np.any(net.flat_gradients())

@@ -159,6 +159,11 @@ class Module:
         self._compiled()
         return _NamedParameters((n, p.data) for n, p in self._unique_parameter_objects())
 
+    def zero_grad(self, set_to_none=True):
+        """Zeroes the model's gradient buffer (treadle's gradients always exist: set_to_none is
+        accepted for torch's signature and zeroes them too)."""
+        self._compiled().zero_grad()
+
     def parameters(self):
         """The writable numpy view of each parameter, in state_dict order (shared ones once)."""
         return [view for _, view in self.named_parameters().items()]
