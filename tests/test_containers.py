@@ -111,14 +111,35 @@ def test_a_layer_kept_in_a_plain_list_is_named_in_the_error():
         Net().predict(np.ones((2, 3), np.float32))
 
 
-def test_calling_a_module_on_a_numpy_array_says_what_to_call():
-    """model(x) on data used to end in a pybind11 dump of the whole array."""
-    net = tl.nn.Sequential(tl.nn.Linear(3, 2))
-    x = np.ones((2, 3), np.float32)
-    for module in (net, net[0]):
-        with pytest.raises(TypeError, match=r"\(x\) on a numpy array: .*call \.predict\(x\)"):
-            module(x)
-    assert net.predict(x).shape == (2, 2)
+def test_calling_a_module_on_arrays_runs_inference_in_eval_mode():
+    """model(x) used to end in a pybind11 dump of the whole array. In eval mode it is predict (torch's
+    model.eval(); model(x)); in train mode (the default, as in torch) it says what to do instead of
+    silently giving the eval-mode answer of a model with dropout or batch norm."""
+    net = tl.nn.Sequential(tl.nn.Linear(3, 2), tl.nn.Dropout(0.5), tl.nn.BatchNorm1d(2))
+    x = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+    assert net.training and net[1].training
+    with pytest.raises(TypeError, match=r"\(x\) on a numpy array runs inference: call \.eval\(\) first"):
+        net(x)
+    assert net.eval() is net and not net.training and not net[2].training
+    np.testing.assert_array_equal(net(x), net.predict(x))
+    with pytest.raises(ValueError, match="already belongs to another model"):  # a submodule alone: refused
+        net[0](x)
+    net.train()
+    assert all(m.training for m in net.modules())
+
+
+def test_a_module_with_two_inputs_takes_them_positionally_when_called():
+    class Two(tl.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = tl.nn.Linear(3, 2), tl.nn.Linear(5, 2)
+
+        def forward(self, u, v):
+            return self.a(u) + self.b(v)
+
+    net = Two().eval()
+    u, v = np.ones((2, 3), np.float32), np.ones((2, 5), np.float32)
+    np.testing.assert_array_equal(net(u, v), net.predict([u, v]))
 
 
 def test_named_parameters_iterates_pairs_like_torch_and_indexes_like_a_dict():

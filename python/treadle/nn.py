@@ -67,6 +67,19 @@ class Module:
     def __init__(self):
         object.__setattr__(self, "_modules", {})
         object.__setattr__(self, "_model", None)
+        object.__setattr__(self, "training", True)
+
+    def train(self, mode=True):
+        """Sets the mode flag of this module and every submodule (torch's train()); returns self.
+        Eager calls on arrays (module(x)) need eval mode; a Trainer's steps always run in training
+        mode and its evaluate/predict in eval mode, whatever the flag says."""
+        for module in self.modules():
+            object.__setattr__(module, "training", bool(mode))
+        return self
+
+    def eval(self):
+        """train(False): module(x) on arrays then runs inference, as predict does."""
+        return self.train(False)
 
     def __setattr__(self, name, value):
         if isinstance(value, Module):
@@ -84,9 +97,16 @@ class Module:
         # so profiles and anomaly errors can say which module a node came from.
         graph, names = getattr(_tracing, "graph", None), getattr(_tracing, "names", None)
         if graph is None and any(isinstance(x, np.ndarray) for x in inputs):
-            raise TypeError(f"{type(self).__name__}(x) on a numpy array: a treadle module computes in compiled "
-                            "plans, not eagerly; call .predict(x) for inference (eval mode), or train it with a "
-                            "tl.Trainer (its forward runs on symbolic values while the plan is traced)")
+            # Eager inference on arrays, through the cached inference plan (predict). A training-mode
+            # forward (dropout, batch statistics) runs inside a Trainer step, so train mode refuses
+            # instead of silently computing the eval-mode answer.
+            if self.training:
+                raise TypeError(f"{type(self).__name__}(x) on a numpy array runs inference: call .eval() first "
+                                "(as torch code does before evaluating) or .predict(x); training-mode forwards "
+                                "run inside a tl.Trainer step")
+            if kwargs:
+                raise TypeError(f"{type(self).__name__}(x) on arrays takes the inputs only, got {sorted(kwargs)}")
+            return self.predict(inputs[0] if len(inputs) == 1 else list(inputs))
         name = names.get(id(self)) if names else None
         if not name:
             if graph is not None and names is not None and self.named_parameter_objects():
