@@ -165,8 +165,9 @@ def run(quick=False, ops=None, backends=None, seed=0, progress=None):
         raise ValueError(f"verify: unknown backend(s) {unknown}; this build has {_core.backends()}")
     cols = columns(chosen)
     cases = [c for c in CASES if not ops or c.op in ops]
-    if ops and not cases:
-        raise ValueError(f"verify: no case for {sorted(ops)}; the catalog covers {sorted({c.op for c in CASES})}")
+    missing = sorted(set(ops or ()) - {c.op for c in CASES})
+    if missing:
+        raise ValueError(f"verify: no case for {missing}; the catalog covers {sorted({c.op for c in CASES})}")
     listed = {b: _core.backend_ops(b) for b in chosen}
     rows, failures = [], []
     for n, case in enumerate(cases):
