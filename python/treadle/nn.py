@@ -7,6 +7,7 @@ operators +, -, * (residual and branching models are ordinary Python in forward)
 import functools
 import math
 import numbers
+import os
 import threading
 import weakref
 
@@ -46,6 +47,14 @@ def _shaped_input(shape, dtype):
     nbytes = math.prod(shape) * np.dtype(dtype).itemsize
     if nbytes >= 2 ** 63:
         raise ValueError(f"memory_report: an input of shape {shape} overflows a 64-bit byte count")
+    # Refused before numpy is asked: a malloc of petabytes may abort (under a sanitizer) rather than fail.
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not POSIX: let numpy decide
+        memory = None
+    if memory and nbytes > memory:
+        raise ValueError(f"memory_report: an input of shape {shape} needs {nbytes} bytes, more than this "
+                         f"machine's {memory} bytes of memory")
     try:
         return np.empty(shape, dtype=dtype)
     except (MemoryError, ValueError) as e:
