@@ -69,6 +69,11 @@ py::object predict_py(Model& model, const py::handle& xs, const py::object& cont
     arrays.append(out);
   } else {
     for (auto& [shape, dtype] : shapes) {
+      // An output no machine could hold is refused before numpy is asked for it.
+      const int64_t n = shape_numel(shape);  // throws on overflow
+      if (n > max_tensor_bytes() / static_cast<int64_t>(dtype_size(dtype)))
+        throw_value_error("predict: the output ", shape_str(shape), " of ", dtype_name(dtype), " needs more than this ",
+                          "machine's ", max_tensor_bytes(), " bytes of memory");
       py::array a(numpy_dtype(dtype), std::vector<py::ssize_t>(shape.begin(), shape.end()));
       arrays.append(a);  // holds `a` for the borrowed tensor below
       dst.push_back(tensor_from_numpy(a, "predict", false, /*borrowed=*/true));

@@ -89,6 +89,11 @@ class TREADLE_API Tensor {
 
 TREADLE_API Shape contiguous_strides(const Shape& shape);
 
+// The most one host allocation (a tensor, a plan's arena, an output buffer) may take: this machine's
+// physical memory, at most 2^47 bytes. Larger requests are refused with ValueError before any
+// allocator sees them (a malloc of petabytes may abort instead of failing, e.g. under ASan).
+TREADLE_API int64_t max_tensor_bytes();
+
 // Bounds the bytes of the host tensors this thread creates while it lives. Loading builds a file's
 // architecture under one sized from the file's own tensors: a description that declares more
 // parameters than the file holds (a forged Linear(1, 2**62), or a cheap Linear(70000, 70000)) is

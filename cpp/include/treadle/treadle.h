@@ -39,7 +39,9 @@ typedef enum treadle_status {
   TREADLE_ERROR_INTERNAL = 6  /* anything else */
 } treadle_status;
 
-typedef enum treadle_dtype { TREADLE_F32 = 0, TREADLE_F64 = 1 } treadle_dtype;
+/* The last enumerator widens the type to every int value, so that a caller's wrong value (a C int
+ * passed through an FFI) is a defined value the API can refuse, not undefined behaviour in C++. */
+typedef enum treadle_dtype { TREADLE_F32 = 0, TREADLE_F64 = 1, TREADLE_DTYPE_MAX_ENUM = 0x7FFFFFFF } treadle_dtype;
 
 typedef struct treadle_model treadle_model;
 typedef struct treadle_trainer treadle_trainer;

@@ -5,6 +5,7 @@
 #include <new>
 
 #include "treadle/error.hpp"
+#include "treadle/tensor.hpp"
 
 namespace treadle {
 
@@ -33,6 +34,9 @@ Context::Use::~Use() {
 
 void* Context::arena(std::size_t bytes) {
   if (bytes > arena_bytes_) {
+    if (bytes > static_cast<std::size_t>(max_tensor_bytes()))
+      throw_value_error("Context: a plan needs ", bytes, " bytes of activations and workspace, more than this ",
+                        "machine's ", max_tensor_bytes(), " bytes of memory");
     if (memory_budget_ && bytes > memory_budget_)
       throw_value_error("Context: a plan needs ", bytes, " bytes of activations and workspace, over this context's ",
                         "memory_budget of ", memory_budget_, " bytes");

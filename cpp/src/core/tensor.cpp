@@ -57,7 +57,6 @@ Shape contiguous_strides(const Shape& shape) {
   return strides;
 }
 
-namespace {
 // The most one host tensor may hold: this machine's physical memory (a larger one could only be
 // touched by swapping or the OOM killer, well after the call that asked for it), and never more than
 // 2^47 bytes, far below where byte counts and the planner's offsets overflow.
@@ -70,6 +69,7 @@ int64_t max_tensor_bytes() {
   return limit;
 }
 
+namespace {
 // Bytes of a new dense tensor, refusing negative dimensions and absurd sizes with a ValueError that
 // names the shape (they used to wrap around and crash later).
 std::size_t checked_bytes(const Shape& shape, DType dtype) {
