@@ -178,13 +178,16 @@ def test_binding_a_shape_whose_size_overflows_is_refused():
         tl.optim.Adam().bind([("w", (2 ** 32, 2 ** 32))], "float32")
 
 
-def test_outputs_and_activations_past_this_machines_memory_are_refused_before_allocating():
-    """An accepted layer whose output size only the input decides (adaptive pooling to 2**46 rows, past
-    the 2**47-byte cap on any machine): the request used to reach malloc, which aborts the process
-    under ASan instead of failing."""
+def test_outputs_past_every_machines_memory_are_refused_where_the_op_is_traced():
+    """An accepted layer whose output size an attribute decides (adaptive pooling to 2**46 rows, past
+    the 2**47-byte cap on any machine): the size used to reach malloc (predict's output, the plan's
+    arena), which aborts the process under ASan instead of failing."""
     x = np.ones((1, 1, 2, 2), np.float32)
-    with pytest.raises(ValueError, match=r"predict: the output \(1, 1, 70368744177664, 1\) of float32 needs more"):
+    message = r"adaptive_avg_pool: an output of shape \(1, 1, 70368744177664, 1\) and dtype float32 needs more"
+    with pytest.raises(ValueError, match=message):
         tl.nn.Sequential(tl.nn.AdaptiveAvgPool2d((2 ** 46, 1))).predict(x)
     inner = tl.nn.Sequential(tl.nn.AdaptiveAvgPool2d((2 ** 46, 1)), tl.nn.AdaptiveAvgPool2d((1, 1)))
-    with pytest.raises(ValueError, match=r"Context: a plan needs \d+ bytes of activations .* more than"):
+    with pytest.raises(ValueError, match=message):
         inner.predict(x)
+    with pytest.raises(ValueError, match=r"upsample2d: an output's shape .* overflows a 64-bit integer"):
+        tl.nn.Sequential(tl.nn.Upsample(size=2 ** 62)).predict(x)

@@ -116,6 +116,19 @@ std::vector<Value> Graph::apply(const std::string& op_name, const std::vector<Va
     metas.push_back({info(v.id()).shape, info(v.id()).dtype});
   }
   std::vector<TensorMeta> outs = reg.at(op).infer(metas, attrs);
+  // An output no machine could hold (a size an attribute decides: upsample, adaptive pooling, a
+  // constant) is refused here, before any workspace or memory plan multiplies it further.
+  for (const TensorMeta& m : outs) {
+    int64_t n = 0;
+    try {
+      n = shape_numel(m.shape);  // throws on overflow
+    } catch (const ValueError& e) {
+      throw_value_error(op_name, ": an output's ", e.what());
+    }
+    if (n > max_tensor_bytes() / static_cast<int64_t>(dtype_size(m.dtype)))
+      throw_value_error(op_name, ": an output of shape ", shape_str(m.shape), " and dtype ", dtype_name(m.dtype),
+                        " needs more than this machine's ", max_tensor_bytes(), " bytes of memory");
+  }
   Node node;
   node.op = op;
   for (const Value& v : inputs) node.inputs.push_back(v.id());

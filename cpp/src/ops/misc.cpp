@@ -108,12 +108,13 @@ void register_misc_ops(OpRegistry& r) {
          .infer = infer_upsample,
          .grad = grad_upsample,
          .workspace = [](const std::vector<TensorMeta>&, const Attrs& a) {
-           return static_cast<std::size_t>(a.ints("size")[0] + a.ints("size")[1]) * 32;  // source taps per row/column
+           // source taps per row/column; the sizes fit memory (Graph::apply refused larger outputs)
+           return (static_cast<std::size_t>(a.ints("size")[0]) + static_cast<std::size_t>(a.ints("size")[1])) * 32;
          }});
   r.add({.name = "upsample2d_backward",
          .infer = infer_upsample_backward,
          .workspace = [](const std::vector<TensorMeta>&, const Attrs& a) {
-           return static_cast<std::size_t>(a.ints("size")[0] + a.ints("size")[1]) * 32;
+           return (static_cast<std::size_t>(a.ints("size")[0]) + static_cast<std::size_t>(a.ints("size")[1])) * 32;
          }});
   r.add({.name = "output_transform", .infer = infer_output_transform, .grad = grad_output_transform});
   r.add({.name = "output_transform_backward",
