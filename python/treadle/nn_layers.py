@@ -164,6 +164,8 @@ class Unflatten(_NativeModule):
     """Splits dimension `dim` into `unflattened_size` (one entry may be -1)."""
 
     def __init__(self, dim, unflattened_size):
+        if isinstance(unflattened_size, numbers.Integral):  # torch takes a tuple (or list) only
+            raise TypeError(f"Unflatten: unflattened_size must be a tuple of ints, got int {unflattened_size}")
         sizes = _shape(unflattened_size, "Unflatten")
         dim = _int_args(self, dim=dim)
         super().__init__(_core.Unflatten(dim, sizes))

@@ -117,7 +117,10 @@ ConvNd::ConvNd(int nd, int64_t in_channels, int64_t out_channels, Shape kernel_s
       if (s != 1) throw_value_error(layer, ": padding='same' is not supported for strided convolutions");
     // PyTorch puts the odd extra element of an even total padding at the end.
     for (int i = 0; i < nd; ++i) {
-      const int64_t total = dilation_[i] * (kernel_[i] - 1);
+      int64_t total = 0;
+      if (__builtin_mul_overflow(dilation_[i], kernel_[i] - 1, &total))
+        throw_value_error(layer, ": dilation ", shape_str(dilation_), " times kernel_size ", shape_str(kernel_),
+                          " overflows");
       pad_begin_.push_back(total / 2);
       pad_end_.push_back(total - total / 2);
     }
@@ -174,7 +177,9 @@ ConvTransposeNd::ConvTransposeNd(int nd, int64_t in_channels, int64_t out_channe
   // Weight (in, out/groups, *k); PyTorch computes fan_in from dim 1 of this layout.
   Shape w{in_channels, out_channels / groups};
   w.insert(w.end(), kernel_.begin(), kernel_.end());
-  const double bound = 1.0 / std::sqrt(static_cast<double>(out_channels / groups * product(kernel_)));
+  shape_numel(w);  // a weight too large to count raises here, before any arithmetic on its sizes
+  const double bound =
+      1.0 / std::sqrt(static_cast<double>(out_channels / groups) * static_cast<double>(product(kernel_)));
   weight_ = std::make_shared<Parameter>(uniform_init(w, dtype, bound));
   register_parameter("weight", weight_);
   if (bias) {
@@ -188,7 +193,9 @@ Value ConvTransposeNd::forward(Value x) {
   return batched(layer, x, nd_, in_, [&](Value xb) {
     const Shape s = spatial(xb);
     for (int i = 0; i < nd_; ++i)
-      if ((s[i] - 1) * stride_[i] - 2 * padding_[i] + dilation_[i] * (kernel_[i] - 1) + output_padding_[i] + 1 < 1)
+      if (static_cast<__int128>(s[i] - 1) * stride_[i] - static_cast<__int128>(2) * padding_[i] +
+              static_cast<__int128>(dilation_[i]) * (kernel_[i] - 1) + output_padding_[i] + 1 <
+          1)
         throw_value_error(layer, ": input ", shape_str(xb.shape()), " with padding ", shape_str(padding_),
                           " gives an empty output");
     Graph& g = xb.graph();
