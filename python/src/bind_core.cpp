@@ -92,8 +92,6 @@ void bind_functional(py::module_& m) {
   f.def("sub", &ops::sub);
   f.def("mul", &ops::mul);
   f.def("scale", &ops::scale);
-  f.def("sum", &ops::sum, py::arg("x"), py::arg("dim"), py::arg("keepdim") = false);
-  f.def("mean", &ops::mean, py::arg("x"), py::arg("dim"), py::arg("keepdim") = false);
   f.def("reshape", &ops::reshape);
   f.def("flatten", &ops::flatten, py::arg("x"), py::arg("start_dim") = 1, py::arg("end_dim") = -1);
   f.def("concat", &ops::concat, py::arg("parts"), py::arg("axis") = -1);

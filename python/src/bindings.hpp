@@ -35,6 +35,7 @@ DType dtype_from_py(const py::handle& obj);  // "float32", np.float32, np.dtype
 py::dict memory_dict(const MemoryReport& r);
 
 void bind_core(py::module_& m);
+void bind_math(py::module_& m);  // after bind_core (adds to its functional submodule)
 void bind_nn(py::module_& m);
 void bind_optim(py::module_& m);
 void bind_train(py::module_& m);

@@ -7,6 +7,7 @@ PYBIND11_MODULE(_core, m) {
   py::register_exception<treadle::TypeError>(m, "_TypeError", PyExc_TypeError);
   treadle::py_bind::bind_executor(m);
   treadle::py_bind::bind_core(m);
+  treadle::py_bind::bind_math(m);
   treadle::py_bind::bind_nn(m);
   treadle::py_bind::bind_optim(m);
   treadle::py_bind::bind_train(m);

@@ -98,6 +98,20 @@ case("scale", "alpha -2.5", floats((3, 4)), {"alpha": -2.5})
 case("sum_to", "columns", floats((4, 5)), {"shape": [5]})
 case("sum_to", "middle and leading dims", floats((2, 3, 4)), {"shape": [3, 1]})
 case("sum_to", "to a scalar", floats((3, 4)), {"shape": []})
+case("div", "same shape", lambda r: [normal(r, (3, 4)), positive(r, (3, 4))])
+case("div", "broadcast both sides", lambda r: [normal(r, (3, 1, 4)), -positive(r, (2, 1))])
+
+# ---- elementwise math ---------------------------------------------------------------------------
+ACT_MATH = (3, 4)
+case("exp", "", floats(ACT_MATH, scale=1.5))
+case("log", "", lambda r: [positive(r, ACT_MATH, 0.3, 3.0)])
+case("log1p", "", lambda r: [positive(r, ACT_MATH, -0.7, 3.0)])
+case("sqrt", "", lambda r: [positive(r, ACT_MATH, 0.3, 3.0)])
+case("abs", "", lambda r: [away(r, ACT_MATH, scale=2.0)])
+case("pow", "exponent 3", floats(ACT_MATH), {"exponent": 3.0})
+case("pow", "exponent -1.5", lambda r: [positive(r, ACT_MATH, 0.5, 2.0)], {"exponent": -1.5})
+case("clamp", "min and max", lambda r: [away(r, ACT_MATH, kinks=(-0.5, 0.75), scale=2.0)], {"min": -0.5, "max": 0.75})
+case("clamp", "min only", lambda r: [away(r, ACT_MATH, kinks=(0.25,), scale=2.0)], {"min": 0.25})
 
 # ---- activations --------------------------------------------------------------------------------
 ACT = (3, 5)

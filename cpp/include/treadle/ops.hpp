@@ -1,6 +1,7 @@
 #pragma once
 // The symbolic op API: what a module's forward (or a functional model) calls while tracing.
 // Each function records one node; the op's checks and gradient rule live in cpp/src/ops.
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,12 +21,32 @@ TREADLE_API Value scale(Value a, double alpha);  // alpha * a
 TREADLE_API Value sum_to(Value a, const Shape& shape);  // reduce broadcast dimensions back to `shape`
 TREADLE_API Value sum(Value a, int axis, bool keepdim = false);
 TREADLE_API Value mean(Value a, int axis, bool keepdim = false);
+// Over several dims at once; an empty list reduces over every dim (x.sum() in torch).
+TREADLE_API Value sum(Value a, const std::vector<int64_t>& dims, bool keepdim = false);
+TREADLE_API Value mean(Value a, const std::vector<int64_t>& dims, bool keepdim = false);
+TREADLE_API Value div(Value a, Value b);
+
+// Elementwise math (PyTorch's semantics; each differentiable twice)
+TREADLE_API Value exp(Value x);
+TREADLE_API Value log(Value x);
+TREADLE_API Value log1p(Value x);
+TREADLE_API Value sqrt(Value x);
+TREADLE_API Value abs(Value x);
+TREADLE_API Value pow(Value x, double exponent);
+TREADLE_API Value clamp(Value x, std::optional<double> min, std::optional<double> max);  // at least one bound
 
 // Shape
 TREADLE_API Value reshape(Value a, const Shape& shape);  // one entry may be -1
 TREADLE_API Value flatten(Value a, int start_dim = 1, int end_dim = -1);
 TREADLE_API Value concat(const std::vector<Value>& parts, int axis);
 TREADLE_API Value slice(Value a, int axis, int64_t start, int64_t stop);
+// torch's view-like methods, recorded as reshape / permute / slice nodes.
+TREADLE_API Value transpose(Value a, int dim0, int dim1);
+TREADLE_API Value unsqueeze(Value a, int dim);
+TREADLE_API Value squeeze(Value a, std::optional<int> dim = std::nullopt);  // all size-1 dims, or `dim` if it is 1
+TREADLE_API std::vector<Value> split(Value a, int64_t split_size, int dim = 0);  // the last part may be smaller
+TREADLE_API std::vector<Value> split(Value a, const std::vector<int64_t>& sizes, int dim = 0);
+TREADLE_API std::vector<Value> chunk(Value a, int64_t chunks, int dim = 0);  // parts of ceil(n / chunks)
 
 // Attention building blocks
 TREADLE_API Value bmm(Value a, Value b, bool trans_a = false, bool trans_b = false);  // (B, M, K) @ (B, K, N)

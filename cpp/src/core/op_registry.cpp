@@ -9,6 +9,7 @@ const OpRegistry& OpRegistry::instance() {
     OpRegistry r;
     register_linear_ops(r);
     register_elementwise_ops(r);
+    register_math_ops(r);
     register_shape_ops(r);
     register_activation_ops(r);
     register_softmax_ops(r);

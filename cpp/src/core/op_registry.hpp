@@ -60,6 +60,7 @@ class OpRegistry {
 // Each op family file provides one of these; OpRegistry::instance() calls them in turn.
 void register_linear_ops(OpRegistry& r);
 void register_elementwise_ops(OpRegistry& r);
+void register_math_ops(OpRegistry& r);
 void register_shape_ops(OpRegistry& r);
 void register_activation_ops(OpRegistry& r);
 void register_softmax_ops(OpRegistry& r);
@@ -79,5 +80,7 @@ void check_num_inputs(const std::string& op, const std::vector<TensorMeta>& in, 
 void check_same_dtype(const std::string& op, const std::vector<TensorMeta>& in);
 void check_floating(const std::string& op, const TensorMeta& m);
 int normalize_axis(const std::string& op, int64_t axis, int ndim);
+// numpy broadcasting of two shapes; ValueError naming `op` when they do not broadcast.
+Shape broadcast_shapes(const std::string& op, const Shape& a, const Shape& b);
 
 }  // namespace treadle

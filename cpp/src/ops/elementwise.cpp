@@ -1,5 +1,7 @@
 // Elementwise arithmetic with numpy broadcasting, the reduction that undoes broadcasting, and a
 // constant fill (used to seed a loss's backward pass).
+#include <limits>
+
 #include "core/op_registry.hpp"
 #include "treadle/error.hpp"
 #include "treadle/ops.hpp"
@@ -115,6 +117,38 @@ Value sum(Value a, int axis, bool keepdim) {
 Value mean(Value a, int axis, bool keepdim) {
   const int ax = normalize_axis("mean", axis, a.ndim());
   return scale(sum(a, ax, keepdim), 1.0 / static_cast<double>(a.dim(ax)));
+}
+
+// The dims to reduce, normalised, each once; empty means all of them.
+static std::vector<bool> reduced_dims(const char* op, const Value& a, const std::vector<int64_t>& dims) {
+  std::vector<bool> reduce(a.ndim(), dims.empty());
+  for (int64_t d : dims) {
+    const int ax = normalize_axis(op, d, a.ndim());
+    if (reduce[ax]) throw_value_error(op, ": dim ", ax, " appears more than once in ", shape_str(dims));
+    reduce[ax] = true;
+  }
+  return reduce;
+}
+
+Value sum(Value a, const std::vector<int64_t>& dims, bool keepdim) {
+  const std::vector<bool> reduce = reduced_dims("sum", a, dims);
+  Shape kept = a.shape(), dropped;
+  for (int d = 0; d < a.ndim(); ++d) {
+    if (reduce[d]) kept[d] = 1;
+    else dropped.push_back(kept[d]);
+  }
+  Value s = sum_to(a, kept);
+  return keepdim || kept == dropped ? s : reshape(s, dropped);
+}
+
+Value mean(Value a, const std::vector<int64_t>& dims, bool keepdim) {
+  const std::vector<bool> reduce = reduced_dims("mean", a, dims);
+  int64_t count = 1;
+  for (int d = 0; d < a.ndim(); ++d)
+    if (reduce[d]) count *= a.dim(d);
+  // As torch, the mean over no elements is NaN (0 * inf would hide it as 0).
+  const double inv = count == 0 ? std::numeric_limits<double>::quiet_NaN() : 1.0 / static_cast<double>(count);
+  return scale(sum(a, dims, keepdim), inv);
 }
 }  // namespace ops
 

@@ -5,6 +5,8 @@
 // slice(a, axis, start, stop) takes the half-open range [start, stop) along `axis`; a negative
 // start or stop counts from the end as in Python, but out-of-range bounds are an error rather than
 // being clamped. Empty ranges (start == stop) are allowed.
+#include <algorithm>
+#include <optional>
 #include <variant>
 
 #include "core/op_registry.hpp"
@@ -236,6 +238,80 @@ Value concat(const std::vector<Value>& parts, int axis) {
 
 Value slice(Value a, int axis, int64_t start, int64_t stop) {
   return graph_of("slice", a).apply1("slice", {a}, {{"axis", int64_t{axis}}, {"start", start}, {"stop", stop}});
+}
+
+// The composites below record reshape, permute and slice nodes (torch's view-like methods).
+Value transpose(Value a, int dim0, int dim1) {
+  const int nd = (graph_of("transpose", a), a.ndim());
+  // As torch, a 0-d or 1-d tensor transposes to itself (dims 0 and -1 name its only axis).
+  const int d0 = normalize_axis("transpose", dim0, std::max(nd, 1));
+  const int d1 = normalize_axis("transpose", dim1, std::max(nd, 1));
+  if (d0 == d1 || nd < 2) return a;
+  std::vector<int64_t> dims(nd);
+  for (int i = 0; i < nd; ++i) dims[i] = i;
+  std::swap(dims[d0], dims[d1]);
+  return permute(a, dims);
+}
+
+Value unsqueeze(Value a, int dim) {
+  Shape s = (graph_of("unsqueeze", a), a.shape());
+  const int d = normalize_axis("unsqueeze", dim, static_cast<int>(s.size()) + 1);
+  s.insert(s.begin() + d, 1);
+  return reshape(a, s);
+}
+
+Value squeeze(Value a, std::optional<int> dim) {
+  Shape s = (graph_of("squeeze", a), a.shape());
+  if (s.empty()) return a;
+  if (dim) {
+    const int d = normalize_axis("squeeze", *dim, static_cast<int>(s.size()));
+    if (s[d] != 1) return a;  // as torch: a dimension that is not 1 stays
+    s.erase(s.begin() + d);
+  } else {
+    s.erase(std::remove(s.begin(), s.end(), int64_t{1}), s.end());
+  }
+  return s == a.shape() ? a : reshape(a, s);
+}
+
+std::vector<Value> split(Value a, const std::vector<int64_t>& sizes, int dim) {
+  const Shape s = (graph_of("split", a), a.shape());
+  if (s.empty()) throw_value_error("split: a 0-d tensor cannot be split");
+  const int d = normalize_axis("split", dim, static_cast<int>(s.size()));
+  int64_t total = 0;
+  for (int64_t n : sizes) {
+    if (n < 0) throw_value_error("split: sizes must be non-negative, got ", shape_str(sizes));
+    total += n;
+  }
+  if (total != s[d])
+    throw_value_error("split: sizes ", shape_str(sizes), " sum to ", total, ", but dimension ", d, " has size ", s[d]);
+  std::vector<Value> parts;
+  int64_t start = 0;
+  for (int64_t n : sizes) {
+    parts.push_back(slice(a, d, start, start + n));
+    start += n;
+  }
+  return parts;
+}
+
+std::vector<Value> split(Value a, int64_t split_size, int dim) {
+  const Shape s = (graph_of("split", a), a.shape());
+  if (s.empty()) throw_value_error("split: a 0-d tensor cannot be split");
+  const int d = normalize_axis("split", dim, static_cast<int>(s.size()));
+  if (split_size <= 0 && !(split_size == 0 && s[d] == 0))
+    throw_value_error("split: split_size must be positive, got ", split_size);
+  std::vector<int64_t> sizes;
+  for (int64_t start = 0; start < s[d]; start += split_size) sizes.push_back(std::min(split_size, s[d] - start));
+  if (sizes.empty()) sizes.push_back(0);
+  return split(a, sizes, d);
+}
+
+std::vector<Value> chunk(Value a, int64_t chunks, int dim) {
+  if (chunks <= 0) throw_value_error("chunk: chunks must be positive, got ", chunks);
+  const Shape s = (graph_of("chunk", a), a.shape());
+  if (s.empty()) throw_value_error("chunk: a 0-d tensor cannot be chunked");
+  const int d = normalize_axis("chunk", dim, static_cast<int>(s.size()));
+  const int64_t size = (s[d] + chunks - 1) / chunks;  // as torch: equal parts of ceil(n / chunks), the last smaller
+  return split(a, size == 0 ? int64_t{1} : size, d);
 }
 
 }  // namespace ops

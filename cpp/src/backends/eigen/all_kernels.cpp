@@ -8,6 +8,7 @@ namespace treadle {
 void register_eigen_kernels(KernelTable& t) {
   register_eigen_linear(t);
   register_eigen_elementwise(t);
+  register_eigen_math(t);
   register_eigen_shape(t);
   register_eigen_activation(t);
   register_eigen_softmax(t);

@@ -9,6 +9,7 @@ const Backend& eigen_backend();
 // Each kernel family file provides one of these; eigen_backend.cpp calls them all.
 void register_eigen_linear(KernelTable& t);
 void register_eigen_elementwise(KernelTable& t);
+void register_eigen_math(KernelTable& t);
 void register_eigen_shape(KernelTable& t);
 void register_eigen_activation(KernelTable& t);
 void register_eigen_softmax(KernelTable& t);

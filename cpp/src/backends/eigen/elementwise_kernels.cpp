@@ -1,4 +1,4 @@
-// Reference elementwise kernels with numpy broadcasting, the broadcast-undoing reduction and fill.
+// Reference elementwise kernels (add, sub, mul, div) with numpy broadcasting, the broadcast-undoing reduction and fill.
 #include <algorithm>
 #include <array>
 #include <vector>
@@ -84,6 +84,10 @@ struct SubOp {
 struct MulOp {
   template <typename X>
   static auto apply(const X& a, const X& b) { return a * b; }
+};
+struct DivOp {
+  template <typename X>
+  static auto apply(const X& a, const X& b) { return a / b; }
 };
 
 template <typename Op, typename T>
@@ -176,6 +180,8 @@ void register_eigen_elementwise(KernelTable& t) {
   t.add("sub", DType::f64, &binary_kernel<SubOp, double>);
   t.add("mul", DType::f32, &binary_kernel<MulOp, float>);
   t.add("mul", DType::f64, &binary_kernel<MulOp, double>);
+  t.add("div", DType::f32, &binary_kernel<DivOp, float>);
+  t.add("div", DType::f64, &binary_kernel<DivOp, double>);
   TREADLE_EIGEN_REGISTER_FLOATS(t, "scale", scale_kernel);
   TREADLE_EIGEN_REGISTER_FLOATS(t, "sum_to", sum_to_kernel);
   TREADLE_EIGEN_REGISTER_FLOATS(t, "constant", constant_kernel);
