@@ -237,7 +237,8 @@ PUBLIC = [
     ("flatten_default", tf.flatten, lambda a: a.reshape(2, -1)),
     ("flatten_0_1", lambda v: tf.flatten(v, 0, 1), lambda a: a.reshape(6, 4)),
     ("concat", lambda v: tf.concat([v, tf.slice(v, 2, 0, 1)], 2), lambda a: np.concatenate([a, a[:, :, :1]], 2)),
-    ("cat_default_axis", lambda v: tl.functional.cat([v, v]), lambda a: np.concatenate([a, a], -1)),
+    ("cat_default_dim_is_torch_0", lambda v: tl.functional.cat([v, v]), lambda a: np.concatenate([a, a], 0)),
+    ("concat_default_axis", lambda v: tf.concat([v, v]), lambda a: np.concatenate([a, a], -1)),
     ("slice", lambda v: tf.slice(v, 1, -2, 3), lambda a: a[:, -2:3]),
     ("slice_then_reshape", lambda v: tf.reshape(tf.slice(v, 0, 1, 2), [12]), lambda a: a[1:2].reshape(12)),
 ]

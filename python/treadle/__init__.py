@@ -14,6 +14,7 @@ if _dev_build:
 from . import _core  # noqa: E402
 
 from . import distributed, functional, loss, nn, optim  # noqa: E402
+from . import symbol  # noqa: E402,F401  (torch.Tensor's methods on traced symbols)
 from ._core import Context, PoolExecutor, manual_seed  # noqa: E402
 from .trainer import Trainer  # noqa: E402
 from .profile import profile  # noqa: E402

@@ -3,5 +3,4 @@ from . import _core as _c
 
 _native = _c.functional
 globals().update({name: getattr(_native, name) for name in dir(_native) if not name.startswith("_")})
-cat = _native.concat  # torch's name
-__all__ = [name for name in dir(_native) if not name.startswith("_")] + ["cat"]
+__all__ = [name for name in dir(_native) if not name.startswith("_")]
