@@ -1,6 +1,7 @@
 """A Python host lends its own thread pool: results are bitwise those of the calling thread alone."""
 import concurrent.futures
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -39,7 +40,12 @@ def test_pool_executor_predict_and_threads_are_the_hosts():
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         executor = tl.PoolExecutor(pool, 2)
         ctx = tl.Context(executor=executor)
-        parallel = net.predict(x, context=ctx)  # the pool starts its worker threads on first use
+        # A ThreadPoolExecutor starts a thread per submit only while none is idle, so after one
+        # predict it may hold 1 or 2 threads, depending on timing. Two tasks that wait for each
+        # other make it start both before the count.
+        both = threading.Barrier(2)
+        list(pool.map(lambda _: both.wait(timeout=10), range(2)))
+        parallel = net.predict(x, context=ctx)
         before = len(os.listdir("/proc/self/task"))
         again = net.predict(x, context=ctx)
         assert len(os.listdir("/proc/self/task")) == before  # treadle added none: only the host pool's threads
