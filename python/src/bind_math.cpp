@@ -74,6 +74,10 @@ void bind_elementwise_math(py::module_& f) {
         }, py::arg("input"), py::arg("min") = py::none(), py::arg("max") = py::none());
   f.def("div", &ops::div, py::arg("input"), py::arg("other"));
   f.def("div", [](Value a, double b) { return ops::div(a, scalar_of(a, b)); }, py::arg("input"), py::arg("other"));
+  f.def("rand_like", &ops::rand_like, py::arg("input"),
+        "Uniform [0, 1) noise of input's shape and dtype, drawn anew each step from the context's RNG.");
+  f.def("randn_like", &ops::randn_like, py::arg("input"),
+        "Standard normal noise of input's shape and dtype, drawn anew each step from the context's RNG.");
   f.def("_scalar_like", &scalar_of, py::arg("like"), py::arg("value"),
         "A 0-d constant of like's dtype (broadcasts against it).");
 }

@@ -5,7 +5,7 @@ Each case makes fresh random inputs from a generator it is given, tiny (at most 
 floating input) because the finite-difference check perturbs every element twice. Inputs are
 shaped so that central differences (h = 1e-6) never straddle a kink or a branch change: values are
 kept away from relu's 0, softplus's threshold, the loss kinks, and max-pool windows hold distinct
-values. Cases whose op has no differentiable input (constant, causal_mask, conv_backward_bias) have
+values. Cases whose op has no differentiable input (constant, causal_mask, random, conv_backward_bias) have
 wrt=() and grad_outputs=(): only their outputs are compared between backends.
 
 `check_catalog()` runs every case on Eigen in float64 (gradients against central differences) and
@@ -314,6 +314,9 @@ case("output_transform", "softplus everywhere", output_transform((4, 3), 3), {"a
 # ---- ops without differentiable inputs: outputs only --------------------------------------------
 case("constant", "2x3", lambda r: [], {"shape": [2, 3], "value": 1.5, "dtype": "float64"}, wrt=(), grad_outputs=())
 case("causal_mask", "3x4", lambda r: [], {"rows": 3, "cols": 4, "dtype": "float64"}, wrt=(), grad_outputs=())
+for dist in ("uniform", "normal"):  # noise: the same draws for a seed on every backend and dtype
+    case("random", dist, lambda r: [], {"shape": [3, 4], "dtype": "float64", "distribution": dist, "stream": 2},
+         wrt=(), grad_outputs=())
 
 FORWARD_OPS_WITHOUT_CASES = {
     "batch_norm_update_stats": "no outputs: it updates its running-statistics inputs in place (training "

@@ -67,6 +67,10 @@ TREADLE_API Value log_softmax(Value x, int axis = -1);
 
 // Regularisation: identity when the graph is not training.
 TREADLE_API Value dropout(Value x, double p);
+// Noise of like's shape and dtype from the context's counter-based RNG (new every step, reproducible
+// for a seed): uniform in [0, 1), or standard normal. No gradient flows into the noise.
+TREADLE_API Value rand_like(Value like);
+TREADLE_API Value randn_like(Value like);
 
 // Losses (reduction: "mean" or "sum"); each returns a scalar value.
 TREADLE_API Value mse_loss(Value pred, Value target, const std::string& reduction = "mean");

@@ -14,6 +14,7 @@ const OpRegistry& OpRegistry::instance() {
     register_activation_ops(r);
     register_softmax_ops(r);
     register_dropout_ops(r);
+    register_random_ops(r);
     register_loss_ops(r);
     register_recurrent_ops(r);
     register_attention_ops(r);

@@ -65,6 +65,7 @@ void register_shape_ops(OpRegistry& r);
 void register_activation_ops(OpRegistry& r);
 void register_softmax_ops(OpRegistry& r);
 void register_dropout_ops(OpRegistry& r);
+void register_random_ops(OpRegistry& r);
 void register_loss_ops(OpRegistry& r);
 void register_recurrent_ops(OpRegistry& r);
 void register_attention_ops(OpRegistry& r);

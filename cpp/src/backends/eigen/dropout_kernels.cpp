@@ -1,8 +1,10 @@
-// Eigen reference kernel for dropout: (x) -> (y, mask).
+// Eigen reference kernels for the ops that draw random numbers: dropout (x) -> (y, mask), and
+// random () -> uniform [0, 1) or standard normal noise.
 // Element i's uniform number is a pure function of (seed, step counter, node stream, i): a
 // splitmix64 stream keyed by a hash of the first three, evaluated at position i. No state is
 // carried between elements, so any chunking gives the same mask. The keep/drop test compares a
 // 53-bit uniform in double, so float32 and float64 runs with one seed draw identical masks.
+#include <cmath>
 #include <cstdint>
 
 #include "backends/eigen/eigen_backend.hpp"
@@ -49,12 +51,36 @@ void dropout_kernel(const KernelArgs& a) {
   });
 }
 
+// Standard normal numbers by the Box-Muller transform of the uniforms at positions 2i and 2i + 1:
+// one independent pair per element (the sine half is not used), so element i never depends on
+// another element or on the chunking. 1 - u lies in (0, 1], so the logarithm is finite, and
+// |z| stays below 8.6 (the tail beyond has probability 1e-17). Computed in double for both dtypes.
+inline double normal_at(uint64_t key, uint64_t i) {
+  constexpr double kTwoPi = 6.283185307179586476925286766559;
+  const double u1 = 1.0 - uniform_at(key, 2 * i), u2 = uniform_at(key, 2 * i + 1);
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(kTwoPi * u2);
+}
+
+template <typename T>
+void random_kernel(const KernelArgs& a) {
+  const uint64_t key = stream_key(a.rng_seed, a.rng_counter, static_cast<uint64_t>(a.attrs().i("stream")));
+  const bool normal = a.attrs().s("distribution") == "normal";
+  T* y = a.out[0].ptr<T>();
+  parallel_chunks(a.exec, a.out[0].numel, kElementGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const auto k = static_cast<uint64_t>(i);
+      y[i] = static_cast<T>(normal ? normal_at(key, k) : uniform_at(key, k));
+    }
+  });
+}
+
 }  // namespace
 }  // namespace eigen
 
 void register_eigen_dropout(KernelTable& t) {
   using namespace eigen;
   TREADLE_EIGEN_REGISTER_FLOATS(t, "dropout", dropout_kernel);
+  TREADLE_EIGEN_REGISTER_FLOATS(t, "random", random_kernel);
 }
 
 }  // namespace treadle
