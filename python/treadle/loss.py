@@ -6,12 +6,22 @@ loss op on (prediction, target). Semantics follow torch.nn.functional: `reductio
 
     loss = tl.loss.CrossEntropy()          # logits (N, C) or (N, C, d...), int64 labels (N) or (N, d...)
     loss = tl.loss.Huber(delta=0.5, reduction="sum")
+
+A custom loss is a function of the model's output (a tuple of them for a model with several) and
+the target, written with tl.functional ops and symbol methods; it is traced into the training plan
+once per input signature and differentiated with the step:
+
+    def vae_loss(outputs, x):
+        recon, mu, logvar = outputs
+        kl = -0.5 * (1 + logvar - mu ** 2 - logvar.exp()).sum()
+        return ((recon - x) ** 2).sum() + kl
+    trainer = tl.Trainer(vae, vae_loss, tl.optim.Adam(lr=1e-3))   # or tl.loss.Custom(vae_loss)
 """
 import numpy as np
 
 from . import _core
 
-__all__ = ["Loss", "MSE", "L1", "Huber", "CrossEntropy", "BCEWithLogits"]
+__all__ = ["Loss", "MSE", "L1", "Huber", "CrossEntropy", "BCEWithLogits", "Custom"]
 
 
 class Loss:
@@ -123,3 +133,37 @@ class BCEWithLogits(Loss):
 
     def __init__(self, reduction="mean"):
         self._native = _core.Loss.bce_with_logits(reduction)
+
+
+class Custom(Loss):
+    """A loss function fn(output, target) -> 0-d symbol, traced into the training plan.
+
+    `output` is the model's output symbol, or a tuple of them when the forward returns several;
+    `target` is the target symbol (any dtype: integer labels too). fn runs while a plan is compiled,
+    once per input signature, never per step; every op it records is differentiated with the
+    step. The target's shape and dtype are checked by the ops fn uses, when the plan is compiled.
+    """
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn, name=None):
+        if not callable(fn):
+            raise TypeError(f"Custom: expected a function fn(output, target), got {type(fn).__name__}")
+        self.fn = fn
+        label = name or f"loss function {getattr(fn, '__qualname__', type(fn).__name__)}"
+
+        def traced(outputs, target):
+            return fn(outputs[0] if len(outputs) == 1 else tuple(outputs), target)
+
+        self._native = _core.Loss.custom(traced, label)
+
+    @property
+    def name(self):
+        return self._native.name
+
+    def __call__(self, pred, target, backend=""):
+        raise TypeError(f"{self.name}: a custom loss runs inside a trainer's plan; evaluate it with "
+                        "Trainer.evaluate(x, y)")
+
+    def __repr__(self):
+        return f"Custom({self.name!r})"

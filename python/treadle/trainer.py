@@ -2,6 +2,7 @@
 import numpy as np
 
 from . import _core
+from . import loss as _loss
 
 
 def _require(obj, attribute, name, expected):
@@ -47,7 +48,9 @@ class Trainer:
                  executor=None, skip_nonfinite=False, verify_parameters=False, memory_budget=None,
                  detect_anomaly=False, cuda_graph=False, loss_scale=None):
         _require(model, "_compiled", "model", "a treadle module (tl.nn.Module, tl.nn.Sequential, ...)")
-        _require(loss, "_native", "loss", "a treadle loss such as tl.loss.MSE()")
+        if callable(loss) and not hasattr(loss, "_native"):
+            loss = _loss.Custom(loss)  # a plain function: fn(output, target) -> 0-d symbol
+        _require(loss, "_native", "loss", "a treadle loss such as tl.loss.MSE() or a function fn(output, target)")
         _require(optimizer, "_native", "optimizer", "a treadle optimizer such as tl.optim.Adam(lr=1e-3)")
         options = _core.TrainerOptions()
         options.loss_scaling = _loss_scaling(loss_scale)

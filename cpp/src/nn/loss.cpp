@@ -2,6 +2,7 @@
 // against before a step runs, so that a bad batch is rejected before any weight or gradient moves.
 #include "treadle/loss.hpp"
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 
@@ -11,7 +12,7 @@
 namespace treadle {
 namespace {
 
-const char* const kKinds = "mse, l1, huber, cross_entropy, bce_with_logits";
+const char* const kKinds = "mse, l1, huber, cross_entropy, bce_with_logits (or a custom loss)";
 
 void check_reduction(const char* fn, const std::string& reduction) {
   if (reduction != "mean" && reduction != "sum")
@@ -71,7 +72,25 @@ void check_same(const std::string& op, const Shape& pred_shape, DType pred_dtype
 
 }  // namespace
 
+Value Loss::apply(const std::vector<Value>& outputs, Value target) const {
+  if (outputs.empty()) throw_value_error("loss: the model returned no outputs");
+  if (!custom()) {
+    if (outputs.size() > 1)
+      throw_value_error(kind, ": the model returns ", outputs.size(), " outputs, and a built-in loss takes one; ",
+                        "give the trainer a loss function over all of them (tl.loss.Custom(fn) / loss::custom)");
+    return apply(outputs[0], target);
+  }
+  Value l = fn(outputs, target);
+  if (!l.defined()) throw_value_error(name, ": returned no value (expected a 0-d symbol)");
+  if (l.ndim() != 0)
+    throw_value_error(name, ": must return a 0-d (scalar) symbol, got shape ", shape_str(l.shape()),
+                      " (reduce it, e.g. with .mean() or .sum())");
+  if (!is_floating(l.dtype())) throw_type_error(name, ": must return a floating value, got ", dtype_name(l.dtype()));
+  return l;
+}
+
 Value Loss::apply(Value pred, Value target) const {
+  if (custom()) return apply(std::vector<Value>{pred}, target);
   if (kind == "mse") return ops::mse_loss(pred, target, reduction);
   if (kind == "l1") return ops::l1_loss(pred, target, reduction);
   if (kind == "huber") return ops::huber_loss(pred, target, delta, reduction);
@@ -84,6 +103,7 @@ DType Loss::target_dtype(DType pred) const { return kind == "cross_entropy" ? DT
 
 void Loss::check_target(const Shape& pred_shape, DType pred_dtype, const Tensor& target) const {
   if (!target.defined()) throw_value_error("Loss::check_target: ", kind, " target is undefined");
+  if (custom()) return;
   if (kind == "cross_entropy") return check_labels(pred_shape, target);
   if (kind == "mse") return check_same("mse_loss", pred_shape, pred_dtype, target);
   if (kind == "l1") return check_same("l1_loss", pred_shape, pred_dtype, target);
@@ -93,6 +113,7 @@ void Loss::check_target(const Shape& pred_shape, DType pred_dtype, const Tensor&
 }
 
 std::string Loss::key() const {
+  if (custom()) return "custom#" + std::to_string(fn_id);
   std::string k = kind + "/" + reduction;
   if (kind == "huber") {
     char buf[40];
@@ -129,6 +150,16 @@ Loss cross_entropy(const std::string& reduction) {
 Loss bce_with_logits(const std::string& reduction) {
   check_reduction("loss::bce_with_logits", reduction);
   return make("bce_with_logits", reduction);
+}
+
+Loss custom(LossFn fn, const std::string& name) {
+  if (!fn) throw_value_error("loss::custom: the loss function is empty");
+  static std::atomic<uint64_t> next_id{1};
+  Loss l = make("custom", "mean");
+  l.fn = std::move(fn);
+  l.name = name;
+  l.fn_id = next_id.fetch_add(1, std::memory_order_relaxed);
+  return l;
 }
 
 }  // namespace loss

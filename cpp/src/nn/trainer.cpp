@@ -86,7 +86,7 @@ PlanKey Trainer::make_key(PlanMode mode, Inputs xs, const Tensor* y, bool input_
   key.loss_seed_input = scaler_ && mode == PlanMode::train_loss;
   if (y) {
     // The target's dtype is checked before compiling so the error names the loss, not an op.
-    if (y->dtype() != loss_.target_dtype(model_->dtype()))
+    if (!loss_.accepts_target_dtype(y->dtype(), model_->dtype()))
       throw_type_error(loss_.kind, ": expected target of dtype ", dtype_name(loss_.target_dtype(model_->dtype())),
                        ", got ", dtype_name(y->dtype()));
     key.loss_key = loss_.key();
