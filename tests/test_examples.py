@@ -46,6 +46,19 @@ def test_heat_surrogate_example():
     assert float(match.group(1)) < HEAT_EXAMPLE_MAX_ERROR, proc.stdout
 
 
+# Measured: 0.016 with the default 1500 steps (seed 0); the noise floor is ~0.008. About 3x margin.
+VAE_MAX_RELATIVE_ERROR = 0.05
+
+
+def test_vae_example():
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "vae.py")],
+                          capture_output=True, text=True, env=python_env(), timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    match = re.search(r"held-out reconstruction error relative to the data variance: " + FLOAT, proc.stdout)
+    assert match, proc.stdout
+    assert float(match.group(1)) < VAE_MAX_RELATIVE_ERROR, proc.stdout
+
+
 # -- the C++ host ----------------------------------------------------------------------------------
 def cmake_env():
     env = dict(os.environ)
