@@ -56,11 +56,6 @@ py::tuple run_op_py(const std::string& op, const py::list& inputs, const py::dic
   return py::make_tuple(outs, in_grads);
 }
 
-Value scalar_like(Value like, double v) {
-  return like.graph().apply1("constant", {}, {{"shape", Shape{}}, {"value", v},
-                                              {"dtype", std::string(dtype_name(like.dtype()))}});
-}
-
 void bind_symbol(py::module_& m) {
   py::class_<Value>(m, "Symbol", "A symbolic tensor recorded while a model's forward is traced.")
       .def_property_readonly("shape", [](const Value& v) { return py::tuple(py::cast(v.shape())); })
@@ -68,11 +63,11 @@ void bind_symbol(py::module_& m) {
       .def_property_readonly("ndim", &Value::ndim)
       .def_property_readonly("training", [](const Value& v) { return v.graph().training(); })
       .def("__add__", [](Value a, Value b) { return ops::add(a, b); })
-      .def("__add__", [](Value a, double s) { return ops::add(a, scalar_like(a, s)); })
-      .def("__radd__", [](Value a, double s) { return ops::add(a, scalar_like(a, s)); })
+      .def("__add__", [](Value a, double s) { return ops::add(a, ops::scalar_like(a, s)); })
+      .def("__radd__", [](Value a, double s) { return ops::add(a, ops::scalar_like(a, s)); })
       .def("__sub__", [](Value a, Value b) { return ops::sub(a, b); })
-      .def("__sub__", [](Value a, double s) { return ops::add(a, scalar_like(a, -s)); })
-      .def("__rsub__", [](Value a, double s) { return ops::add(ops::scale(a, -1.0), scalar_like(a, s)); })
+      .def("__sub__", [](Value a, double s) { return ops::add(a, ops::scalar_like(a, -s)); })
+      .def("__rsub__", [](Value a, double s) { return ops::add(ops::scale(a, -1.0), ops::scalar_like(a, s)); })
       .def("__mul__", [](Value a, Value b) { return ops::mul(a, b); })
       .def("__mul__", [](Value a, double s) { return ops::scale(a, s); })
       .def("__rmul__", [](Value a, double s) { return ops::scale(a, s); })

@@ -56,11 +56,6 @@ std::optional<double> bound(const py::object& v) {
   return v.cast<double>();
 }
 
-Value scalar_of(const Value& like, double v) {
-  return like.graph().apply1("constant", {}, {{"shape", Shape{}}, {"value", v},
-                                              {"dtype", std::string(dtype_name(like.dtype()))}});
-}
-
 void bind_elementwise_math(py::module_& f) {
   f.def("exp", &ops::exp, py::arg("input"));
   f.def("log", &ops::log, py::arg("input"));
@@ -73,12 +68,12 @@ void bind_elementwise_math(py::module_& f) {
           return ops::clamp(x, bound(min), bound(max));
         }, py::arg("input"), py::arg("min") = py::none(), py::arg("max") = py::none());
   f.def("div", &ops::div, py::arg("input"), py::arg("other"));
-  f.def("div", [](Value a, double b) { return ops::div(a, scalar_of(a, b)); }, py::arg("input"), py::arg("other"));
+  f.def("div", [](Value a, double b) { return ops::div(a, ops::scalar_like(a, b)); }, py::arg("input"), py::arg("other"));
   f.def("rand_like", &ops::rand_like, py::arg("input"),
         "Uniform [0, 1) noise of input's shape and dtype, drawn anew each step from the context's RNG.");
   f.def("randn_like", &ops::randn_like, py::arg("input"),
         "Standard normal noise of input's shape and dtype, drawn anew each step from the context's RNG.");
-  f.def("_scalar_like", &scalar_of, py::arg("like"), py::arg("value"),
+  f.def("_scalar_like", &ops::scalar_like, py::arg("like"), py::arg("value"),
         "A 0-d constant of like's dtype (broadcasts against it).");
 }
 

@@ -18,6 +18,7 @@ TREADLE_API Value add(Value a, Value b);
 TREADLE_API Value sub(Value a, Value b);
 TREADLE_API Value mul(Value a, Value b);
 TREADLE_API Value scale(Value a, double alpha);  // alpha * a
+TREADLE_API Value scalar_like(Value like, double value);  // a 0-d constant of like's dtype (broadcasts)
 TREADLE_API Value sum_to(Value a, const Shape& shape);  // reduce broadcast dimensions back to `shape`
 TREADLE_API Value sum(Value a, int axis, bool keepdim = false);
 TREADLE_API Value mean(Value a, int axis, bool keepdim = false);

@@ -1,4 +1,4 @@
-// Elementwise arithmetic with numpy broadcasting, the reduction that undoes broadcasting, and a
+// Elementwise arithmetic (add, sub, mul, div) with numpy broadcasting, the reduction that undoes broadcasting, and a
 // constant fill (used to seed a loss's backward pass).
 #include <limits>
 
@@ -50,6 +50,13 @@ std::vector<Value> grad_mul(const GradContext& c) {
           c.needs_grad[1] ? reduce_to(ops::mul(dy, a), b.shape()) : Value()};
 }
 
+// d(a/b) = da / b - db * (a/b) / b; y = a/b is the node's output.
+std::vector<Value> grad_div(const GradContext& c) {
+  Value dy = c.grad_outputs[0], a = c.inputs[0], b = c.inputs[1], y = c.outputs.at(0);
+  return {c.needs_grad[0] ? reduce_to(ops::div(dy, b), a.shape()) : Value(),
+          c.needs_grad[1] ? reduce_to(ops::scale(ops::div(ops::mul(dy, y), b), -1.0), b.shape()) : Value()};
+}
+
 std::vector<TensorMeta> infer_scale(const std::vector<TensorMeta>& in, Attrs& attrs) {
   check_num_inputs("scale", in, 1);
   check_floating("scale", in[0]);
@@ -78,6 +85,7 @@ void register_elementwise_ops(OpRegistry& r) {
   r.add({.name = "add", .infer = [](const auto& in, Attrs&) { return infer_binary("add", in); }, .grad = grad_add});
   r.add({.name = "sub", .infer = [](const auto& in, Attrs&) { return infer_binary("sub", in); }, .grad = grad_sub});
   r.add({.name = "mul", .infer = [](const auto& in, Attrs&) { return infer_binary("mul", in); }, .grad = grad_mul});
+  r.add({.name = "div", .infer = [](const auto& in, Attrs&) { return infer_binary("div", in); }, .grad = grad_div});
   r.add({.name = "scale",
          .infer = infer_scale,
          .grad = [](const GradContext& c) {
@@ -98,7 +106,12 @@ namespace ops {
 Value add(Value a, Value b) { return a.graph().apply1("add", {a, b}); }
 Value sub(Value a, Value b) { return a.graph().apply1("sub", {a, b}); }
 Value mul(Value a, Value b) { return a.graph().apply1("mul", {a, b}); }
+Value div(Value a, Value b) { return a.graph().apply1("div", {a, b}); }
 Value scale(Value a, double alpha) { return a.graph().apply1("scale", {a}, {{"alpha", alpha}}); }
+Value scalar_like(Value like, double value) {
+  return like.graph().apply1("constant", {}, {{"shape", Shape{}}, {"value", value},
+                                              {"dtype", std::string(dtype_name(like.dtype()))}});
+}
 Value sum_to(Value a, const Shape& shape) {
   if (a.shape() == shape) return a;
   return a.graph().apply1("sum_to", {a}, {{"shape", shape}});

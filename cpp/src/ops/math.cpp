@@ -1,5 +1,5 @@
-// Elementwise math: exp, log, log1p, sqrt, abs, pow (a scalar exponent), clamp, and div (with
-// numpy broadcasting). PyTorch's names, attributes and semantics.
+// Elementwise math: exp, log, log1p, sqrt, abs, pow (a scalar exponent) and clamp, with PyTorch's
+// names, attributes and semantics (div is with the other binary ops in elementwise.cpp).
 //
 // Every gradient rule is written with differentiable graph ops, so these ops can be differentiated
 // twice (a loss built from derivatives of a network's output differentiates through them again).
@@ -18,12 +18,6 @@ namespace {
 Graph& graph_of(const char* op, const Value& x) {
   if (!x.defined()) throw_value_error(op, ": input is an undefined value");
   return x.graph();
-}
-
-// A 0-d constant of x's dtype (broadcasts against x).
-Value scalar_like(const Value& x, double v) {
-  return x.graph().apply1("constant", {},
-                          {{"shape", Shape{}}, {"value", v}, {"dtype", std::string(dtype_name(x.dtype()))}});
 }
 
 std::vector<TensorMeta> infer_unary(const std::string& op, const std::vector<TensorMeta>& in) {
@@ -119,30 +113,13 @@ OpDef clamp_def() {
   return d;
 }
 
-std::vector<TensorMeta> infer_div(const std::vector<TensorMeta>& in) {
-  check_num_inputs("div", in, 2);
-  check_floating("div", in[0]);
-  check_same_dtype("div", in);
-  return {{broadcast_shapes("div", in[0].shape, in[1].shape), in[0].dtype}};
-}
-
-Value reduce_to(Value g, const Shape& shape) { return g.shape() == shape ? g : ops::sum_to(g, shape); }
-
-// d(a/b) = da / b - db * (a/b) / b; y = a/b is the node's output.
-std::vector<Value> grad_div(const GradContext& c) {
-  const Value &dy = c.grad_outputs.at(0), &a = c.inputs[0], &b = c.inputs[1], &y = c.outputs.at(0);
-  if (!dy.defined()) return {Value(), Value()};
-  return {c.needs_grad[0] ? reduce_to(ops::div(dy, b), a.shape()) : Value(),
-          c.needs_grad[1] ? reduce_to(ops::scale(ops::div(ops::mul(dy, y), b), -1.0), b.shape()) : Value()};
-}
-
 }  // namespace
 
 void register_math_ops(OpRegistry& r) {
   r.add(unary_def("exp", [](const Value&, const Value& y, const Value& dy) { return ops::mul(dy, y); }));
   r.add(unary_def("log", [](const Value& x, const Value&, const Value& dy) { return ops::div(dy, x); }));
   r.add(unary_def("log1p", [](const Value& x, const Value&, const Value& dy) {
-    return ops::div(dy, ops::add(x, scalar_like(x, 1.0)));
+    return ops::div(dy, ops::add(x, ops::scalar_like(x, 1.0)));
   }));
   r.add(unary_def("sqrt", [](const Value&, const Value& y, const Value& dy) {
     return ops::scale(ops::div(dy, y), 0.5);
@@ -160,7 +137,6 @@ void register_math_ops(OpRegistry& r) {
     return infer_back(in, attrs);
   };
   r.add(std::move(clamp_back));
-  r.add({.name = "div", .infer = [](const auto& in, Attrs&) { return infer_div(in); }, .grad = grad_div});
 }
 
 namespace ops {
@@ -179,10 +155,6 @@ Value clamp(Value x, std::optional<double> min, std::optional<double> max) {
   return graph_of("clamp", x).apply1("clamp", {x}, attrs);
 }
 
-Value div(Value a, Value b) {
-  graph_of("div", b);
-  return graph_of("div", a).apply1("div", {a, b});
-}
 
 }  // namespace ops
 }  // namespace treadle
