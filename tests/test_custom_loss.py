@@ -211,3 +211,34 @@ def test_vae_loss_and_gradients_match_torch_given_the_same_noise(rng):
     for n, layer in layers.items():
         for k, p in layer.named_parameters():
             np.testing.assert_allclose(grads[f"{n}.{k}"], p.grad.numpy(), rtol=1e-11, atol=1e-14, err_msg=f"{n}.{k}")
+
+
+def test_a_loss_with_a_third_parameter_gets_the_input(rng):
+    net, ref = _pair(seed=5)
+    x, y = rng.standard_normal((8, 4)), rng.standard_normal((8, 3))
+
+    def weighted(outputs, target, inputs):  # a loss weighted by the input's first feature
+        mean, _ = outputs
+        return ((mean - target) ** 2 * (inputs[:, 0:1] ** 2)).mean()
+
+    trainer = tl.Trainer(net, weighted, tl.optim.SGD(lr=0.1))
+    trainer.zero_grad()
+    loss = trainer.compute_gradients(x, y)
+    tx = torch.from_numpy(x)
+    tloss = weighted(ref(tx), torch.from_numpy(y), tx)
+    tloss.backward()
+    np.testing.assert_allclose(loss, tloss.item(), rtol=1e-13)
+    for name, p in ref.named_parameters():
+        if p.grad is not None:
+            np.testing.assert_allclose(_grads(net)[name], p.grad.numpy(), rtol=1e-11, atol=1e-13, err_msg=name)
+
+
+def test_a_third_parameter_with_a_default_is_the_functions_own_option(rng):
+    net = tl.nn.Sequential(tl.nn.Linear(3, 2)).double()
+    x, y = rng.standard_normal((4, 3)), rng.standard_normal((4, 2))
+
+    def scaled(out, target, factor=3.0):
+        return factor * ((out - target) ** 2).sum()
+
+    plain = tl.Trainer(net, lambda out, t: ((out - t) ** 2).sum(), tl.optim.SGD(lr=0.1)).evaluate(x, y)
+    assert tl.Trainer(net, scaled, tl.optim.SGD(lr=0.1)).evaluate(x, y) == 3.0 * plain

@@ -11,7 +11,7 @@
 namespace treadle::py_bind {
 namespace {
 
-// A custom loss around a Python function f(outputs, target) -> Symbol. The function is held through
+// A custom loss around a Python function f(outputs, target, inputs) -> Symbol. The function is held through
 // a shared_ptr whose deleter takes the GIL, so the C++ copies of the Loss (the trainer's, a plan
 // compile's) may be made and dropped without it; each call takes the GIL as a traced forward does.
 Loss custom_loss(py::function f, const std::string& name) {
@@ -19,9 +19,9 @@ Loss custom_loss(py::function f, const std::string& name) {
     py::gil_scoped_acquire gil;
     delete p;
   });
-  LossFn fn = [held, name](const std::vector<Value>& outputs, Value target) {
+  InputLossFn fn = [held, name](const std::vector<Value>& outputs, Value target, const std::vector<Value>& inputs) {
     py::gil_scoped_acquire gil;
-    py::object r = (*held)(outputs, target);
+    py::object r = (*held)(outputs, target, inputs);
     if (!py::isinstance<Value>(r))
       throw_type_error(name, ": must return a symbol built from its arguments with tl.functional ops, got ",
                        std::string(py::str(py::type::of(r).attr("__name__"))));
@@ -55,7 +55,7 @@ void bind_loss(py::module_& m) {
       .def_static("cross_entropy", &loss::cross_entropy, py::arg("reduction") = "mean")
       .def_static("bce_with_logits", &loss::bce_with_logits, py::arg("reduction") = "mean")
       .def_static("custom", &custom_loss, py::arg("fn"), py::arg("name"),
-                  "fn(outputs, target) -> 0-d Symbol, called while a plan is compiled (outputs: a list)")
+                  "fn(outputs, target, inputs) -> 0-d Symbol, called while a plan is compiled (outputs, inputs: lists)")
       .def_property_readonly("kind", [](const Loss& l) { return l.kind; })
       .def_property_readonly("name", [](const Loss& l) { return l.name; })
       .def_property_readonly("reduction", [](const Loss& l) { return l.reduction; })

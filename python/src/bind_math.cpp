@@ -113,11 +113,28 @@ void bind_shape_methods(py::module_& f) {
 
 }  // namespace
 
+// Behind tl.functional.grad (functional.py turns torch's argument forms into these lists).
+void bind_derivatives(py::module_& f) {
+  f.def("_grad", [](const std::vector<Value>& outputs, const std::vector<Value>& inputs,
+                    const std::vector<py::object>& grad_outputs, bool allow_unused) {
+          std::vector<Value> seeds;
+          for (const py::object& g : grad_outputs) seeds.push_back(g.is_none() ? Value() : g.cast<Value>());
+          py::list result;
+          for (const Value& v : ops::grad(outputs, inputs, seeds, allow_unused))
+            result.append(v.defined() ? py::cast(v) : py::none());
+          return result;
+        }, py::arg("outputs"), py::arg("inputs"), py::arg("grad_outputs"), py::arg("allow_unused"));
+  f.def("ones_like", [](Value x) { return ops::full_like(x, 1.0); }, py::arg("input"));
+  f.def("zeros_like", [](Value x) { return ops::full_like(x, 0.0); }, py::arg("input"));
+  f.def("full_like", &ops::full_like, py::arg("input"), py::arg("fill_value"));
+}
+
 void bind_math(py::module_& m) {
   py::module_ f = m.attr("functional").cast<py::module_>();
   bind_elementwise_math(f);
   bind_reductions(f);
   bind_shape_methods(f);
+  bind_derivatives(f);
 }
 
 }  // namespace treadle::py_bind

@@ -4,3 +4,42 @@ from . import _core as _c
 _native = _c.functional
 globals().update({name: getattr(_native, name) for name in dir(_native) if not name.startswith("_")})
 __all__ = [name for name in dir(_native) if not name.startswith("_")]
+
+
+def _as_list(what, value, allow_none=False):
+    """A Symbol or a sequence of them (None entries where allowed) as a list."""
+    if isinstance(value, _c.Symbol) or (allow_none and value is None):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            if not (isinstance(v, _c.Symbol) or (allow_none and v is None)):
+                raise TypeError(f"grad: {what}[{i}] is a {type(v).__name__}, expected a Symbol")
+        return list(value)
+    raise TypeError(f"grad: {what} must be a Symbol or a sequence of Symbols, got {type(value).__name__}")
+
+
+def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=True, allow_unused=None,
+         materialize_grads=False):
+    """torch.autograd.grad inside a traced forward or loss: the gradients of outputs with respect to
+    inputs (weighted by grad_outputs; may be omitted for scalar outputs), returned as a tuple of
+    Symbols. They are ordinary graph values, so the loss built from them is differentiated again in
+    the training step (create_graph is always true; retain_graph has nothing to retain). An input
+    the outputs do not depend on is an error, unless allow_unused (None in its place) or
+    materialize_grads (zeros)."""
+    outs = _as_list("outputs", outputs)
+    ins = _as_list("inputs", inputs)
+    if grad_outputs is None:
+        seeds = [None] * len(outs)
+    else:
+        seeds = _as_list("grad_outputs", grad_outputs, allow_none=True)
+    if allow_unused is None:
+        allow_unused = materialize_grads
+    if materialize_grads and not allow_unused:
+        raise ValueError("grad: materialize_grads=True needs allow_unused to be True or unset")
+    result = _native._grad(outs, ins, seeds, bool(allow_unused))
+    if materialize_grads:
+        result = [zeros_like(x) if g is None else g for g, x in zip(result, ins)]  # noqa: F821 (bound above)
+    return tuple(result)
+
+
+__all__.append("grad")

@@ -16,7 +16,17 @@ once per input signature and differentiated with the step:
         kl = -0.5 * (1 + logvar - mu ** 2 - logvar.exp()).sum()
         return ((recon - x) ** 2).sum() + kl
     trainer = tl.Trainer(vae, vae_loss, tl.optim.Adam(lr=1e-3))   # or tl.loss.Custom(vae_loss)
+
+A function with a third parameter also gets the model's input, so it can differentiate the output
+with respect to it (a physics-informed residual; see tl.functional.grad):
+
+    def heat_loss(u, target, xt):
+        (du,) = F.grad(u, xt, F.ones_like(u))
+        (d2u,) = F.grad(du[:, 0:1], xt, F.ones_like(u))
+        return ((du[:, 1:2] - nu * d2u[:, 0:1]) ** 2).mean()
 """
+import inspect
+
 import numpy as np
 
 from . import _core
@@ -135,11 +145,24 @@ class BCEWithLogits(Loss):
         self._native = _core.Loss.bce_with_logits(reduction)
 
 
+def _takes_three_arguments(fn):
+    """Whether fn has three required positional parameters (output, target, input). A third
+    parameter with a default is the function's own option, not the input."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except ValueError:  # no signature to inspect (some builtins): the two-argument form
+        return False
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(1 for p in params if p.kind in positional and p.default is inspect.Parameter.empty) == 3
+
+
 class Custom(Loss):
-    """A loss function fn(output, target) -> 0-d symbol, traced into the training plan.
+    """A loss function fn(output, target) or fn(output, target, input) -> 0-d symbol, traced into
+    the training plan.
 
     `output` is the model's output symbol, or a tuple of them when the forward returns several;
-    `target` is the target symbol (any dtype: integer labels too). fn runs while a plan is compiled,
+    `target` is the target symbol (any dtype: integer labels too); `input`, passed when fn has a
+    third required parameter, is the model's input symbol. fn runs while a plan is compiled,
     once per input signature, never per step; every op it records is differentiated with the
     step. The target's shape and dtype are checked by the ops fn uses, when the plan is compiled.
     """
@@ -152,8 +175,13 @@ class Custom(Loss):
         self.fn = fn
         label = name or f"loss function {getattr(fn, '__qualname__', type(fn).__name__)}"
 
-        def traced(outputs, target):
-            return fn(outputs[0] if len(outputs) == 1 else tuple(outputs), target)
+        wants_input = _takes_three_arguments(fn)
+
+        def traced(outputs, target, inputs):
+            out = outputs[0] if len(outputs) == 1 else tuple(outputs)
+            if wants_input:
+                return fn(out, target, inputs[0] if len(inputs) == 1 else tuple(inputs))
+            return fn(out, target)
 
         self._native = _core.Loss.custom(traced, label)
 

@@ -14,19 +14,23 @@ namespace treadle {
 
 // A custom loss: records graph ops on the model's outputs and the target and returns a 0-d value.
 using LossFn = std::function<Value(const std::vector<Value>& outputs, Value target)>;
+// One that also reads the model's inputs, e.g. to differentiate the outputs with respect to them
+// (ops::grad: a physics-informed residual such as u_t - nu * u_xx).
+using InputLossFn =
+    std::function<Value(const std::vector<Value>& outputs, Value target, const std::vector<Value>& inputs)>;
 
 struct TREADLE_API Loss {
   std::string kind = "mse";  // mse, l1, huber, cross_entropy, bce_with_logits, custom
   std::string reduction = "mean";  // mean or sum
   double delta = 1.0;              // huber
-  LossFn fn;                       // custom: the traced loss
+  InputLossFn fn;                  // custom: the traced loss
   std::string name;                // custom: what errors call it
   uint64_t fn_id = 0;              // custom: tells plans of different functions apart
 
   bool custom() const { return static_cast<bool>(fn); }
   // Records the loss on a model's outputs. A built-in loss takes a single-output model; a custom
-  // loss sees every output and must return a 0-d floating value.
-  Value apply(const std::vector<Value>& outputs, Value target) const;
+  // loss sees every output (and the model's inputs) and must return a 0-d floating value.
+  Value apply(const std::vector<Value>& outputs, Value target, const std::vector<Value>& inputs = {}) const;
   Value apply(Value pred, Value target) const;
   // The dtype the target must have for a prediction of dtype `pred` (class indices are int64).
   // A custom loss takes a target of any dtype: its ops check it when the plan is compiled.
@@ -47,6 +51,7 @@ TREADLE_API Loss cross_entropy(const std::string& reduction = "mean");
 TREADLE_API Loss bce_with_logits(const std::string& reduction = "mean");
 // `fn` is called while a plan is compiled, once per input signature; `name` appears in errors.
 TREADLE_API Loss custom(LossFn fn, const std::string& name = "custom loss");
+TREADLE_API Loss custom(InputLossFn fn, const std::string& name = "custom loss");
 }  // namespace loss
 
 }  // namespace treadle

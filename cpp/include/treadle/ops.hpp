@@ -19,6 +19,7 @@ TREADLE_API Value sub(Value a, Value b);
 TREADLE_API Value mul(Value a, Value b);
 TREADLE_API Value scale(Value a, double alpha);  // alpha * a
 TREADLE_API Value scalar_like(Value like, double value);  // a 0-d constant of like's dtype (broadcasts)
+TREADLE_API Value full_like(Value like, double value);    // a constant of like's shape and dtype
 TREADLE_API Value sum_to(Value a, const Shape& shape);  // reduce broadcast dimensions back to `shape`
 TREADLE_API Value sum(Value a, int axis, bool keepdim = false);
 TREADLE_API Value mean(Value a, int axis, bool keepdim = false);
@@ -65,6 +66,15 @@ TREADLE_API Value sigmoid(Value x);
 TREADLE_API Value softplus(Value x, double beta = 1.0, double threshold = 20.0);
 TREADLE_API Value softmax(Value x, int axis = -1);
 TREADLE_API Value log_softmax(Value x, int axis = -1);
+
+// Derivatives inside a graph (torch.autograd.grad with create_graph=True): the gradients of
+// sum_i <outputs[i], grad_outputs[i]> with respect to each of `inputs`, recorded as ordinary graph
+// ops, so a loss may use them and be differentiated again. grad_outputs may be empty when every
+// output is a scalar. An input the outputs do not depend on is an error unless allow_unused, in
+// which case its gradient is an undefined Value; an input they depend on through ops of zero
+// derivative (relu's mask) gets zeros.
+TREADLE_API std::vector<Value> grad(const std::vector<Value>& outputs, const std::vector<Value>& inputs,
+                                    const std::vector<Value>& grad_outputs = {}, bool allow_unused = false);
 
 // Regularisation: identity when the graph is not training.
 TREADLE_API Value dropout(Value x, double p);

@@ -54,7 +54,7 @@ std::shared_ptr<Plan> compile_plan(const PlanKey& key, const TraceFn& trace, con
     if (!loss) throw_runtime_error("compile_plan: a loss plan needs a loss");
     Value target = g.add_input(key.target_shape, key.target_dtype, ValueKind::target);
     plan->targets.push_back(target.id());
-    Value l = loss->apply(outputs, target);
+    Value l = loss->apply(outputs, target, inputs);
     plan->loss = l.id();
   }
   if (key.mode == PlanMode::train_loss && key.loss_seed_input) {

@@ -144,5 +144,10 @@ class Plan {
 // `wrt` (-1 where no gradient flows).
 std::vector<int> build_backward(Graph& g, int num_nodes, const std::vector<std::pair<int, int>>& seeds,
                                 const std::vector<int>& wrt);
+// The same, with gradients flowing only from the values marked in `sources` (indexed by value id)
+// instead of those flagged requires_grad: ops::grad takes derivatives with respect to inputs and
+// intermediates this way without touching the graph's flags.
+std::vector<int> build_backward_from(Graph& g, int num_nodes, const std::vector<std::pair<int, int>>& seeds,
+                                     const std::vector<int>& wrt, std::vector<bool> sources);
 
 }  // namespace treadle

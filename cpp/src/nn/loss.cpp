@@ -72,7 +72,7 @@ void check_same(const std::string& op, const Shape& pred_shape, DType pred_dtype
 
 }  // namespace
 
-Value Loss::apply(const std::vector<Value>& outputs, Value target) const {
+Value Loss::apply(const std::vector<Value>& outputs, Value target, const std::vector<Value>& inputs) const {
   if (outputs.empty()) throw_value_error("loss: the model returned no outputs");
   if (!custom()) {
     if (outputs.size() > 1)
@@ -80,7 +80,7 @@ Value Loss::apply(const std::vector<Value>& outputs, Value target) const {
                         "give the trainer a loss function over all of them (tl.loss.Custom(fn) / loss::custom)");
     return apply(outputs[0], target);
   }
-  Value l = fn(outputs, target);
+  Value l = fn(outputs, target, inputs);
   if (!l.defined()) throw_value_error(name, ": returned no value (expected a 0-d symbol)");
   if (l.ndim() != 0)
     throw_value_error(name, ": must return a 0-d (scalar) symbol, got shape ", shape_str(l.shape()),
@@ -153,6 +153,13 @@ Loss bce_with_logits(const std::string& reduction) {
 }
 
 Loss custom(LossFn fn, const std::string& name) {
+  if (!fn) throw_value_error("loss::custom: the loss function is empty");
+  return custom(InputLossFn([fn = std::move(fn)](const std::vector<Value>& outputs, Value target,
+                                                 const std::vector<Value>&) { return fn(outputs, target); }),
+                name);
+}
+
+Loss custom(InputLossFn fn, const std::string& name) {
   if (!fn) throw_value_error("loss::custom: the loss function is empty");
   static std::atomic<uint64_t> next_id{1};
   Loss l = make("custom", "mean");

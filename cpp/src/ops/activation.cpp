@@ -2,6 +2,11 @@
 // Each forward op has a backward op of its own ("<name>_backward") taking (saved, dy) -> dx, where
 // `saved` is the forward output when that is cheaper and at least as stable (relu, tanh, sigmoid)
 // and the forward input otherwise. Attributes follow PyTorch's names and defaults.
+//
+// The backward ops are differentiable too (second derivatives, for losses built from gradients):
+// dx = f'(saved) * dy is linear in dy, so its gradient with respect to dy is the backward op again,
+// and with respect to `saved` it is g * dy * (df'/dsaved), the activation's "curvature", written
+// with differentiable graph ops (zero for the piecewise-linear relu and leaky_relu).
 #include <cmath>
 #include <variant>
 
@@ -17,12 +22,64 @@ struct NumAttr {
   double dflt;
 };
 
+// h * d(f'(saved))/d(saved): the backward op's gradient with respect to `saved`, h = dy * g.
+using Curvature = Value (*)(const Value& saved, const Value& h, const Attrs& attrs);
+
 struct UnarySpec {
   const char* name;
   bool backward_uses_output;  // backward takes (y, dy) instead of (x, dy)
   std::vector<NumAttr> num_attrs;
   void (*check)(const std::string& op, Attrs& attrs) = nullptr;  // op-specific attribute checks
+  Curvature curvature = nullptr;                                  // null: f' is piecewise constant
 };
+
+Value one_minus(const Value& v) { return ops::sub(ops::scalar_like(v, 1.0), v); }
+
+// tanh' = 1 - y^2, so d/dy = -2y.
+Value tanh_curvature(const Value& y, const Value& h, const Attrs&) { return ops::scale(ops::mul(h, y), -2.0); }
+
+// sigmoid' = y (1 - y), so d/dy = 1 - 2y.
+Value sigmoid_curvature(const Value& y, const Value& h, const Attrs&) {
+  return ops::mul(h, one_minus(ops::scale(y, 2.0)));
+}
+
+// elu'' is elu' where x <= 0 (alpha e^x) and 0 above: elu' minus the step relu' gives exactly that.
+Value elu_curvature(const Value& x, const Value& h, const Attrs& attrs) {
+  Graph& g = x.graph();
+  return ops::sub(g.apply1("elu_backward", {x, h}, attrs), g.apply1("relu_backward", {x, h}));
+}
+
+// silu' = s (1 + x (1 - s)), s = sigmoid(x); silu'' = s (1 - s) (2 + x (1 - 2s)).
+Value silu_curvature(const Value& x, const Value& h, const Attrs&) {
+  const Value s = ops::sigmoid(x);
+  const Value ds = ops::mul(s, one_minus(s));
+  const Value rest = ops::add(ops::scalar_like(x, 2.0), ops::mul(x, one_minus(ops::scale(s, 2.0))));
+  return ops::mul(h, ops::mul(ds, rest));
+}
+
+// softplus' = s = sigmoid(beta x) (1 above the threshold); softplus'' = beta s (1 - s) (0 there).
+Value softplus_curvature(const Value& x, const Value& h, const Attrs& attrs) {
+  const Value s = x.graph().apply1("softplus_backward", {x, ops::full_like(x, 1.0)}, attrs);
+  return ops::scale(ops::mul(h, ops::mul(s, one_minus(s))), attrs.f("beta"));
+}
+
+// erf form: gelu'' = phi(x) (2 - x^2). tanh form, gelu = x (1 + t) / 2 with t = tanh(u),
+// u = c (x + k x^3): gelu'' = (1 - t^2) (u' + x (u'' - 2 t u'^2) / 2).
+Value gelu_curvature(const Value& x, const Value& h, const Attrs& attrs) {
+  const Value x2 = ops::mul(x, x);
+  if (attrs.s("approximate") == "none") {
+    const double inv_sqrt_2pi = 0.3989422804014327;
+    const Value phi = ops::scale(ops::exp(ops::scale(x2, -0.5)), inv_sqrt_2pi);
+    return ops::mul(h, ops::mul(phi, ops::sub(ops::scalar_like(x, 2.0), x2)));
+  }
+  const double c = 0.7978845608028654, k = 0.044715;  // sqrt(2 / pi)
+  const Value t = ops::tanh(ops::scale(ops::add(x, ops::scale(ops::mul(x2, x), k)), c));
+  const Value du = ops::scale(ops::add(ops::scalar_like(x, 1.0), ops::scale(x2, 3.0 * k)), c);
+  const Value d2u = ops::scale(x, 6.0 * k * c);
+  const Value inner = ops::sub(d2u, ops::scale(ops::mul(t, ops::mul(du, du)), 2.0));
+  const Value sech2 = one_minus(ops::mul(t, t));
+  return ops::mul(h, ops::mul(sech2, ops::add(du, ops::scale(ops::mul(x, inner), 0.5))));
+}
 
 // A numeric attribute may arrive as an integer (e.g. alpha=1 from Python): store it as a double,
 // filling the default when absent, so kernels can read it with Attrs::f.
@@ -78,7 +135,7 @@ OpDef forward_def(const UnarySpec& spec) {
   return d;
 }
 
-// (saved, dy) -> dx; not differentiable itself (no second derivatives).
+// (saved, dy) -> dx, differentiable with respect to both (see the top of the file).
 OpDef backward_def(const UnarySpec& spec) {
   OpDef d;
   d.name = std::string(spec.name) + "_backward";
@@ -93,6 +150,15 @@ OpDef backward_def(const UnarySpec& spec) {
     normalize_attrs(spec, name, attrs);
     return std::vector<TensorMeta>{same_as(in[0])};
   };
+  d.grad = [spec, name](const GradContext& c) -> std::vector<Value> {
+    std::vector<Value> g(2);
+    const Value& gout = c.grad_outputs.at(0);
+    if (!gout.defined()) return g;
+    const Value& saved = c.inputs[0];
+    if (c.needs_grad[1]) g[1] = c.graph.apply1(name, {saved, gout}, c.node.attrs);
+    if (c.needs_grad[0] && spec.curvature) g[0] = spec.curvature(saved, ops::mul(c.inputs[1], gout), c.node.attrs);
+    return g;
+  };
   return d;
 }
 
@@ -100,12 +166,12 @@ const std::vector<UnarySpec>& activation_specs() {
   static const std::vector<UnarySpec> specs = {
       {"relu", true, {}},
       {"leaky_relu", false, {{"negative_slope", 0.01}}},
-      {"elu", false, {{"alpha", 1.0}}},
-      {"gelu", false, {}, &check_gelu_attrs},
-      {"silu", false, {}},
-      {"tanh", true, {}},
-      {"sigmoid", true, {}},
-      {"softplus", false, {{"beta", 1.0}, {"threshold", 20.0}}, &check_softplus_attrs},
+      {"elu", false, {{"alpha", 1.0}}, nullptr, &elu_curvature},
+      {"gelu", false, {}, &check_gelu_attrs, &gelu_curvature},
+      {"silu", false, {}, nullptr, &silu_curvature},
+      {"tanh", true, {}, nullptr, &tanh_curvature},
+      {"sigmoid", true, {}, nullptr, &sigmoid_curvature},
+      {"softplus", false, {{"beta", 1.0}, {"threshold", 20.0}}, &check_softplus_attrs, &softplus_curvature},
   };
   return specs;
 }

@@ -112,6 +112,10 @@ Value scalar_like(Value like, double value) {
   return like.graph().apply1("constant", {}, {{"shape", Shape{}}, {"value", value},
                                               {"dtype", std::string(dtype_name(like.dtype()))}});
 }
+Value full_like(Value like, double value) {
+  return like.graph().apply1("constant", {}, {{"shape", like.shape()}, {"value", value},
+                                              {"dtype", std::string(dtype_name(like.dtype()))}});
+}
 Value sum_to(Value a, const Shape& shape) {
   if (a.shape() == shape) return a;
   return a.graph().apply1("sum_to", {a}, {{"shape", shape}});

@@ -2,6 +2,10 @@
 //   softmax_backward(y, dy)     = y * (dy - sum(dy * y))
 //   log_softmax_backward(y, dy) = dy - exp(y) * sum(dy)
 // where sums run along the axis. Both backward ops take the forward output, not the input.
+// The backward ops are differentiable in turn (second derivatives), with G the incoming gradient:
+//   softmax_backward:     d/d(dy) = softmax_backward(y, G) (the Jacobian is symmetric),
+//                         d/dy    = G * (dy - sum(dy * y)) - dy * sum(G * y)
+//   log_softmax_backward: d/d(dy) = G - sum(G * exp(y)),  d/dy = -G * exp(y) * sum(dy)
 #include "core/op_registry.hpp"
 #include "treadle/error.hpp"
 #include "treadle/ops.hpp"
@@ -32,6 +36,32 @@ OpDef forward_def(const std::string& name) {
   return d;
 }
 
+std::vector<Value> grad_softmax_backward(const GradContext& c) {
+  std::vector<Value> g(2);
+  const Value& gout = c.grad_outputs.at(0);
+  if (!gout.defined()) return g;
+  const Value &y = c.inputs[0], &dy = c.inputs[1];
+  const int axis = static_cast<int>(c.node.attrs.i("axis"));
+  if (c.needs_grad[1]) g[1] = c.graph.apply1("softmax_backward", {y, gout}, c.node.attrs);
+  if (c.needs_grad[0]) {
+    const Value centred = ops::sub(dy, ops::sum(ops::mul(dy, y), axis, true));
+    g[0] = ops::sub(ops::mul(gout, centred), ops::mul(dy, ops::sum(ops::mul(gout, y), axis, true)));
+  }
+  return g;
+}
+
+std::vector<Value> grad_log_softmax_backward(const GradContext& c) {
+  std::vector<Value> g(2);
+  const Value& gout = c.grad_outputs.at(0);
+  if (!gout.defined()) return g;
+  const Value &y = c.inputs[0], &dy = c.inputs[1];
+  const int axis = static_cast<int>(c.node.attrs.i("axis"));
+  const Value gp = ops::mul(gout, ops::exp(y));
+  if (c.needs_grad[1]) g[1] = ops::sub(gout, ops::sum(gp, axis, true));
+  if (c.needs_grad[0]) g[0] = ops::scale(ops::mul(gp, ops::sum(dy, axis, true)), -1.0);
+  return g;
+}
+
 OpDef backward_def(const std::string& forward) {
   OpDef d;
   d.name = forward + "_backward";
@@ -46,6 +76,7 @@ OpDef backward_def(const std::string& forward) {
     normalize_axis_attr(name, in[0], attrs);
     return std::vector<TensorMeta>{same_as(in[0])};
   };
+  d.grad = forward == "softmax" ? grad_softmax_backward : grad_log_softmax_backward;
   return d;
 }
 
