@@ -14,7 +14,7 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GROUPS = ["training", "chunked_predict", "chunked_training", "bad_input", "no_alloc", "no_alloc_broadcast", "hardening",
-          "tasks", "device_tensors"]
+          "tasks", "device_tensors", "pinn"]
 
 
 def _eigen_available():
