@@ -362,3 +362,51 @@ def test_an_op_without_a_second_derivative_is_refused_by_name(rng):
     # The first derivative alone is fine: the same model trains with a loss on u.
     trainer = tl.Trainer(net, lambda u, y, x: (u ** 2).mean(), tl.optim.SGD(lr=0.1))
     assert np.isfinite(trainer.step(rng.standard_normal((4, 2)), np.zeros((4, 1))))
+
+
+def test_a_convolutional_network_differentiates_twice(rng):
+    """conv (data and weight gradient ops differentiated again), tanh, average pooling."""
+    torch.manual_seed(4)
+    ref = torch.nn.ModuleDict({"conv": torch.nn.Conv2d(2, 3, 3, padding=1), "head": torch.nn.Linear(12, 1)}).double()
+    params = tl.nn.ModuleDict({"conv": tl.nn.Conv2d(2, 3, 3, padding=1), "head": tl.nn.Linear(12, 1)})
+
+    def ours(x):
+        h = F.avg_pool2d(F.tanh(params["conv"](x)), 2)
+        return params["head"](h.reshape(h.shape[0], 12))
+
+    def theirs(x):
+        h = TF.avg_pool2d(torch.tanh(ref["conv"](x)), 2)
+        return ref["head"](h.reshape(h.shape[0], 12))
+
+    def loss(u, x, grad, ones_like):
+        (dx,) = grad(u, x, ones_like(u))
+        return (dx ** 2).sum() + u.sum()
+
+    model = Fn(params, ours).double()
+    named_ref = torch.nn.ModuleDict({"params": ref})
+    model.load_state_dict(named_ref.state_dict())
+    x = rng.standard_normal((2, 2, 4, 4))
+    trainer = tl.Trainer(model, lambda u, y, x: loss(u, x, F.grad, F.ones_like), tl.optim.SGD(lr=0.1))
+    trainer.zero_grad()
+    value = trainer.compute_gradients(x, np.zeros((2, 1)))
+    xt = torch.tensor(x, requires_grad=True)
+    tvalue = loss(theirs(xt), xt, torch_grad, torch.ones_like)
+    tvalue.backward()
+    np.testing.assert_allclose(value, tvalue.item(), rtol=1e-12)
+    assert_grads_match(model, named_ref, rtol=1e-10, atol=1e-12)
+
+
+def _listed(doc, section):
+    """The op names (in backquotes) between the doc's begin and end markers for `section`."""
+    import re
+    body = doc.split(f"<!-- {section}: begin -->")[1].split(f"<!-- {section}: end -->")[0]
+    return set(re.findall(r"`([a-z0-9_]+)`", body))
+
+
+def test_the_docs_list_exactly_the_gradient_ops_that_differentiate_again():
+    import pathlib
+    doc = (pathlib.Path(__file__).parents[1] / "docs" / "second-derivatives.md").read_text()
+    gradient_ops = {op for op in tl.backend_ops("eigen") if "_backward" in op}
+    twice = gradient_ops & set(tl._core.differentiable_ops())
+    assert _listed(doc, "differentiable gradient ops") == twice
+    assert _listed(doc, "refused gradient ops") == gradient_ops - twice

@@ -151,6 +151,8 @@ void bind_core(py::module_& m) {
     for (const OpSupport& s : backend_ops(backend)) ops[py::str(s.op)] = py::cast(s.dtypes);
     return ops;
   }, py::arg("backend"));
+  m.def("differentiable_ops", &differentiable_ops,
+        "The ops with a gradient rule; a gradient op listed here can be differentiated again.");
   // `with _core.AllocationBudget(bytes, what):` bounds the tensors this thread creates inside (tl.load
   // builds a file's architecture under one; see treadle::AllocationBudget).
   struct BudgetScope {

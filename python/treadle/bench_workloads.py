@@ -9,7 +9,7 @@ A treadle builder that needs a layer or op the package does not have yet raises 
 (or NotImplementedError) on construction or tracing; the harness reports that workload as
 "missing" with the message, rather than skipping it.
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 
@@ -19,7 +19,8 @@ class Workload:
     title: str                     # one line for the table
     batch: int
     sample_shape: tuple            # shape of one input sample
-    loss: str                      # "mse" (float target of shape (N, out)) or "cross_entropy" (int64 labels)
+    loss: str                      # "mse" (float target of shape (N, out)), "cross_entropy" (int64 labels) or
+                                   # "custom" (float target of shape (N, out); the function is custom_loss)
     out_features: int              # output width (MSE target width, or number of classes)
     build_torch: Callable          # build_torch(torch) -> torch.nn.Module
     build_treadle: Callable        # build_treadle(tl) -> treadle Module (same state_dict keys)
@@ -29,6 +30,11 @@ class Workload:
     target_train: Optional[float] = None       # goals, ratio PyTorch time / treadle time
     target_infer: Optional[float] = None
     notes: list = field(default_factory=list)
+    # custom_loss(F, grad, ones_like) -> fn(output, target, input): the same loss for both frameworks,
+    # F being tl.functional or torch, grad and ones_like their derivative and constant functions.
+    custom_loss: Optional[Callable] = None
+    input_grad: bool = False       # PyTorch's input needs requires_grad (the loss differentiates with respect to it)
+    stochastic: bool = False       # noise in the forward: the two frameworks' training losses differ by design
 
 
 # -- MLPs -----------------------------------------------------------------------------------------
@@ -163,6 +169,58 @@ ENCODER_FLOPS = (2 * TSEQ * D_MODEL * 4 * D_MODEL      # q, k, v, out projection
                  + 2 * D_MODEL * 10)
 
 
+# -- VAE: 16 -> 64 tanh -> (mu, logvar) 2 -> noise -> 64 tanh -> 16, negative ELBO ----------------
+VAE_OBS, VAE_LATENT, VAE_WIDTH = 16, 2, 64
+
+
+def _vae(lib):
+    """The VAE module for lib (torch or treadle): noise drawn in the forward, mean decoded in eval."""
+    randn_like = lib.randn_like if hasattr(lib, "randn_like") else lib.functional.randn_like
+    tanh = lib.tanh if hasattr(lib, "tanh") else lib.functional.tanh
+
+    class VAE(lib.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.enc = lib.nn.Linear(VAE_OBS, VAE_WIDTH)
+            self.mu = lib.nn.Linear(VAE_WIDTH, VAE_LATENT)
+            self.logvar = lib.nn.Linear(VAE_WIDTH, VAE_LATENT)
+            self.dec1 = lib.nn.Linear(VAE_LATENT, VAE_WIDTH)
+            self.dec2 = lib.nn.Linear(VAE_WIDTH, VAE_OBS)
+
+        def forward(self, x):
+            h = tanh(self.enc(x))
+            mu, logvar = self.mu(h), self.logvar(h)
+            training = x.training if hasattr(x, "training") else self.training  # a treadle symbol knows
+            z = mu + (0.5 * logvar).exp() * randn_like(mu) if training else mu
+            return self.dec2(tanh(self.dec1(z))), mu, logvar
+
+    return VAE()
+
+
+def _vae_loss(F, grad, ones_like):
+    def loss(outputs, y, x):
+        recon, mu, logvar = outputs
+        kl = -0.5 * (1 + logvar - mu ** 2 - logvar.exp()).sum()
+        return (((recon - y) ** 2).sum() * 200.0 + kl) / 128
+    return loss
+
+
+VAE_FLOPS = 2 * (VAE_OBS * VAE_WIDTH + 2 * VAE_WIDTH * VAE_LATENT + VAE_LATENT * VAE_WIDTH + VAE_WIDTH * VAE_OBS)
+
+
+# -- PINN: u(x, t) = MLP 2 -> 64 tanh x3 -> 1; loss: heat residual u_t - 0.1 u_xx and a misfit --------
+PINN_WIDTHS = [2, 64, 64, 64, 1]
+
+
+def _pinn_loss(F, grad, ones_like):
+    def loss(u, y, xt):
+        (du,) = grad(u, xt, ones_like(u))
+        (d2u,) = grad(du[:, 0:1], xt, ones_like(u))
+        residual = du[:, 1:2] - 0.1 * d2u[:, 0:1]
+        return (residual ** 2).mean() + ((u - y) ** 2).mean()
+    return loss
+
+
 def all_workloads():
     """The workloads, in table order."""
     return [
@@ -175,6 +233,12 @@ def all_workloads():
                  LSTM_FLOPS, target_train=2.0),
         Workload("W6", "transformer encoder d128 h4 ffn512 seq64, mean-pool -> 10, CE", 16, (TSEQ, D_MODEL),
                  "cross_entropy", 10, _torch_encoder, _treadle_encoder, ENCODER_FLOPS, target_train=1.0),
+        Workload("W7", "VAE 16-64-(2,2)-64-16 tanh, noise in the forward, ELBO", 128, (VAE_OBS,), "custom", VAE_OBS,
+                 lambda torch: _vae(torch), lambda tl: _vae(tl), VAE_FLOPS, target_train=3.0,
+                 custom_loss=_vae_loss, stochastic=True),
+        # forward_flops 0: the step's derivative passes are not a fixed multiple of the forward.
+        replace(_mlp("W8", "PINN heat residual (2nd derivatives) MLP 2-64x3-1 tanh", PINN_WIDTHS, "tanh", 512,
+                     "custom", target_train=3.0, custom_loss=_pinn_loss, input_grad=True), forward_flops=0),
         _mlp("W1-b1", "W1 inference, batch 1 (policy evaluation)", W1_WIDTHS, "tanh", 1, "mse", train=False,
              target_infer=20.0),
         _mlp("W2-b1", "W2 inference, batch 1", W2_WIDTHS, "relu", 1, "cross_entropy", train=False,

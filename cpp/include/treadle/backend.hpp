@@ -19,6 +19,11 @@ struct OpSupport {
 // Sorted by op name; throws ValueError naming the known backends for an unknown name.
 TREADLE_API std::vector<OpSupport> backend_ops(const std::string& backend);
 
+// The ops with a gradient rule, sorted. A gradient op ("<op>_backward", "conv_backward_data", ...)
+// listed here can be differentiated again: second derivatives (ops::grad inside a loss) pass
+// through it; one not listed is refused by name when a plan would need its derivative.
+TREADLE_API std::vector<std::string> differentiable_ops();
+
 // What this build is and what it runs on, as (key, value) pairs in a fixed order: "version",
 // "backends", "compiled_for" (the instruction set the core's own kernels were compiled for:
 // "native" or the portable baseline), "cpu_features" (of this CPU, as the kernels see them),

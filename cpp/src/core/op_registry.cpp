@@ -1,5 +1,8 @@
 #include "core/op_registry.hpp"
 
+#include <algorithm>
+
+#include "treadle/backend.hpp"
 #include "treadle/error.hpp"
 
 namespace treadle {
@@ -61,6 +64,19 @@ int normalize_axis(const std::string& op, int64_t axis, int ndim) {
   int64_t a = axis < 0 ? axis + ndim : axis;
   if (a < 0 || a >= ndim) throw_value_error(op, ": axis ", axis, " out of range for ", ndim, "-d input");
   return static_cast<int>(a);
+}
+
+}  // namespace treadle
+
+namespace treadle {
+
+std::vector<std::string> differentiable_ops() {
+  const OpRegistry& reg = OpRegistry::instance();
+  std::vector<std::string> names;
+  for (int id = 0; id < reg.size(); ++id)
+    if (reg.at(id).grad) names.push_back(reg.at(id).name);
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 }  // namespace treadle
