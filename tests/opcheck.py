@@ -179,3 +179,9 @@ def assert_close_f32(got, ref, what):
     """float32 at ~1e-5 relative, measured against the tensor's scale (sums of products cancel)."""
     scale = max(1.0, float(np.max(np.abs(ref))))
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * scale, err_msg=what)
+
+
+def param_grads(net):
+    """A module's accumulated gradients by parameter name, as views of its flat gradient buffer."""
+    flat = net.flat_gradients()
+    return {n: flat[o:o + int(np.prod(s))].reshape(s) for n, s, o in net._compiled().layout}

@@ -7,6 +7,7 @@ import torch
 
 import treadle as tl
 import treadle.functional as F
+from opcheck import param_grads
 
 
 class TwoHeads(tl.nn.Module):
@@ -48,10 +49,6 @@ def _pair(seed=0):
     return net, ref
 
 
-def _grads(net):
-    flat = net.flat_gradients()
-    return {n: flat[o:o + int(np.prod(s))].reshape(s) for n, s, o in net._compiled().layout}
-
 
 def test_two_output_loss_and_gradients_match_torch(rng):
     net, ref = _pair()
@@ -63,7 +60,7 @@ def test_two_output_loss_and_gradients_match_torch(rng):
     tloss.backward()
     np.testing.assert_allclose(loss, tloss.item(), rtol=1e-13)
     for name, p in ref.named_parameters():
-        np.testing.assert_allclose(_grads(net)[name], p.grad.numpy(), rtol=1e-11, atol=1e-13, err_msg=name)
+        np.testing.assert_allclose(param_grads(net)[name], p.grad.numpy(), rtol=1e-11, atol=1e-13, err_msg=name)
     np.testing.assert_allclose(trainer.evaluate(x, y), tloss.item(), rtol=1e-13)
 
 
@@ -207,7 +204,7 @@ def test_vae_loss_and_gradients_match_torch_given_the_same_noise(rng):
     tloss = vae_loss(torch_vae(tx), tx)
     tloss.backward()
     np.testing.assert_allclose(loss, tloss.item(), rtol=1e-13)
-    grads = _grads(net)
+    grads = param_grads(net)
     for n, layer in layers.items():
         for k, p in layer.named_parameters():
             np.testing.assert_allclose(grads[f"{n}.{k}"], p.grad.numpy(), rtol=1e-11, atol=1e-14, err_msg=f"{n}.{k}")
@@ -230,7 +227,7 @@ def test_a_loss_with_a_third_parameter_gets_the_input(rng):
     np.testing.assert_allclose(loss, tloss.item(), rtol=1e-13)
     for name, p in ref.named_parameters():
         if p.grad is not None:
-            np.testing.assert_allclose(_grads(net)[name], p.grad.numpy(), rtol=1e-11, atol=1e-13, err_msg=name)
+            np.testing.assert_allclose(param_grads(net)[name], p.grad.numpy(), rtol=1e-11, atol=1e-13, err_msg=name)
 
 
 def test_a_third_parameter_with_a_default_is_the_functions_own_option(rng):

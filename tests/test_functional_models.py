@@ -7,6 +7,7 @@ import torch
 import treadle as tl
 import treadle.functional as F
 from conftest import CORE_TOL
+from opcheck import param_grads
 
 
 class ResidualTwoHeads(tl.nn.Module):
@@ -83,10 +84,6 @@ def _pair(tl_cls, torch_cls, dtype, seed=0):
     return net, ref
 
 
-def _grads(net):
-    flat = net.flat_gradients()
-    return {n: flat[o:o + int(np.prod(s))].reshape(s) for n, s, o in net._compiled().layout}
-
 
 def test_residual_model_names_match_torch():
     net, ref = ResidualTwoHeads(), TorchResidualTwoHeads()
@@ -109,7 +106,7 @@ def test_residual_two_heads_forward_and_gradients_match_torch(dtype, rng):
     tout.backward(torch.from_numpy(g))
     np.testing.assert_allclose(out, tout.detach().numpy(), **CORE_TOL[dtype])
     np.testing.assert_allclose(dx, tx.grad.numpy(), **CORE_TOL[dtype])
-    ours = _grads(net)
+    ours = param_grads(net)
     for name, p in ref.named_parameters():
         np.testing.assert_allclose(ours[name], p.grad.numpy(), err_msg=name, **CORE_TOL[dtype])
 
@@ -144,7 +141,7 @@ def test_arithmetic_and_slicing_model_matches_torch(dtype, rng):
     tout = ref(torch.from_numpy(x))
     tout.backward(torch.from_numpy(g))
     np.testing.assert_allclose(out, tout.detach().numpy(), **CORE_TOL[dtype])
-    ours = _grads(net)
+    ours = param_grads(net)
     for name, p in ref.named_parameters():
         np.testing.assert_allclose(ours[name], p.grad.numpy(), err_msg=name, **CORE_TOL[dtype])
 
@@ -206,7 +203,7 @@ def test_tied_weights_get_the_sum_of_both_gradients(rng):
     trainer.forward(x)
     trainer.backward(g)
     ref(torch.from_numpy(x)).backward(torch.from_numpy(g))
-    ours = _grads(net)
+    ours = param_grads(net)
     np.testing.assert_allclose(ours["enc.weight"], ref.enc.weight.grad.numpy(), rtol=1e-12, atol=1e-13)
     np.testing.assert_allclose(ours["enc.bias"], ref.enc.bias.grad.numpy(), rtol=1e-12, atol=1e-13)
 

@@ -10,7 +10,7 @@ import torch.nn.functional as TF
 
 import treadle as tl
 import treadle.functional as F
-from opcheck import BACKENDS, assert_close_f32, gradcheck, run, tol
+from opcheck import BACKENDS, assert_close_f32, gradcheck, param_grads, run, tol
 
 # (id, activation, attrs, torch function, kinks, backward op reads the output)
 ACTIVATIONS = [
@@ -176,13 +176,9 @@ def torch_grad(u, x, g):
     return torch.autograd.grad(u, x, g, create_graph=True)
 
 
-def named_grads(net):
-    flat = net.flat_gradients()
-    return {n: flat[o:o + int(np.prod(s))].reshape(s) for n, s, o in net._compiled().layout}
-
 
 def assert_grads_match(net, ref, **tolerance):
-    ours = named_grads(net)
+    ours = param_grads(net)
     for name, p in ref.named_parameters():
         theirs = p.grad.numpy() if p.grad is not None else np.zeros(p.shape)  # unused by the loss: zero
         np.testing.assert_allclose(ours[name], theirs, err_msg=name, **tolerance)
@@ -295,7 +291,7 @@ def test_float32_residual_loss_on_the_default_backends(rng):
     tloss = torch_pinn_loss(run_theirs, x, y)
     tloss.backward()
     np.testing.assert_allclose(loss, tloss.item(), rtol=1e-5)
-    ours = named_grads(model)
+    ours = param_grads(model)
     for name, p in ref.named_parameters():
         assert_close_f32(ours[name], p.grad.numpy(), name)
 

@@ -7,6 +7,7 @@ import torch
 import treadle as tl
 import treadle.functional as F
 from conftest import CORE_TOL
+from opcheck import param_grads
 
 
 def torch_style_forward(self, x):
@@ -38,10 +39,6 @@ class TorchNet(torch.nn.Module):
     forward = torch_style_forward
 
 
-def _grads(net):
-    flat = net.flat_gradients()
-    return {n: flat[o:o + int(np.prod(s))].reshape(s) for n, s, o in net._compiled().layout}
-
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_a_torch_forward_matches_torch_with_gradients(dtype, rng):
@@ -63,7 +60,7 @@ def test_a_torch_forward_matches_torch_with_gradients(dtype, rng):
     np.testing.assert_allclose(out, tout.detach().numpy(), **CORE_TOL[dtype])
     np.testing.assert_allclose(dx, tx.grad.numpy(), **CORE_TOL[dtype])
     for name, p in ref.named_parameters():
-        np.testing.assert_allclose(_grads(net)[name], p.grad.numpy(), err_msg=name, **CORE_TOL[dtype])
+        np.testing.assert_allclose(param_grads(net)[name], p.grad.numpy(), err_msg=name, **CORE_TOL[dtype])
 
 
 def _apply(fn, x):

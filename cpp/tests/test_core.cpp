@@ -183,6 +183,15 @@ void test_steps_allocate_nothing() {
   for (int i = 0; i < 50; ++i) trainer.step(x, y);
   const std::size_t by_steps = g_allocations - before;  // read before building any message
   check(by_steps == 0, "50 training steps after warm-up allocate nothing (" + std::to_string(by_steps) + ")");
+  StepOutputs step_out;
+  trainer.step(std::span<const Tensor>(inputs), y, &step_out);  // sizes the output tensors once
+  const std::size_t before_with_outputs = g_allocations;
+  for (int i = 0; i < 20; ++i) trainer.step(std::span<const Tensor>(inputs), y, &step_out);
+  const std::size_t by_outputs = g_allocations - before_with_outputs;
+  check(by_outputs == 0, "20 steps that return their outputs into reused tensors allocate nothing (" +
+                             std::to_string(by_outputs) + ")");
+  check(step_out.outputs.size() == 1 && step_out.outputs[0].shape() == shapes[0].first,
+        "a step returns the model's output");
   const std::size_t before_predict = g_allocations;
   for (int i = 0; i < 50; ++i) model->predict_into(inputs, outputs, &ctx);
   const std::size_t by_predict = g_allocations - before_predict;

@@ -11,7 +11,20 @@
 namespace treadle::py_bind {
 namespace {
 
-// A custom loss around a Python function f(outputs, target, inputs) -> Symbol. The function is held through
+// The named values a loss function returned next to its loss: observed, so a step can return them.
+void observe_named(const std::string& loss_name, const py::dict& named) {
+  for (const auto& [key, value] : named) {
+    if (!py::isinstance<py::str>(key))
+      throw_type_error(loss_name, ": the names of the values it returns must be strings");
+    if (!py::isinstance<Value>(value))
+      throw_type_error(loss_name, ": the value named '", key.cast<std::string>(), "' must be a symbol, got ",
+                       std::string(py::str(py::type::of(value).attr("__name__"))));
+    Value v = value.cast<Value>();
+    v.graph().observe(key.cast<std::string>(), v);
+  }
+}
+
+// A custom loss around a Python function f(outputs, target, inputs) -> Symbol, or (Symbol, {name: Symbol}). The function is held through
 // a shared_ptr whose deleter takes the GIL, so the C++ copies of the Loss (the trainer's, a plan
 // compile's) may be made and dropped without it; each call takes the GIL as a traced forward does.
 Loss custom_loss(py::function f, const std::string& name) {
@@ -22,6 +35,10 @@ Loss custom_loss(py::function f, const std::string& name) {
   InputLossFn fn = [held, name](const std::vector<Value>& outputs, Value target, const std::vector<Value>& inputs) {
     py::gil_scoped_acquire gil;
     py::object r = (*held)(outputs, target, inputs);
+    if (py::isinstance<py::tuple>(r) && py::len(r) == 2 && py::isinstance<py::dict>(r[py::int_(1)])) {
+      observe_named(name, r[py::int_(1)].cast<py::dict>());  // (loss, {"name": symbol, ...})
+      r = r[py::int_(0)];
+    }
     if (!py::isinstance<Value>(r))
       throw_type_error(name, ": must return a symbol built from its arguments with tl.functional ops, got ",
                        std::string(py::str(py::type::of(r).attr("__name__"))));

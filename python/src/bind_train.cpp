@@ -36,6 +36,27 @@ std::vector<Tensor> model_inputs(const py::handle& x, const char* what) {
 
 // The target, borrowed like an input array.
 Tensor target_of(const py::handle& y, const char* what) { return tensor_from_array(y, what, false, true); }
+
+// step / compute_gradients / evaluate: the loss, or with_outputs the tuple (loss, [outputs...],
+// {name: value}) that trainer.py turns into a StepResult. The GIL is released while the step runs.
+template <class Run>
+py::object run_loss_call(const py::handle& x, const py::handle& y, bool with_outputs, const std::string& what,
+                         Run run) {
+  std::vector<Tensor> xs = model_inputs(x, (what + "(x)").c_str());
+  Tensor ty = target_of(y, (what + "(y)").c_str());
+  StepOutputs out;
+  double loss;
+  {
+    py::gil_scoped_release release;
+    loss = run(Trainer::Inputs(xs), ty, with_outputs ? &out : nullptr);
+  }
+  if (!with_outputs) return py::float_(loss);
+  py::list outputs;
+  for (const Tensor& o : out.outputs) outputs.append(numpy_copy(o));
+  py::dict values;
+  for (const auto& [name, v] : out.values) values[py::str(name)] = numpy_copy(v);
+  return py::make_tuple(loss, outputs, values);
+}
 }  // namespace
 
 void bind_train(py::module_& m) {
@@ -95,39 +116,47 @@ void bind_train(py::module_& m) {
         py::gil_scoped_release release;
         t.optimizer();
       })
-      .def("step", [](Trainer& t, const py::handle& x, const py::handle& y) {
-        std::vector<Tensor> xs = model_inputs(x, "step(x)");
-        Tensor ty = target_of(y, "step(y)");
-        py::gil_scoped_release release;
-        return t.step(Trainer::Inputs(xs), ty);
-      })
-      .def("compute_gradients", [](Trainer& t, const py::handle& x, const py::handle& y) {
-        std::vector<Tensor> xs = model_inputs(x, "compute_gradients(x)");
-        Tensor ty = target_of(y, "compute_gradients(y)");
-        py::gil_scoped_release release;
-        return t.compute_gradients(Trainer::Inputs(xs), ty);
-      })
-      .def("evaluate", [](Trainer& t, const py::handle& x, const py::handle& y) {
-        std::vector<Tensor> xs = model_inputs(x, "evaluate(x)");
-        Tensor ty = target_of(y, "evaluate(y)");
-        py::gil_scoped_release release;
-        return t.evaluate(Trainer::Inputs(xs), ty);
-      })
-      .def("forward", [](Trainer& t, const py::handle& x, bool input_grad) {
+      .def("step", [](Trainer& t, const py::handle& x, const py::handle& y, bool with_outputs) {
+        return run_loss_call(x, y, with_outputs, "step", [&t](Trainer::Inputs xs, const Tensor& ty, StepOutputs* o) {
+          return t.step(xs, ty, o);
+        });
+      }, py::arg("x"), py::arg("y"), py::arg("with_outputs") = false)
+      .def("compute_gradients", [](Trainer& t, const py::handle& x, const py::handle& y, bool with_outputs) {
+        return run_loss_call(x, y, with_outputs, "compute_gradients",
+                             [&t](Trainer::Inputs xs, const Tensor& ty, StepOutputs* o) {
+                               return t.compute_gradients(xs, ty, o);
+                             });
+      }, py::arg("x"), py::arg("y"), py::arg("with_outputs") = false)
+      .def("evaluate", [](Trainer& t, const py::handle& x, const py::handle& y, bool with_outputs) {
+        return run_loss_call(x, y, with_outputs, "evaluate", [&t](Trainer::Inputs xs, const Tensor& ty, StepOutputs* o) {
+          return t.evaluate(xs, ty, o);
+        });
+      }, py::arg("x"), py::arg("y"), py::arg("with_outputs") = false)
+      .def("forward", [](Trainer& t, const py::handle& x, bool input_grad) -> py::object {
         std::vector<Tensor> xs = model_inputs(x, "forward(x)");
-        Tensor y;
+        std::vector<Tensor> outs;
         {
           py::gil_scoped_release release;
-          y = t.forward(Trainer::Inputs(xs), input_grad);
+          outs = t.forward_outputs(Trainer::Inputs(xs), input_grad);
         }
-        return numpy_copy(y);
+        if (outs.size() == 1) return numpy_copy(outs[0]);
+        py::tuple result(outs.size());
+        for (std::size_t k = 0; k < outs.size(); ++k) result[k] = numpy_copy(outs[k]);
+        return result;
       }, py::arg("x"), py::arg("input_grad") = false)
       .def("backward", [](Trainer& t, const py::handle& g, bool input_grad) -> py::object {
-        Tensor tg = target_of(g, "backward(grad_output)");
+        // One array, or a tuple/list with one entry per output (None: the loss does not use it).
+        std::vector<Tensor> grads;
+        if (py::isinstance<py::tuple>(g) || py::isinstance<py::list>(g)) {
+          for (const py::handle& gk : g.cast<py::sequence>())
+            grads.push_back(gk.is_none() ? Tensor() : target_of(gk, "backward(grad_outputs)"));
+        } else {
+          grads.push_back(target_of(g, "backward(grad_output)"));
+        }
         Tensor dx;
         {
           py::gil_scoped_release release;
-          t.backward(tg, input_grad ? &dx : nullptr);
+          t.backward(std::span<const Tensor>(grads), input_grad ? &dx : nullptr);
         }
         if (!input_grad) return py::none();
         return numpy_copy(dx);

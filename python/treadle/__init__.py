@@ -16,7 +16,7 @@ from . import _core  # noqa: E402
 from . import distributed, functional, loss, nn, optim  # noqa: E402
 from . import symbol  # noqa: E402,F401  (torch.Tensor's methods on traced symbols)
 from ._core import Context, PoolExecutor, manual_seed  # noqa: E402
-from .trainer import Trainer  # noqa: E402
+from .trainer import StepResult, Trainer  # noqa: E402
 from .profile import profile  # noqa: E402
 from .io import load, load_checkpoint, save, save_checkpoint  # noqa: E402
 from .dispatch import dispatch_lookup, dispatch_table_source, load_dispatch_table  # noqa: E402

@@ -1,4 +1,6 @@
 """Training driven by the host: one call per step, or the phases separately."""
+from typing import NamedTuple
+
 import numpy as np
 
 from . import _core
@@ -9,6 +11,21 @@ def _require(obj, attribute, name, expected):
     """TypeError naming the argument and what it must be, instead of an AttributeError later."""
     if obj is None or not hasattr(obj, attribute):
         raise TypeError(f"Trainer: {name} must be {expected}, got {type(obj).__name__}")
+
+
+class StepResult(NamedTuple):
+    """What `step(x, y, return_outputs=True)` returns: the loss, the model's output as that step
+    computed it (an array, or a tuple for a model with several outputs), and the named values the
+    loss function returned next to its loss (`return loss, {"kl": kl}`), as arrays."""
+
+    loss: float
+    outputs: object
+    values: dict
+
+
+def _step_result(raw):
+    loss, outputs, values = raw
+    return StepResult(loss, outputs[0] if len(outputs) == 1 else tuple(outputs), values)
 
 
 class Trainer:
@@ -85,24 +102,37 @@ class Trainer:
         self._native.optimizer_to_host()
         return self._optimizer
 
-    def step(self, x, y):
-        """One training step on a batch; returns the loss (float)."""
+    def step(self, x, y, return_outputs=False):
+        """One training step on a batch; returns the loss (float). return_outputs=True returns a
+        StepResult (loss, outputs, values) instead: the model's outputs from this very step (its
+        dropout and noise; no second forward) and the named values the loss returned."""
+        if return_outputs:
+            return _step_result(self._native.step(x, y, True))
         return self._native.step(x, y)
 
-    def compute_gradients(self, x, y):
-        """Forward + loss + backward, adding into the gradients (no update); returns the loss."""
+    def compute_gradients(self, x, y, return_outputs=False):
+        """Forward + loss + backward, adding into the gradients (no update); returns the loss (a
+        StepResult with return_outputs=True, as `step`)."""
+        if return_outputs:
+            return _step_result(self._native.compute_gradients(x, y, True))
         return self._native.compute_gradients(x, y)
 
-    def evaluate(self, x, y):
-        """The loss in eval mode (no dropout), touching neither gradients nor parameters."""
+    def evaluate(self, x, y, return_outputs=False):
+        """The loss in eval mode (no dropout), touching neither gradients nor parameters (a
+        StepResult with return_outputs=True, as `step`)."""
+        if return_outputs:
+            return _step_result(self._native.evaluate(x, y, True))
         return self._native.evaluate(x, y)
 
     def forward(self, x, input_grad=False):
-        """Training-mode forward; keeps activations for one `backward`. Returns the output."""
+        """Training-mode forward; keeps activations for one `backward`. Returns the output (a tuple
+        of them for a model with several outputs)."""
         return self._native.forward(x, input_grad)
 
     def backward(self, grad_output, input_grad=False):
-        """Adds dL/dparams for dL/d(output) = grad_output; returns dL/d(input) if input_grad."""
+        """Adds dL/dparams for dL/d(output) = grad_output; returns dL/d(input) if input_grad. A
+        model with several outputs takes a tuple with one gradient per output (None where the loss
+        does not depend on that output)."""
         return self._native.backward(grad_output, input_grad)
 
     def zero_grad(self):

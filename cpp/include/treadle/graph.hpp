@@ -125,6 +125,11 @@ class TREADLE_API Graph {
   void push_scope(const std::string& name);
   void pop_scope();
 
+  // A named value the host reads after a training step (e.g. a loss's terms: Trainer::step with
+  // StepOutputs). Its memory stays valid to the end of the run. Names are unique per graph.
+  void observe(const std::string& name, Value v);
+  const std::vector<std::pair<std::string, int>>& observed() const { return observed_; }
+
  private:
   int new_value(Shape shape, DType dtype, ValueKind kind, int producer, int slot);
   bool training_;
@@ -135,6 +140,7 @@ class TREADLE_API Graph {
   std::vector<int> param_values_;
   std::vector<int> num_kind_ = std::vector<int>(5, 0);
   std::vector<std::string> scope_;
+  std::vector<std::pair<std::string, int>> observed_;
 };
 
 class ScopeGuard {

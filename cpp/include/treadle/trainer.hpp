@@ -76,6 +76,17 @@ struct StepTask {
   std::vector<std::pair<int64_t, int64_t>> grad_ranges;
 };
 
+struct Bindings;  // a run's buffers (core/plan.hpp)
+
+// What a step can hand back besides the loss, without a second forward: copies of the model's
+// outputs (as that step computed them: training mode, its dropout and noise) and of the named
+// values the loss or the forward observed (Graph::observe; e.g. a VAE's KL and reconstruction
+// terms). Tensors of the right shape are reused, so a steady loop allocates nothing.
+struct StepOutputs {
+  std::vector<Tensor> outputs;
+  std::vector<std::pair<std::string, Tensor>> values;
+};
+
 class TREADLE_API Trainer {
  public:
   // A model's inputs, in order (models with one input take a single Tensor below).
@@ -88,20 +99,28 @@ class TREADLE_API Trainer {
 
   // zero_grad + forward + loss + backward + (clip) + update. Returns the loss.
   double step(const Tensor& x, const Tensor& y) { return step(Inputs(&x, 1), y); }
-  double step(Inputs xs, const Tensor& y);
+  double step(Inputs xs, const Tensor& y) { return step(xs, y, nullptr); }
+  // The same, also filling `out` (when not null) with the step's outputs and observed values.
+  double step(Inputs xs, const Tensor& y, StepOutputs* out);
   // forward (eval mode: no dropout) + loss; touches no gradient or parameter. Returns the loss.
   double evaluate(const Tensor& x, const Tensor& y) { return evaluate(Inputs(&x, 1), y); }
-  double evaluate(Inputs xs, const Tensor& y);
+  double evaluate(Inputs xs, const Tensor& y, StepOutputs* out = nullptr);
   // forward + loss + backward, accumulating into the gradients; no update. Returns the loss.
   double compute_gradients(const Tensor& x, const Tensor& y) { return compute_gradients(Inputs(&x, 1), y); }
-  double compute_gradients(Inputs xs, const Tensor& y);
+  double compute_gradients(Inputs xs, const Tensor& y, StepOutputs* out = nullptr);
   // Host-driven phases. forward keeps activations in the trainer's context for backward;
   // input_grad=true compiles the backward pass to also produce dL/d(input).
   Tensor forward(const Tensor& x, bool input_grad = false) { return forward(Inputs(&x, 1), input_grad); }
-  Tensor forward(Inputs xs, bool input_grad = false);
+  Tensor forward(Inputs xs, bool input_grad = false);  // the first output
+  // Every output of the model, in order (for a model whose forward returns several).
+  std::vector<Tensor> forward_outputs(Inputs xs, bool input_grad = false);
   // Accumulates parameter gradients from dL/d(output). When input_grad is non-null it receives
-  // dL/d(input) (allocated here, shaped like the input).
-  void backward(const Tensor& grad_output, Tensor* input_grad = nullptr);
+  // dL/d(input) (allocated here, shaped like the input). A model with several outputs takes one
+  // gradient per output (an undefined Tensor where the loss does not depend on that output).
+  void backward(const Tensor& grad_output, Tensor* input_grad = nullptr) {
+    backward(std::span<const Tensor>(&grad_output, 1), input_grad);
+  }
+  void backward(std::span<const Tensor> grad_outputs, Tensor* input_grad = nullptr);
   void zero_grad();
   // (clip) + optimizer step with the scheduled learning rate.
   void update();
@@ -159,7 +178,8 @@ class TREADLE_API Trainer {
 #endif
 
  private:
-  double run_loss_plan(Inputs xs, const Tensor& y, PlanMode mode);
+  double run_loss_plan(Inputs xs, const Tensor& y, PlanMode mode, StepOutputs* out = nullptr);
+  void copy_step_outputs(const Plan& p, const Bindings& b, StepOutputs& out);
   // Copies the inputs into pending_inputs_ (the host may reuse its arrays before the pass that
   // needs them) and writes their addresses into `ptrs`.
   void hold_inputs(Inputs xs, std::array<void*, kMaxInputs>& ptrs);
@@ -206,8 +226,13 @@ class TREADLE_API Trainer {
   // update()'s loss-scaling part: unscales the gradients, returns false (and counts the skip)
   // when one was not finite.
   bool unscale_and_check();
-  const Tensor& scaled_grad_output(const Tensor& grad_output, Tensor& copy);
-  Tensor scaled_seed_;  // backward's grad_output times the loss scale
+  const Tensor& scaled_grad_output(const Tensor& grad_output, Tensor& copy, Tensor& scaled);
+  std::vector<Tensor> scaled_seeds_;  // backward's grad_outputs times the loss scale
+  std::vector<Tensor> seed_copies_;   // contiguous copies of them, or zeros for an output without one
+  std::vector<void*> seed_ptrs_;
+  void run_forward(Inputs xs, bool input_grad);  // the training forward, leaving pending_ set
+  Tensor pending_output(std::size_t k);           // a copy of output k of that forward
+  void check_grad_output(const Plan& p, std::size_t k, const Tensor& g) const;
   struct TaskedStep;  // the step begin_step prepared (trainer_tasks.cpp)
   void end_tasked_step();  // another run reuses the context's memory: a tasked step is void
   std::unique_ptr<TaskedStep> tasked_;

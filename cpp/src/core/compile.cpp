@@ -46,7 +46,11 @@ std::shared_ptr<Plan> compile_plan(const PlanKey& key, const TraceFn& trace, con
   if (outputs.empty()) throw_value_error("model: forward returned no outputs");
   for (const Value& v : outputs) plan->outputs.push_back(v.id());
   plan->forward_end = static_cast<int>(g.nodes().size());
-  if (key.fuse) fuse_activations(g, plan->forward_end, plan->outputs);
+  if (key.fuse) {
+    std::vector<int> kept = plan->outputs;  // values the host reads keep their own memory
+    for (const auto& named : g.observed()) kept.push_back(named.second);
+    fuse_activations(g, plan->forward_end, kept);
+  }
   set_product_precision(g, plan->forward_end, key.precision);
 
   std::vector<std::pair<int, int>> seeds;
@@ -57,6 +61,7 @@ std::shared_ptr<Plan> compile_plan(const PlanKey& key, const TraceFn& trace, con
     Value l = loss->apply(outputs, target, inputs);
     plan->loss = l.id();
   }
+  plan->observed = g.observed();
   if (key.mode == PlanMode::train_loss && key.loss_seed_input) {
     Value l(&g, plan->loss);
     Value seed = g.add_input(Shape{}, l.dtype(), ValueKind::seed);

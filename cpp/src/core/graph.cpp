@@ -145,6 +145,14 @@ std::vector<Value> Graph::apply(const std::string& op_name, const std::vector<Va
   return result;
 }
 
+void Graph::observe(const std::string& name, Value v) {
+  if (name.empty()) throw_value_error("observe: the name is empty");
+  if (!v.defined() || &v.graph() != this) throw_value_error("observe: '", name, "' is not a value of this graph");
+  for (const auto& [n, id] : observed_)
+    if (n == name) throw_value_error("observe: the name '", name, "' is used twice");
+  observed_.emplace_back(name, v.id());
+}
+
 void Graph::push_scope(const std::string& name) { scope_.push_back(name); }
 void Graph::pop_scope() {
   if (!scope_.empty()) scope_.pop_back();

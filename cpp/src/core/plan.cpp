@@ -91,6 +91,7 @@ void Plan::mark_read_values() {
   auto host = [&](int v) { graph.values()[v].read = graph.values()[v].host_read = true; };
   for (int v : outputs) host(v);
   if (loss >= 0) host(loss);
+  for (const auto& named : observed) host(named.second);
   for (const auto& pg : param_grads) host(pg.second);
   for (int g : input_grads)
     if (g >= 0) host(g);
@@ -210,6 +211,7 @@ void Plan::plan_memory() {
   // Values the host reads after a run stay alive to the end.
   std::vector<int> pinned = outputs;
   if (loss >= 0) pinned.push_back(loss);
+  for (const auto& named : observed) pinned.push_back(named.second);
   for (const auto& pg : param_grads) pinned.push_back(pg.second);
   for (int g : input_grads)
     if (g >= 0) pinned.push_back(g);

@@ -103,6 +103,7 @@ class Plan {
   Graph graph;
   std::vector<int> inputs, outputs, targets, seeds;  // value ids
   int loss = -1;                                     // value id of the loss (loss plans)
+  std::vector<std::pair<std::string, int>> observed; // named values the host may read (Graph::observe)
   int forward_end = 0;                               // steps [0, forward_end) are the forward pass
   std::vector<std::pair<int64_t, int>> param_grads;  // (byte offset in flat buffer, gradient value id)
   std::vector<int> input_grads;                      // per input: gradient value id or -1

@@ -139,7 +139,7 @@ MemoryReport Trainer::memory_report(const Shape& x_shape, DType x_dtype, const S
   return report_for(*model_->plan(make_key(PlanMode::train_loss, Inputs(&x, 1), &y, false), &loss_));
 }
 
-double Trainer::run_loss_plan(Inputs xs, const Tensor& y, PlanMode mode) {
+double Trainer::run_loss_plan(Inputs xs, const Tensor& y, PlanMode mode, StepOutputs* step_out) {
   for (const Tensor& x : xs) check_input(x, "input");
   check_input(y, "target");
   if (options_.verify_parameters) verify_parameters();
@@ -147,7 +147,10 @@ double Trainer::run_loss_plan(Inputs xs, const Tensor& y, PlanMode mode) {
   const ValueInfo& out = p->graph.info(p->outputs.at(0));
   loss_.check_target(out.shape, out.dtype, y);  // e.g. class indices in range, before any compute
 #ifdef TREADLE_WITH_CUDA
-  if (p->device().kind == DeviceKind::cuda) return run_device_loss_plan(*p, xs, y, mode);
+  if (p->device().kind == DeviceKind::cuda) {
+    if (step_out) throw_value_error("Trainer: returning a step's outputs is not implemented for backend 'cuda' yet");
+    return run_device_loss_plan(*p, xs, y, mode);
+  }
 #endif
   std::array<Tensor, kMaxInputs> x_copies;  // only for non-contiguous inputs
   std::array<void*, kMaxInputs> in_ptr{};
@@ -167,16 +170,20 @@ double Trainer::run_loss_plan(Inputs xs, const Tensor& y, PlanMode mode) {
     pending_.reset();
     if (options_.verify_parameters) reseal_frozen();  // training forwards update running statistics
   }
+  if (step_out) copy_step_outputs(*p, b, *step_out);
   return read_scalar(p->address(ctx_, b, p->loss), p->graph.info(p->loss).dtype);
 }
 
-double Trainer::step(Inputs xs, const Tensor& y) {
+double Trainer::step(Inputs xs, const Tensor& y, StepOutputs* out) {
   Model::TrainingCall call(*model_, "Trainer.step");
 #ifdef TREADLE_WITH_CUDA
-  if (options_.cuda_graph && on_device()) return device_graph_step(xs, y);
+  if (options_.cuda_graph && on_device()) {
+    if (out) throw_value_error("Trainer.step: returning the outputs is not implemented for CUDA-graph steps");
+    return device_graph_step(xs, y);
+  }
 #endif
   zero_grad();
-  return finish_with_update(run_loss_plan(xs, y, PlanMode::train_loss), "Trainer.step");
+  return finish_with_update(run_loss_plan(xs, y, PlanMode::train_loss, out), "Trainer.step");
 }
 
 double Trainer::finish_with_update(double loss, const char* who) {
@@ -201,14 +208,38 @@ void Trainer::hold_inputs(Inputs xs, std::array<void*, kMaxInputs>& ptrs) {
   }
 }
 
-double Trainer::compute_gradients(Inputs xs, const Tensor& y) {
+double Trainer::compute_gradients(Inputs xs, const Tensor& y, StepOutputs* out) {
   Model::TrainingCall call(*model_, "Trainer.compute_gradients");
-  return run_loss_plan(xs, y, PlanMode::train_loss);
+  return run_loss_plan(xs, y, PlanMode::train_loss, out);
 }
 
-double Trainer::evaluate(Inputs xs, const Tensor& y) {
+double Trainer::evaluate(Inputs xs, const Tensor& y, StepOutputs* out) {
   Model::TrainingCall call(*model_, "Trainer.evaluate");
-  return run_loss_plan(xs, y, PlanMode::eval_loss);
+  return run_loss_plan(xs, y, PlanMode::eval_loss, out);
+}
+
+namespace {
+
+// Copies a planned value into `dst`, reallocating only when its shape or dtype changed.
+void copy_out(const Plan& p, const void* src, int id, Tensor& dst) {
+  const ValueInfo& info = p.graph.info(id);
+  if (!dst.defined() || dst.shape() != info.shape || dst.dtype() != info.dtype || !dst.is_contiguous())
+    dst = Tensor(info.shape, info.dtype);
+  std::memcpy(dst.data(), src, dst.nbytes());
+}
+
+}  // namespace
+
+void Trainer::copy_step_outputs(const Plan& p, const Bindings& b, StepOutputs& out) {
+  out.outputs.resize(p.outputs.size());
+  for (std::size_t i = 0; i < p.outputs.size(); ++i)
+    copy_out(p, p.address(ctx_, b, p.outputs[i]), p.outputs[i], out.outputs[i]);
+  out.values.resize(p.observed.size());
+  for (std::size_t i = 0; i < p.observed.size(); ++i) {
+    const auto& [name, id] = p.observed[i];
+    if (out.values[i].first != name) out.values[i].first = name;
+    copy_out(p, p.address(ctx_, b, id), id, out.values[i].second);
+  }
 }
 
 void Trainer::zero_grad() {
@@ -218,6 +249,30 @@ void Trainer::zero_grad() {
 
 Tensor Trainer::forward(Inputs xs, bool input_grad) {
   Model::TrainingCall call(*model_, "Trainer.forward");
+  run_forward(xs, input_grad);
+  return pending_output(0);
+}
+
+std::vector<Tensor> Trainer::forward_outputs(Inputs xs, bool input_grad) {
+  Model::TrainingCall call(*model_, "Trainer.forward");
+  run_forward(xs, input_grad);
+  std::vector<Tensor> outs;
+  for (std::size_t k = 0; k < pending_->outputs.size(); ++k) outs.push_back(pending_output(k));
+  return outs;
+}
+
+Tensor Trainer::pending_output(std::size_t k) {
+  std::array<void*, kMaxInputs> in_ptr{};
+  for (std::size_t i = 0; i < pending_inputs_.size(); ++i) in_ptr[i] = pending_inputs_[i].data();
+  Bindings b{model_->flat_parameters().data(), std::span<void* const>(in_ptr.data(), pending_inputs_.size()), {}, {}};
+  const int id = pending_->outputs.at(k);
+  const ValueInfo& out = pending_->graph.info(id);
+  Tensor y(out.shape, out.dtype);
+  std::memcpy(y.data(), pending_->address(ctx_, b, id), y.nbytes());
+  return y;
+}
+
+void Trainer::run_forward(Inputs xs, bool input_grad) {
   for (const Tensor& x : xs) check_input(x, "input");
   if (options_.verify_parameters) verify_parameters();
   std::shared_ptr<const Plan> p = plan_for(PlanMode::train_seeded, xs, nullptr, input_grad);
@@ -233,33 +288,56 @@ Tensor Trainer::forward(Inputs xs, bool input_grad) {
   p->run(ctx_, b, 0, p->forward_end);
   if (options_.verify_parameters) reseal_frozen();
   pending_ = p;
-  const ValueInfo& out = p->graph.info(p->outputs.at(0));
-  Tensor y(out.shape, out.dtype);
-  std::memcpy(y.data(), p->address(ctx_, b, p->outputs[0]), y.nbytes());
-  return y;
 }
 
-void Trainer::backward(const Tensor& grad_output, Tensor* input_grad) {
+void Trainer::check_grad_output(const Plan& p, std::size_t k, const Tensor& g) const {
+  const ValueInfo& out = p.graph.info(p.outputs.at(k));
+  const std::string which = p.outputs.size() > 1 ? "grad_output " + std::to_string(k) : "grad_output";
+  if (g.shape() != out.shape)
+    throw_value_error("Trainer.backward: expected ", which, " of shape ", shape_str(out.shape), ", got ",
+                      shape_str(g.shape()));
+  if (g.dtype() != out.dtype)
+    throw_type_error("Trainer.backward: expected ", which, " of dtype ", dtype_name(out.dtype), ", got ",
+                     dtype_name(g.dtype()));
+  check_input(g, which.c_str());
+}
+
+void Trainer::backward(std::span<const Tensor> grad_outputs, Tensor* input_grad) {
   Model::TrainingCall call(*model_, "Trainer.backward");
   if (!pending_) throw_value_error("Trainer.backward: call forward first (each forward allows one backward)");
   std::shared_ptr<const Plan> p = pending_;
-  const ValueInfo& out = p->graph.info(p->outputs.at(0));
-  if (!grad_output.defined() || grad_output.shape() != out.shape)
-    throw_value_error("Trainer.backward: expected grad_output of shape ", shape_str(out.shape), ", got ",
-                      grad_output.defined() ? shape_str(grad_output.shape()) : "none");
-  if (grad_output.dtype() != out.dtype)
-    throw_type_error("Trainer.backward: expected grad_output of dtype ", dtype_name(out.dtype), ", got ",
-                     dtype_name(grad_output.dtype()));
+  const std::size_t n = p->outputs.size();
+  if (grad_outputs.size() != n)
+    throw_value_error("Trainer.backward: the model has ", n, " output", n > 1 ? "s" : "", "; got ", grad_outputs.size(),
+                      " gradient", grad_outputs.size() == 1 ? "" : "s", " (one per output, in order)");
+  bool any = false;
+  for (std::size_t k = 0; k < n; ++k) {
+    if (grad_outputs[k].defined()) check_grad_output(*p, k, grad_outputs[k]);
+    any = any || grad_outputs[k].defined();
+  }
+  if (!any) throw_value_error("Trainer.backward: expected grad_output" , n > 1 ? "s (at least one)" : "", ", got none");
   if (input_grad && p->input_grads.empty())
     throw_value_error("Trainer.backward: input gradient requested but forward was called without input_grad=True");
-  check_input(grad_output, "grad_output");
-  Tensor g_copy;
-  const Tensor& g = scaled_grad_output(grad_output, g_copy);
+  // Member buffers, sized once: a steady host-driven loop allocates nothing here.
+  scaled_seeds_.resize(n);
+  seed_copies_.resize(n);  // non-contiguous gradients, or zeros for an output without one
+  seed_ptrs_.resize(n);
+  for (std::size_t k = 0; k < n; ++k) {
+    const Tensor* g = &grad_outputs[k];
+    if (!g->defined()) {
+      const ValueInfo& out = p->graph.info(p->outputs[k]);
+      Tensor& zeros = seed_copies_[k];
+      if (!zeros.defined() || zeros.shape() != out.shape || zeros.dtype() != out.dtype)
+        zeros = Tensor(out.shape, out.dtype);
+      std::memset(zeros.data(), 0, zeros.nbytes());
+      g = &zeros;
+    }
+    seed_ptrs_[k] = scaled_grad_output(*g, seed_copies_[k], scaled_seeds_[k]).data();
+  }
   std::array<void*, kMaxInputs> in_ptr{};
   for (std::size_t i = 0; i < pending_inputs_.size(); ++i) in_ptr[i] = pending_inputs_[i].data();
-  void* seed_ptr[1] = {g.data()};
   Bindings b{model_->flat_parameters().data(), std::span<void* const>(in_ptr.data(), pending_inputs_.size()), {},
-             seed_ptr};
+             std::span<void* const>(seed_ptrs_.data(), n)};
   p->run(ctx_, b, p->forward_end, p->num_steps());
   p->accumulate_param_grads(ctx_, b, model_->flat_gradients().data());
   pending_.reset();
@@ -273,21 +351,20 @@ void Trainer::backward(const Tensor& grad_output, Tensor* input_grad) {
 // The seed of the host-driven backward: grad_output itself (`copy` when it is not contiguous), or
 // with loss scaling grad_output times the scale (in a buffer the trainer keeps), so that update()
 // unscales every kind of step alike.
-const Tensor& Trainer::scaled_grad_output(const Tensor& grad_output, Tensor& copy) {
+const Tensor& Trainer::scaled_grad_output(const Tensor& grad_output, Tensor& copy, Tensor& scaled) {
   if (!scaler_) return grad_output.is_contiguous() ? grad_output : (copy = grad_output.clone());
-  if (!scaled_seed_.defined() || scaled_seed_.shape() != grad_output.shape() ||
-      scaled_seed_.dtype() != grad_output.dtype())
-    scaled_seed_ = Tensor(grad_output.shape(), grad_output.dtype());
-  scaled_seed_.copy_from(grad_output);
+  if (!scaled.defined() || scaled.shape() != grad_output.shape() || scaled.dtype() != grad_output.dtype())
+    scaled = Tensor(grad_output.shape(), grad_output.dtype());
+  scaled.copy_from(grad_output);
   const float s = scaler_->scale();
-  if (scaled_seed_.dtype() == DType::f32) {
-    float* p = scaled_seed_.data_as<float>();
-    for (int64_t i = 0; i < scaled_seed_.numel(); ++i) p[i] *= s;
+  if (scaled.dtype() == DType::f32) {
+    float* p = scaled.data_as<float>();
+    for (int64_t i = 0; i < scaled.numel(); ++i) p[i] *= s;
   } else {
-    double* p = scaled_seed_.data_as<double>();
-    for (int64_t i = 0; i < scaled_seed_.numel(); ++i) p[i] *= static_cast<double>(s);
+    double* p = scaled.data_as<double>();
+    for (int64_t i = 0; i < scaled.numel(); ++i) p[i] *= static_cast<double>(s);
   }
-  return scaled_seed_;
+  return scaled;
 }
 
 void* Trainer::loss_seed(DType loss_dtype) {
