@@ -90,6 +90,9 @@ for ta in (0, 1):
         a, b = (2, 3, 2) if ta else (2, 2, 3), (2, 4, 3) if tb else (2, 3, 4)
         case("bmm", f"trans_a={ta} trans_b={tb}", floats(a, b), {"trans_a": ta, "trans_b": tb})
 
+case("matmul", "narrow weight gradient (A^T B, 2 columns, inner 9)", floats((9, 3), (9, 2)), {"trans_a": 1, "trans_b": 0})
+case("matmul", "narrow weight gradient (A^T B^T, 2 columns, inner 7)", floats((7, 3), (2, 7)), {"trans_a": 1, "trans_b": 1})
+
 # ---- elementwise --------------------------------------------------------------------------------
 for op in ("add", "sub", "mul"):
     case(op, "same shape", floats((3, 4), (3, 4)))

@@ -34,6 +34,35 @@ void linear_kernel(const KernelArgs& a) {
   });
 }
 
+// A weight gradient of a network's 1- to 4-wide input or output layer, C = A^T B with C of at most
+// kThin columns and a long inner dimension (the batch), spends most of a blocked GEMM's time packing
+// the transposed operand. Here each row of A (contiguous in C's row index) is read once, as rank-1
+// updates into a small column-major block. Rows of C are independent and each element sums over
+// the inner index in order, so the result does not depend on the chunking.
+constexpr int64_t kThin = 4;
+
+template <typename T>
+void thin_weight_gradient_rows(const T* a, int64_t lda, const T* b, int64_t ldb, bool tb, int64_t n, int64_t k, T* c,
+                               int64_t r0, int64_t r1) {
+  constexpr int64_t kBlock = 256;
+  T acc[kThin][kBlock];
+  for (int64_t i0 = r0; i0 < r1; i0 += kBlock) {
+    const int64_t len = std::min(kBlock, r1 - i0);
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t i = 0; i < len; ++i) acc[j][i] = T(0);
+    for (int64_t r = 0; r < k; ++r) {
+      const T* __restrict ar = a + r * lda + i0;
+      for (int64_t j = 0; j < n; ++j) {
+        const T brj = tb ? b[j * ldb + r] : b[r * ldb + j];
+        T* __restrict accj = acc[j];
+        for (int64_t i = 0; i < len; ++i) accj[i] += ar[i] * brj;
+      }
+    }
+    for (int64_t i = 0; i < len; ++i)
+      for (int64_t j = 0; j < n; ++j) c[(i0 + i) * n + j] = acc[j][i];
+  }
+}
+
 template <typename T>
 void matmul_kernel(const KernelArgs& a) {
   const bool ta = a.attrs().i_or("trans_a", 0), tb = a.attrs().i_or("trans_b", 0);
@@ -41,6 +70,12 @@ void matmul_kernel(const KernelArgs& a) {
   const int64_t m = C.dim(0), n = C.dim(1), k = ta ? A.dim(0) : A.dim(1);
   const T *pa, *pb;
   std::tie(pa, pb) = product_operands<T>(a);
+  if (ta && n <= kThin && k > kThin) {
+    parallel_chunks(a.exec, m, row_grain(n * k), [&](int64_t r0, int64_t r1) {
+      thin_weight_gradient_rows(pa, A.dim(1), pb, B.dim(1), tb, n, k, C.ptr<T>(), r0, r1);
+    });
+    return;
+  }
   ConstMapR<T> Am(pa, A.dim(0), A.dim(1));
   ConstMapR<T> Bm(pb, B.dim(0), B.dim(1));
   parallel_chunks(a.exec, m, row_grain(n * k), [&](int64_t r0, int64_t r1) {
