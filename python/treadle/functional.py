@@ -43,3 +43,10 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Tru
 
 
 __all__.append("grad")
+
+# torch's loss functions with their options (reduction "none", weights, ...); the plain cases are
+# the fused loss ops bound above.
+from .functional_losses import *  # noqa: E402,F401,F403
+from .functional_losses import __all__ as _loss_names  # noqa: E402
+
+__all__ += [n for n in _loss_names if n not in __all__]

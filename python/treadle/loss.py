@@ -195,3 +195,10 @@ class Custom(Loss):
 
     def __repr__(self):
         return f"Custom({self.name!r})"
+
+
+# torch's loss classes by their names and arguments (loss_torch.py).
+from .loss_torch import *  # noqa: E402,F401,F403
+from .loss_torch import __all__ as _torch_names  # noqa: E402
+
+__all__ += _torch_names

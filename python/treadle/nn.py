@@ -608,3 +608,5 @@ from .nn_attention import *  # noqa: E402,F401,F403
 from .nn_recurrent import *  # noqa: E402,F401,F403
 from .nn_layers import *  # noqa
 from .nn_conv import *  # noqa: E402,F401,F403
+# torch.nn's loss classes live in tl.loss; torch code reaches them as nn.MSELoss(), ...
+from .loss_torch import *  # noqa: E402,F401,F403
