@@ -129,12 +129,36 @@ void bind_derivatives(py::module_& f) {
   f.def("full_like", &ops::full_like, py::arg("input"), py::arg("fill_value"));
 }
 
+// A comparison or where operand: a symbol, or a Python number made a 0-d constant like `like`.
+Value operand(const py::handle& v, const Value& like, const char* op) {
+  if (py::isinstance<Value>(v)) return v.cast<Value>();
+  if (py::isinstance<py::bool_>(v) || !(py::isinstance<py::int_>(v) || py::isinstance<py::float_>(v)))
+    throw_type_error(op, ": operands must be symbols or numbers, got ", std::string(py::str(py::type::of(v).attr("__name__"))));
+  return ops::scalar_like(like, v.cast<double>());
+}
+
+void bind_selection(py::module_& f) {
+  for (const char* name : {"gt", "lt", "ge", "le", "eq", "ne"}) {
+    const std::string op = name;
+    f.def(name, [op](Value input, const py::object& other) { return ops::compare(op, input, operand(other, input, op.c_str())); },
+          py::arg("input"), py::arg("other"), "1 where the comparison holds, 0 elsewhere (the operands' dtype).");
+  }
+  f.def("where", [](Value condition, const py::object& input, const py::object& other) {
+          const Value like = py::isinstance<Value>(input) ? input.cast<Value>()
+                             : py::isinstance<Value>(other) ? other.cast<Value>() : condition;
+          return ops::where(condition, operand(input, like, "where"), operand(other, like, "where"));
+        }, py::arg("condition"), py::arg("input"), py::arg("other"),
+        "torch.where: input where condition is nonzero, other elsewhere (numbers allowed for either branch).");
+  f.def("gather", &ops::gather, py::arg("input"), py::arg("dim"), py::arg("index"), "torch.gather.");
+}
+
 void bind_math(py::module_& m) {
   py::module_ f = m.attr("functional").cast<py::module_>();
   bind_elementwise_math(f);
   bind_reductions(f);
   bind_shape_methods(f);
   bind_derivatives(f);
+  bind_selection(f);
 }
 
 }  // namespace treadle::py_bind

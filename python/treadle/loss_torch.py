@@ -1,5 +1,6 @@
 """torch.nn's loss classes by their torch names and with their constructor arguments, in torch's order:
-MSELoss, L1Loss, HuberLoss, SmoothL1Loss, CrossEntropyLoss, BCEWithLogitsLoss, BCELoss, KLDivLoss.
+MSELoss, L1Loss, HuberLoss, SmoothL1Loss, CrossEntropyLoss, NLLLoss, BCEWithLogitsLoss, BCELoss,
+KLDivLoss.
 
 A loss whose options the fused loss ops have (reduction "mean" or "sum", no weights) is that op; any
 other is the corresponding tl.functional function traced as a custom loss, so it trains the same way.
@@ -10,10 +11,10 @@ function to train with it (a trainer needs a scalar).
 import numpy as np
 
 from . import functional_losses as _fl
-from .loss import BCEWithLogits, CrossEntropy, Custom, Huber, L1, MSE, _core
+from .loss import BCEWithLogits, Custom, Huber, L1, MSE
 
-__all__ = ["MSELoss", "L1Loss", "HuberLoss", "SmoothL1Loss", "CrossEntropyLoss", "BCEWithLogitsLoss", "BCELoss",
-           "KLDivLoss"]
+__all__ = ["MSELoss", "L1Loss", "HuberLoss", "SmoothL1Loss", "CrossEntropyLoss", "NLLLoss", "BCEWithLogitsLoss",
+           "BCELoss", "KLDivLoss"]
 
 
 def _evaluate(fn, pred, target):
@@ -25,10 +26,14 @@ def _evaluate(fn, pred, target):
             return fn(p, t)
 
     arrays = tuple(np.asarray(a, order="C") for a in (pred, target))
+    unbatched = any(a.ndim == 0 for a in arrays)  # e.g. (C,) logits and a 0-d label
+    if unbatched:  # a model takes batches: evaluate as a batch of one (the same value)
+        arrays = tuple(a[None] for a in arrays)
     module = _Evaluate()
     if arrays[0].dtype == np.float64:
         module = module.double()  # a model computes in its dtype (float32 by default)
-    return module.predict(arrays)
+    out = module.predict(arrays)
+    return out[0] if unbatched and out.ndim > 0 else out
 
 
 class _FunctionalLoss(Custom):
@@ -93,17 +98,18 @@ def SmoothL1Loss(size_average=None, reduce=None, reduction="mean", beta=1.0):  #
 
 def CrossEntropyLoss(weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean",  # noqa: N802
                      label_smoothing=0.0):
-    """torch.nn.CrossEntropyLoss on logits and int64 class indices."""
+    """torch.nn.CrossEntropyLoss: logits against int64 class indices or class probabilities."""
     reduction = _fl.legacy_reduction(size_average, reduce, reduction, "CrossEntropyLoss")
-    # A negative ignore_index (torch's default -100) is never a valid label: a label equal to it is out
-    # of range and refused with its value. A non-negative one would have to be skipped: not yet.
-    unsupported = {"weight": weight is not None, "label_smoothing": label_smoothing != 0.0,
-                   "reduction='none'": reduction == "none", f"ignore_index={ignore_index}": ignore_index >= 0}
-    missing = [name for name, given in unsupported.items() if given]
-    if missing:
-        raise NotImplementedError(f"CrossEntropyLoss: {', '.join(missing)} not supported yet (the per-class gather "
-                                  "they need is not an op yet); see docs/torch-compatibility.md")
-    return CrossEntropy(reduction)
+    # Always the function: whether the target holds class indices or probabilities is known only
+    # when the plan is traced. For indices without options it records the fused cross_entropy op.
+    return _FunctionalLoss("CrossEntropyLoss", _fl.cross_entropy, weight=weight, ignore_index=ignore_index,
+                           reduction=reduction, label_smoothing=float(label_smoothing))
+
+
+def NLLLoss(weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):  # noqa: N802
+    """torch.nn.NLLLoss: log-probabilities (N, C) or (N, C, d...) against int64 class indices."""
+    reduction = _fl.legacy_reduction(size_average, reduce, reduction, "NLLLoss")
+    return _FunctionalLoss("NLLLoss", _fl.nll_loss, weight=weight, ignore_index=ignore_index, reduction=reduction)
 
 
 def BCEWithLogitsLoss(weight=None, size_average=None, reduce=None, reduction="mean", pos_weight=None):  # noqa: N802
@@ -111,14 +117,14 @@ def BCEWithLogitsLoss(weight=None, size_average=None, reduce=None, reduction="me
     reduction = _fl.legacy_reduction(size_average, reduce, reduction, "BCEWithLogitsLoss")
     if reduction in ("mean", "sum") and _no_extras(weight=weight, pos_weight=pos_weight):
         return BCEWithLogits(reduction)
-    return _FunctionalLoss("BCEWithLogitsLoss", _weights_as_constants(_fl.binary_cross_entropy_with_logits),
+    return _FunctionalLoss("BCEWithLogitsLoss", _fl.binary_cross_entropy_with_logits,
                            weight=weight, reduction=reduction, pos_weight=pos_weight)
 
 
 def BCELoss(weight=None, size_average=None, reduce=None, reduction="mean"):  # noqa: N802
     """torch.nn.BCELoss on probabilities (each log clamped at -100, as torch)."""
     reduction = _fl.legacy_reduction(size_average, reduce, reduction, "BCELoss")
-    return _FunctionalLoss("BCELoss", _weights_as_constants(_fl.binary_cross_entropy), weight=weight,
+    return _FunctionalLoss("BCELoss", _fl.binary_cross_entropy, weight=weight,
                            reduction=reduction)
 
 
@@ -126,30 +132,3 @@ def KLDivLoss(size_average=None, reduce=None, reduction="mean", log_target=False
     """torch.nn.KLDivLoss: input log-probabilities, target probabilities (log-probabilities with log_target)."""
     reduction = _fl.legacy_reduction(size_average, reduce, reduction, "KLDivLoss")
     return _FunctionalLoss("KLDivLoss", _fl.kl_div, reduction=reduction, log_target=bool(log_target))
-
-
-def _weights_as_constants(function):
-    """Wraps a loss function so that array weights (weight, pos_weight) become graph constants."""
-
-    def call(input, target, **options):
-        for key in ("weight", "pos_weight"):
-            w = options.get(key)
-            if w is not None and not isinstance(w, (int, float, _core.Symbol)):
-                options[key] = _constant_like(input, w)
-        return function(input, target, **options)
-
-    return call
-
-
-def _constant_like(like, values):
-    """A constant symbol holding `values` (an array broadcasting against `like`) in like's dtype."""
-    from . import functional as F
-
-    arr = np.asarray(values, dtype=np.float64)
-    flat = arr.reshape(-1)
-    if flat.size == 1:
-        return float(flat[0])
-    if flat.size > 4096:  # one constant node per element: meant for per-class or per-feature weights
-        raise ValueError(f"loss weights of {flat.size} elements: at most 4096 are supported")
-    parts = [_core.functional._scalar_like(like, float(v)) for v in flat]
-    return F.cat([p.reshape(1) for p in parts], dim=0).reshape(list(arr.shape))

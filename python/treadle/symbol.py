@@ -171,6 +171,21 @@ _METHODS = {
     "dim": lambda self: self.ndim,
     "numel": lambda self: math.prod(self.shape),
     "contiguous": lambda self: self,  # a plan's tensors are always contiguous
+    # Comparisons give 0/1 masks in the operands' dtype (no bool dtype), for F.where and masking.
+    # == and != stay Python's identity comparisons (symbols are used as dict keys); use .eq / .ne.
+    "__gt__": lambda self, other: F.gt(self, other),
+    "__lt__": lambda self, other: F.lt(self, other),
+    "__ge__": lambda self, other: F.ge(self, other),
+    "__le__": lambda self, other: F.le(self, other),
+    "gt": lambda self, other: F.gt(self, other),
+    "lt": lambda self, other: F.lt(self, other),
+    "ge": lambda self, other: F.ge(self, other),
+    "le": lambda self, other: F.le(self, other),
+    "eq": lambda self, other: F.eq(self, other),
+    "ne": lambda self, other: F.ne(self, other),
+    "gather": lambda self, dim, index: F.gather(self, dim, index),
+    "where": lambda self, condition, other: F.where(condition, self, other),
+    "masked_fill": lambda self, mask, value: F.where(mask, value, self),
 }
 
 for _name, _fn in _METHODS.items():

@@ -350,6 +350,17 @@ def softmax_output(log):
 case("softmax_backward", "axis 1", softmax_output(False), {"axis": 1})
 case("log_softmax_backward", "axis 1", softmax_output(True), {"axis": 1})
 
+# ---- selection ----------------------------------------------------------------------------------
+for cmp in ("gt", "lt", "ge", "le", "eq", "ne"):  # 0/1 masks, no gradient; ties included for eq/ne
+    case(cmp, "broadcast, with ties", lambda r: [np.round(normal(r, (3, 4))), np.round(normal(r, (4,)))],
+         wrt=(), grad_outputs=())
+case("where", "float condition", lambda r: [normal(r, (3, 4)), normal(r, (3, 4)), np.round(r.random((3, 4)))],
+     wrt=(0, 1))
+case("gather", "dim 1", lambda r: [normal(r, (3, 5)), indices(r, (3, 2), 5)], {"dim": 1}, wrt=(0,))
+case("gather", "dim 0, repeated indices", lambda r: [normal(r, (4, 3)), indices(r, (6, 3), 4)], {"dim": 0}, wrt=(0,))
+case("gather_backward", "dim 1 into (3, 5)", lambda r: [normal(r, (3, 2)), indices(r, (3, 2), 5)],
+     {"dim": 1, "shape": [3, 5]}, wrt=(0,))
+
 # ---- ops without differentiable inputs: outputs only --------------------------------------------
 case("constant", "2x3", lambda r: [], {"shape": [2, 3], "value": 1.5, "dtype": "float64"}, wrt=(), grad_outputs=())
 case("causal_mask", "3x4", lambda r: [], {"rows": 3, "cols": 4, "dtype": "float64"}, wrt=(), grad_outputs=())

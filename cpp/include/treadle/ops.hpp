@@ -76,6 +76,13 @@ TREADLE_API Value log_softmax(Value x, int axis = -1);
 TREADLE_API std::vector<Value> grad(const std::vector<Value>& outputs, const std::vector<Value>& inputs,
                                     const std::vector<Value>& grad_outputs = {}, bool allow_unused = false);
 
+// Selection. Comparisons ("gt", "lt", "ge", "le", "eq", "ne") give 1 or 0 in the operands' dtype
+// (there is no bool dtype) and no gradient; where() takes any nonzero condition as true and
+// broadcasts its three operands; gather() is torch.gather (index of input's rank, int64).
+TREADLE_API Value compare(const std::string& op, Value a, Value b);
+TREADLE_API Value where(Value cond, Value a, Value b);
+TREADLE_API Value gather(Value input, int dim, Value index);
+
 // Regularisation: identity when the graph is not training.
 TREADLE_API Value dropout(Value x, double p);
 // Noise of like's shape and dtype from the context's counter-based RNG (new every step, reproducible

@@ -26,6 +26,7 @@ const OpRegistry& OpRegistry::instance() {
     register_misc_ops(r);
     register_conv_ops(r);
     register_pool_ops(r);
+    register_select_ops(r);
     return r;
   }();
   return registry;

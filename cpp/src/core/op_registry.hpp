@@ -74,6 +74,7 @@ void register_embedding_ops(OpRegistry& r);
 void register_misc_ops(OpRegistry& r);
 void register_conv_ops(OpRegistry& r);
 void register_pool_ops(OpRegistry& r);
+void register_select_ops(OpRegistry& r);
 
 // Helpers shared by op definitions.
 TensorMeta same_as(const TensorMeta& m);

@@ -21,6 +21,7 @@ void register_eigen_kernels(KernelTable& t) {
   register_eigen_misc(t);
   register_eigen_conv(t);
   register_eigen_pool(t);
+  register_eigen_select(t);
 }
 
 }  // namespace treadle

@@ -22,6 +22,7 @@ void register_eigen_embedding(KernelTable& t);
 void register_eigen_misc(KernelTable& t);
 void register_eigen_conv(KernelTable& t);
 void register_eigen_pool(KernelTable& t);
+void register_eigen_select(KernelTable& t);
 // All of the above (all_kernels.cpp).
 void register_eigen_kernels(KernelTable& t);
 

@@ -119,6 +119,39 @@ void binary_kernel(const KernelArgs& a) {
   });
 }
 
+// Comparisons: 1 or 0 in the operands' dtype, with numpy broadcasting.
+struct GtOp { template <typename T> static bool test(T a, T b) { return a > b; } };
+struct LtOp { template <typename T> static bool test(T a, T b) { return a < b; } };
+struct GeOp { template <typename T> static bool test(T a, T b) { return a >= b; } };
+struct LeOp { template <typename T> static bool test(T a, T b) { return a <= b; } };
+struct EqOp { template <typename T> static bool test(T a, T b) { return a == b; } };
+struct NeOp { template <typename T> static bool test(T a, T b) { return a != b; } };
+
+template <typename Op, typename T>
+void compare_kernel(const KernelArgs& a) {
+  const TensorRef &A = a.in[0], &B = a.in[1], &Y = a.out[0];
+  const T *pa = A.ptr<T>(), *pb = B.ptr<T>();
+  T* py = Y.ptr<T>();
+  if (A.numel == Y.numel && B.numel == Y.numel) {
+    parallel_chunks(a.exec, Y.numel, kElementGrain, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) py[i] = Op::test(pa[i], pb[i]) ? T(1) : T(0);
+    });
+    return;
+  }
+  auto sa = broadcast_strides(*A.shape, *Y.shape), sb = broadcast_strides(*B.shape, *Y.shape);
+  parallel_chunks(a.exec, Y.numel, kElementGrain, [&](int64_t i0, int64_t i1) {
+    for_each_broadcast(*Y.shape, sa, sb, i0, i1,
+                       [&](int64_t o, int64_t ia, int64_t ib) { py[o] = Op::test(pa[ia], pb[ib]) ? T(1) : T(0); });
+  });
+}
+
+template <typename Op>
+void register_comparison(KernelTable& t, const char* op) {
+  t.add(op, DType::f32, &compare_kernel<Op, float>);
+  t.add(op, DType::f64, &compare_kernel<Op, double>);
+  t.add(op, DType::i64, &compare_kernel<Op, int64_t>);
+}
+
 template <typename T>
 void scale_kernel(const KernelArgs& a) {
   const T alpha = static_cast<T>(a.attrs().f("alpha"));
@@ -185,6 +218,13 @@ void register_eigen_elementwise(KernelTable& t) {
   TREADLE_EIGEN_REGISTER_FLOATS(t, "scale", scale_kernel);
   TREADLE_EIGEN_REGISTER_FLOATS(t, "sum_to", sum_to_kernel);
   TREADLE_EIGEN_REGISTER_FLOATS(t, "constant", constant_kernel);
+  t.add("constant", DType::i64, &constant_kernel<int64_t>);  // integer scalars in comparisons and where
+  register_comparison<GtOp>(t, "gt");
+  register_comparison<LtOp>(t, "lt");
+  register_comparison<GeOp>(t, "ge");
+  register_comparison<LeOp>(t, "le");
+  register_comparison<EqOp>(t, "eq");
+  register_comparison<NeOp>(t, "ne");
 }
 
 }  // namespace treadle
