@@ -133,3 +133,36 @@ def test_noise_like_an_integer_symbol_is_refused():
 
     with pytest.raises(TypeError, match="random"):
         IntNoise().predict(np.ones((2, 2), np.int64))
+
+
+def test_normal_is_the_reparameterised_draw(rng):
+    """F.normal(mean, std) = mean + std * randn_like(mean): standard normal once centred and scaled,
+    new every step, and gradients into mean and std as the reparameterisation gives them."""
+    import treadle.functional as F
+    from opcheck import param_grads
+
+    class Noisy(tl.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mu = tl.nn.Linear(3, 4)
+            self.log_sigma = tl.nn.Linear(3, 4)
+
+        def forward(self, x):
+            return F.normal(self.mu(x), self.log_sigma(x).exp())
+
+    x = rng.standard_normal((256, 3))
+    net = Noisy().double()
+    trainer = tl.Trainer(net, lambda out, y: (out ** 2).mean(), tl.optim.SGD(lr=0.1), seed=7)
+    p = {k: np.asarray(v) for k, v in net.state_dict().items()}
+    mu = x @ p["mu.weight"].T + p["mu.bias"]
+    sigma = np.exp(x @ p["log_sigma.weight"].T + p["log_sigma.bias"])
+    trainer.zero_grad()
+    first = trainer.compute_gradients(x, np.zeros((256, 4)), return_outputs=True)
+    z = (first.outputs - mu) / sigma
+    assert abs(z.mean()) < 0.1 and abs(z.std() - 1) < 0.1
+    g_out = 2 * first.outputs / first.outputs.size
+    grads = param_grads(net)
+    np.testing.assert_allclose(grads["mu.weight"], g_out.T @ x, rtol=1e-10)
+    np.testing.assert_allclose(grads["log_sigma.weight"], (g_out * z * sigma).T @ x, rtol=1e-10)
+    second = trainer.compute_gradients(x, np.zeros((256, 4)), return_outputs=True)
+    assert not np.allclose(first.outputs, second.outputs)  # new noise every step

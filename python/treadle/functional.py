@@ -50,3 +50,15 @@ from .functional_losses import *  # noqa: E402,F401,F403
 from .functional_losses import __all__ as _loss_names  # noqa: E402
 
 __all__ += [n for n in _loss_names if n not in __all__]
+
+
+def normal(mean, std=1.0):
+    """torch.normal(mean, std) inside a forward: mean + std * (standard normal noise of mean's
+    shape), drawn anew each step from the context's RNG like randn_like. Gradients flow into mean
+    and std (the reparameterisation), none into the noise."""
+    if not isinstance(mean, _c.Symbol):
+        raise TypeError(f"normal: mean must be a Symbol (its shape sets the noise's), got {type(mean).__name__}")
+    return mean + std * randn_like(mean)  # noqa: F821 (bound from the native module above)
+
+
+__all__.append("normal")
