@@ -158,3 +158,22 @@ def test_named_values_are_checked(rng):
     bad_key = tl.Trainer(net, lambda o, t: (((o - t) ** 2).mean(), {1: o.sum()}), tl.optim.SGD(lr=0.1))
     with pytest.raises(TypeError, match="must be strings"):
         bad_key.step(x, y)
+
+
+def test_backward_takes_a_list_of_arrays_or_one_nested_list(rng):
+    net = Heads().double()
+    trainer = tl.Trainer(net, two_term_loss, tl.optim.SGD(lr=0.1))
+    x = rng.standard_normal((2, 4))
+    trainer.zero_grad()
+    trainer.forward(x)
+    trainer.backward([np.ones((2, 3)), None])  # a list of arrays: one per output
+    with_list = net.flat_gradients().copy()
+    trainer.zero_grad()
+    trainer.forward(x)
+    trainer.backward((np.ones((2, 3)), None))
+    np.testing.assert_array_equal(net.flat_gradients(), with_list)
+    single = tl.nn.Sequential(tl.nn.Linear(4, 1)).double()
+    t2 = tl.Trainer(single, tl.loss.MSE(), tl.optim.SGD(lr=0.1))
+    t2.forward(x)
+    t2.backward([[1.0], [2.0]])  # a nested list is one array, as before
+    assert single.flat_gradients().any()

@@ -145,9 +145,9 @@ void bind_train(py::module_& m) {
         return result;
       }, py::arg("x"), py::arg("input_grad") = false)
       .def("backward", [](Trainer& t, const py::handle& g, bool input_grad) -> py::object {
-        // One array, or a tuple/list with one entry per output (None: the loss does not use it).
+        // One array, or a tuple with one entry per output (None: the loss does not use it).
         std::vector<Tensor> grads;
-        if (py::isinstance<py::tuple>(g) || py::isinstance<py::list>(g)) {
+        if (py::isinstance<py::tuple>(g)) {  // trainer.py turns a list of arrays into a tuple
           for (const py::handle& gk : g.cast<py::sequence>())
             grads.push_back(gk.is_none() ? Tensor() : target_of(gk, "backward(grad_outputs)"));
         } else {

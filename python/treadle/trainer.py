@@ -133,6 +133,10 @@ class Trainer:
         """Adds dL/dparams for dL/d(output) = grad_output; returns dL/d(input) if input_grad. A
         model with several outputs takes a tuple with one gradient per output (None where the loss
         does not depend on that output)."""
+        if isinstance(grad_output, list) and grad_output and all(
+                g is None or hasattr(g, "__array_interface__") or hasattr(g, "__cuda_array_interface__")
+                for g in grad_output):
+            grad_output = tuple(grad_output)  # a list of arrays: one per output (a nested list is one array)
         return self._native.backward(grad_output, input_grad)
 
     def zero_grad(self):
