@@ -136,7 +136,7 @@ class Trainer:
         if isinstance(grad_output, list) and grad_output and all(
                 g is None or hasattr(g, "__array_interface__") or hasattr(g, "__cuda_array_interface__")
                 for g in grad_output):
-            grad_output = tuple(grad_output)  # a list of arrays: one per output (a nested list is one array)
+            grad_output = tuple(grad_output)  # a list of arrays: one per output
         return self._native.backward(grad_output, input_grad)
 
     def zero_grad(self):
