@@ -452,13 +452,13 @@ def test_dropout_between_layers_training_only():
     y = model.predict([x])[0]  # eval: no dropout
     assert_close(y, ref(torch.from_numpy(x))[0].detach().numpy(), np.float64, "eval output")
     trainer = tl.Trainer(model, tl.loss.MSE(), tl.optim.SGD(lr=0.0), seed=3)
-    y_train = trainer.forward(x)
+    y_train = trainer.forward(x)[0]  # forward returns every output: (y, h, c)
     assert np.all(np.isfinite(y_train)) and not np.allclose(y_train, y)
     # Dropout with p = 1 zeroes the input of every layer after the first: layer 3 then sees zeros.
     ours1, ref1 = module_pair("GRU", np.float64, num_layers=2, dropout=1.0)
     m1 = Wrap(ours1, False, False)
     load_from(m1, ref1, "rnn.")
-    y1 = tl.Trainer(m1, tl.loss.MSE(), tl.optim.SGD(lr=0.0)).forward(x)
+    y1 = tl.Trainer(m1, tl.loss.MSE(), tl.optim.SGD(lr=0.0)).forward(x)[0]
     ref1.train()
     np.testing.assert_allclose(y1, ref1(torch.from_numpy(x))[0].detach().numpy(), rtol=1e-11, atol=1e-12)
 
