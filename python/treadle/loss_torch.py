@@ -4,6 +4,8 @@ KLDivLoss.
 
 A loss whose options the fused loss ops have (reduction "mean" or "sum", no weights) is that op; any
 other is the corresponding tl.functional function traced as a custom loss, so it trains the same way.
+CrossEntropyLoss is always the function (a target of class indices or of probabilities is known only
+when the plan is traced); for indices without options the function records the fused op.
 Every one can also be evaluated on arrays, `criterion(prediction, target)`, as in torch. A loss with
 reduction="none" gives one value per element: evaluate it on arrays, or reduce it inside a loss
 function to train with it (a trainer needs a scalar).
