@@ -62,3 +62,9 @@ def normal(mean, std=1.0):
 
 
 __all__.append("normal")
+
+# torch.nn.functional's remaining activations, normalize and constant pad, as compositions.
+from .functional_extra import *  # noqa: E402,F401,F403
+from .functional_extra import __all__ as _extra_names  # noqa: E402
+
+__all__ += [n for n in _extra_names if n not in __all__]

@@ -1,0 +1,110 @@
+"""torch.nn.functional functions that are exact compositions of treadle's ops: the remaining
+activations (relu6, hardtanh, hardsigmoid, hardswish, logsigmoid, mish, selu, celu, softsign,
+tanhshrink), normalize, and constant padding. Each is compared with torch (values and gradients)
+in tests/test_functional_extra.py; being compositions, they differentiate as often as their parts.
+"""
+from . import _core as _c
+
+_F = _c.functional
+
+_SELU_ALPHA = 1.6732632423543772848170429916717
+_SELU_SCALE = 1.0507009873554804934193349852946
+
+
+def relu6(input, inplace=False):
+    return _F.clamp(input, min=0.0, max=6.0)
+
+
+def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
+    if min_val > max_val:
+        raise ValueError(f"hardtanh: min_val ({min_val}) must not exceed max_val ({max_val})")
+    return _F.clamp(input, min=float(min_val), max=float(max_val))
+
+
+def hardsigmoid(input, inplace=False):
+    return _F.clamp(input * (1.0 / 6.0) + 0.5, min=0.0, max=1.0)
+
+
+def hardswish(input, inplace=False):
+    return input * hardsigmoid(input)
+
+
+def logsigmoid(input):
+    """log(sigmoid(x)) = -softplus(-x), stable for large |x|."""
+    return -_F.softplus(-input, threshold=50.0)
+
+
+def mish(input, inplace=False):
+    return input * _F.tanh(_F.softplus(input))
+
+
+def selu(input, inplace=False):
+    return _SELU_SCALE * _F.elu(input, alpha=_SELU_ALPHA)
+
+
+def celu(input, alpha=1.0, inplace=False):
+    """max(0, x) + min(0, alpha (exp(x / alpha) - 1)) = alpha * elu(x / alpha)."""
+    if alpha == 0:
+        raise ValueError("celu: alpha must be nonzero")
+    return alpha * _F.elu(input * (1.0 / alpha), alpha=1.0)
+
+
+def softsign(input):
+    return input / (1 + _F.abs(input))
+
+
+def tanhshrink(input):
+    return input - _F.tanh(input)
+
+
+def normalize(input, p=2.0, dim=1, eps=1e-12):
+    """input / max(||input||_p along dim, eps), as torch.nn.functional.normalize."""
+    if p <= 0:
+        raise ValueError(f"normalize: p must be positive, got {p}")
+    if p == 2:
+        norm = _F.sqrt(_F.sum(input * input, dim, keepdim=True))
+    elif p == 1:
+        norm = _F.sum(_F.abs(input), dim, keepdim=True)
+    else:
+        norm = _F.pow(_F.sum(_F.pow(_F.abs(input), float(p)), dim, keepdim=True), 1.0 / p)
+    return input / _F.clamp(norm, min=float(eps))
+
+
+def pad(input, pad, mode="constant", value=None):
+    """torch's pad tuple (last dim first: (left, right, top, bottom, ...)), constant mode: the input
+    joined with constant blocks along each padded dim; negative pads crop."""
+    if mode != "constant":
+        raise NotImplementedError(f"pad: mode {mode!r} is not supported yet (only 'constant')")
+    pad = [int(p) for p in pad]
+    if len(pad) % 2 or len(pad) // 2 > input.ndim:
+        raise ValueError(f"pad: {pad} must have an even length of at most 2 * {input.ndim} (the input's dims)")
+    fill = 0.0 if value is None else float(value)
+    x = input
+    for k in range(len(pad) // 2):
+        dim = input.ndim - 1 - k
+        before, after = pad[2 * k], pad[2 * k + 1]
+        if before < 0:
+            x, before = _F.slice(x, dim, -before, x.shape[dim]), 0
+        if after < 0:
+            x, after = _F.slice(x, dim, 0, x.shape[dim] + after), 0
+        parts = ([_constant_block(x, dim, before, fill)] if before else []) + [x] + \
+                ([_constant_block(x, dim, after, fill)] if after else [])
+        if len(parts) > 1:
+            x = _F.cat(parts, dim=dim)
+    return x
+
+
+def _constant_block(x, dim, width, fill):
+    """`fill` in x's dtype, of x's shape but `width` along dim. Its shape comes from slices of x; the
+    constant does not depend on x's values (no gradient flows into it)."""
+    size = x.shape[dim]
+    if size == 0:
+        raise ValueError("pad: cannot pad along an empty dimension")
+    reps, rest = divmod(width, size)
+    parts = [x] * reps + ([_F.slice(x, dim, 0, rest)] if rest else [])
+    like = parts[0] if len(parts) == 1 else _F.cat(parts, dim=dim)
+    return _F.full_like(like, fill)
+
+
+__all__ = ["relu6", "hardtanh", "hardsigmoid", "hardswish", "logsigmoid", "mish", "selu", "celu", "softsign",
+           "tanhshrink", "normalize", "pad"]

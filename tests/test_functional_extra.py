@@ -1,0 +1,76 @@
+"""torch.nn.functional's remaining activations, normalize and constant pad (compositions of treadle's
+ops): values and gradients against torch in float64, through a traced forward."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as TF
+
+import treadle as tl
+import treadle.functional as F
+from opcheck import param_grads
+
+# (id, treadle function, torch function); inputs avoid the kinks (|x| in [0.1, 3] apart from +-3/6 etc.)
+CASES = [
+    ("relu6", F.relu6, TF.relu6),
+    ("hardtanh", lambda x: F.hardtanh(x, -0.5, 1.5), lambda x: TF.hardtanh(x, -0.5, 1.5)),
+    ("hardsigmoid", F.hardsigmoid, TF.hardsigmoid),
+    ("hardswish", F.hardswish, TF.hardswish),
+    ("logsigmoid", F.logsigmoid, TF.logsigmoid),
+    ("mish", F.mish, TF.mish),
+    ("selu", F.selu, TF.selu),
+    ("celu", lambda x: F.celu(x, 0.7), lambda x: TF.celu(x, 0.7)),
+    ("softsign", F.softsign, TF.softsign),
+    ("tanhshrink", F.tanhshrink, TF.tanhshrink),
+    ("normalize_p2", lambda x: F.normalize(x, dim=1), lambda x: TF.normalize(x, dim=1)),
+    ("normalize_p1_dim0", lambda x: F.normalize(x, p=1, dim=0), lambda x: TF.normalize(x, p=1, dim=0)),
+    ("normalize_p3", lambda x: F.normalize(x, p=3, dim=-1), lambda x: TF.normalize(x, p=3, dim=-1)),
+    ("pad_last", lambda x: F.pad(x, (1, 2)), lambda x: TF.pad(x, (1, 2))),
+    ("pad_two_dims_value", lambda x: F.pad(x, (0, 1, 3, 2), value=-1.5), lambda x: TF.pad(x, (0, 1, 3, 2), value=-1.5)),
+    ("pad_crop", lambda x: F.pad(x, (-1, 2, 1, -2)), lambda x: TF.pad(x, (-1, 2, 1, -2))),
+    ("pad_wider_than_input", lambda x: F.pad(x, (9, 0)), lambda x: TF.pad(x, (9, 0))),
+]
+
+
+# torch's backward kernels for these use float32 constants even in float64 (hardsigmoid's slope is
+# float(1/6), celu's scale 1/alpha likewise), a relative error of ~3e-8; ours are exact.
+TORCH_FLOAT32_CONSTANTS = {"hardsigmoid", "celu"}
+
+
+class Head(tl.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fc = tl.nn.Linear(4, 4)
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(self.fc(x))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_values_and_gradients_match_torch(case, rng):
+    name, ours_fn, torch_fn = case
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(4, 4).double()
+    net = Head(ours_fn).double()
+    net.load_state_dict({"fc." + k: v for k, v in ref.state_dict().items()})
+    x = 1.5 * rng.standard_normal((5, 4))
+    y_ref = torch_fn(ref(torch.tensor(x)))
+    np.testing.assert_allclose(net.predict(x), y_ref.detach().numpy(), rtol=1e-12, atol=1e-14)
+    g = rng.standard_normal(tuple(y_ref.shape))
+    trainer = tl.Trainer(net, lambda out, t: (out * t).sum(), tl.optim.SGD(lr=0.1))
+    trainer.zero_grad()
+    trainer.compute_gradients(x, g)
+    (y_ref * torch.tensor(g)).sum().backward()
+    rtol = 1e-7 if name in TORCH_FLOAT32_CONSTANTS else 1e-10
+    np.testing.assert_allclose(param_grads(net)["fc.weight"], ref.weight.grad.numpy(), rtol=rtol, atol=1e-12)
+
+
+def test_refusals_name_the_argument(rng):
+    x = rng.standard_normal((2, 3))
+    model = Head(lambda v: F.pad(v, (1, 1), mode="reflect")).double()
+    with pytest.raises(NotImplementedError, match="mode 'reflect'"):
+        model.predict(rng.standard_normal((2, 4)))
+    with pytest.raises(ValueError, match="even length"):
+        Head(lambda v: F.pad(v, (1, 1, 1))).double().predict(rng.standard_normal((2, 4)))
+    with pytest.raises(ValueError, match="min_val"):
+        Head(lambda v: F.hardtanh(v, 1.0, -1.0)).double().predict(x[:, :2].repeat(2, 1))
