@@ -146,9 +146,7 @@ def mlp_pair(act, width=8, depth=2, seed=0, n_in=2, wrap=lambda run: run):
                 x = torch_fn(x)
         return x
 
-    model = Fn(net, wrap(run_ours)).double()  # the outermost module owns the parameters
-    ref = torch.nn.ModuleDict({"params": layers})
-    model.load_state_dict(ref.state_dict())
+    model, ref = paired(net, wrap(run_ours), layers)  # the outermost module owns the parameters
     return model, ref, run_theirs
 
 
@@ -182,6 +180,27 @@ def assert_grads_match(net, ref, **tolerance):
     for name, p in ref.named_parameters():
         theirs = p.grad.numpy() if p.grad is not None else np.zeros(p.shape)  # unused by the loss: zero
         np.testing.assert_allclose(ours[name], theirs, err_msg=name, **tolerance)
+
+
+def paired(params, forward, torch_params):
+    """Fn(params, forward) in float64 with torch_params' weights; returns it and the named torch reference."""
+    model = Fn(params, forward).double()
+    named_ref = torch.nn.ModuleDict({"params": torch_params})
+    model.load_state_dict(named_ref.state_dict())
+    return model, named_ref
+
+
+def assert_input_loss_trains_like_torch(model, ref, run_theirs, loss, x, y, loss_rtol=1e-12, grad_rtol=1e-10):
+    """loss(u, y, x, grad, ones_like), written once for both frameworks, differentiates the output with
+    respect to the input: the loss and the parameter gradients of one step must match torch."""
+    trainer = tl.Trainer(model, lambda u, t, xs: loss(u, t, xs, F.grad, F.ones_like), tl.optim.SGD(lr=0.1))
+    trainer.zero_grad()
+    value = trainer.compute_gradients(x, y)
+    xt = torch.tensor(x, requires_grad=True)
+    tvalue = loss(run_theirs(xt), torch.tensor(y), xt, torch_grad, torch.ones_like)
+    tvalue.backward()
+    np.testing.assert_allclose(value, tvalue.item(), rtol=loss_rtol)
+    assert_grads_match(model, ref, rtol=grad_rtol, atol=1e-12)
 
 
 def pinn_loss(u, y, xt):
@@ -236,15 +255,9 @@ def test_third_derivatives_train_like_torch(rng):
         (u3,) = grad(u2, x, ones_like(u2))
         return u3 + 6 * u * u1
 
-    x = rng.uniform(-1, 1, (12, 1))
-    trainer = tl.Trainer(model, lambda u, y, x: (kdv(u, x, F.grad, F.ones_like) ** 2).mean(), tl.optim.SGD(lr=0.1))
-    trainer.zero_grad()
-    loss = trainer.compute_gradients(x, np.zeros((12, 1)))
-    xt = torch.tensor(x, requires_grad=True)
-    tloss = (kdv(run_theirs(xt), xt, torch_grad, torch.ones_like) ** 2).mean()
-    tloss.backward()
-    np.testing.assert_allclose(loss, tloss.item(), rtol=1e-11)
-    assert_grads_match(model, ref, rtol=1e-9, atol=1e-12)
+    assert_input_loss_trains_like_torch(
+        model, ref, run_theirs, lambda u, y, x, grad, ones_like: (kdv(u, x, grad, ones_like) ** 2).mean(),
+        rng.uniform(-1, 1, (12, 1)), np.zeros((12, 1)), loss_rtol=1e-11, grad_rtol=1e-9)
 
 
 def test_softmax_attention_weights_differentiate_twice(rng):
@@ -261,22 +274,12 @@ def test_softmax_attention_weights_differentiate_twice(rng):
         w = torch.softmax(ref["score"](x), -1) + torch.log_softmax(ref["value"](x), -1).exp()
         return (w * torch.tanh(ref["value"](x))).sum(-1, keepdim=True)
 
-    def loss(u, x, grad, ones_like):
+    def loss(u, y, x, grad, ones_like):
         (du,) = grad(u, x, ones_like(u))
         return (du ** 2).sum() + (u ** 2).sum()
 
-    model = Fn(params, ours).double()
-    named_ref = torch.nn.ModuleDict({"params": ref})
-    model.load_state_dict(named_ref.state_dict())
-    x = rng.standard_normal((6, 3))
-    trainer = tl.Trainer(model, lambda u, y, x: loss(u, x, F.grad, F.ones_like), tl.optim.SGD(lr=0.1))
-    trainer.zero_grad()
-    value = trainer.compute_gradients(x, np.zeros((6, 1)))
-    xt = torch.tensor(x, requires_grad=True)
-    tvalue = loss(theirs(xt), xt, torch_grad, torch.ones_like)
-    tvalue.backward()
-    np.testing.assert_allclose(value, tvalue.item(), rtol=1e-12)
-    assert_grads_match(model, named_ref, rtol=1e-10, atol=1e-12)
+    model, named_ref = paired(params, ours, ref)
+    assert_input_loss_trains_like_torch(model, named_ref, theirs, loss, rng.standard_normal((6, 3)), np.zeros((6, 1)))
 
 
 def test_float32_residual_loss_on_the_default_backends(rng):
@@ -374,22 +377,13 @@ def test_a_convolutional_network_differentiates_twice(rng):
         h = TF.avg_pool2d(torch.tanh(ref["conv"](x)), 2)
         return ref["head"](h.reshape(h.shape[0], 12))
 
-    def loss(u, x, grad, ones_like):
+    def loss(u, y, x, grad, ones_like):
         (dx,) = grad(u, x, ones_like(u))
         return (dx ** 2).sum() + u.sum()
 
-    model = Fn(params, ours).double()
-    named_ref = torch.nn.ModuleDict({"params": ref})
-    model.load_state_dict(named_ref.state_dict())
-    x = rng.standard_normal((2, 2, 4, 4))
-    trainer = tl.Trainer(model, lambda u, y, x: loss(u, x, F.grad, F.ones_like), tl.optim.SGD(lr=0.1))
-    trainer.zero_grad()
-    value = trainer.compute_gradients(x, np.zeros((2, 1)))
-    xt = torch.tensor(x, requires_grad=True)
-    tvalue = loss(theirs(xt), xt, torch_grad, torch.ones_like)
-    tvalue.backward()
-    np.testing.assert_allclose(value, tvalue.item(), rtol=1e-12)
-    assert_grads_match(model, named_ref, rtol=1e-10, atol=1e-12)
+    model, named_ref = paired(params, ours, ref)
+    assert_input_loss_trains_like_torch(model, named_ref, theirs, loss, rng.standard_normal((2, 2, 4, 4)),
+                                        np.zeros((2, 1)))
 
 
 def _listed(doc, section):

@@ -36,6 +36,15 @@ class TorchHeads(torch.nn.Module):
         return self.a(h), self.b(h)
 
 
+def heads_pair(seed):
+    """Heads and TorchHeads in float64 with the same weights."""
+    torch.manual_seed(seed)
+    ref = TorchHeads().double()
+    net = Heads().double()
+    net.load_state_dict(ref.state_dict())
+    return net, ref
+
+
 def two_term_loss(outputs, y):
     a, b = outputs
     fit = ((a - y) ** 2).mean()
@@ -60,10 +69,7 @@ def test_step_returns_the_outputs_it_trained_on_with_dropout(rng):
 
 
 def test_outputs_are_from_before_the_update_and_match_torch(rng):
-    torch.manual_seed(0)
-    ref = TorchHeads().double()
-    net = Heads().double()
-    net.load_state_dict(ref.state_dict())
+    net, ref = heads_pair(0)
     trainer = tl.Trainer(net, two_term_loss, tl.optim.SGD(lr=0.1))
     x, y = rng.standard_normal((8, 4)), rng.standard_normal((8, 3))
     r = trainer.step(x, y, return_outputs=True)
@@ -112,10 +118,7 @@ def test_a_recurrent_state_carried_from_step_to_step(rng):
 
 
 def test_forward_and_backward_take_every_output_of_a_multi_output_model(rng):
-    torch.manual_seed(1)
-    ref = TorchHeads().double()
-    net = Heads().double()
-    net.load_state_dict(ref.state_dict())
+    net, ref = heads_pair(1)
     trainer = tl.Trainer(net, two_term_loss, tl.optim.SGD(lr=0.1))
     x = rng.standard_normal((6, 4))
     g_a, g_b = rng.standard_normal((6, 3)), rng.standard_normal((6, 2))
