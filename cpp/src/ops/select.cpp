@@ -6,6 +6,9 @@
 // any nonzero condition as true. Comparisons carry no gradient (as in torch). where and gather are
 // linear in their data inputs, so their gradients are again where / gather ops and differentiate
 // any number of times.
+#include <algorithm>
+#include <iterator>
+
 #include "core/op_registry.hpp"
 #include "treadle/error.hpp"
 #include "treadle/ops.hpp"
@@ -134,6 +137,8 @@ void register_select_ops(OpRegistry& r) {
 namespace ops {
 
 Value compare(const std::string& op, Value a, Value b) {
+  if (std::find(std::begin(kComparisons), std::end(kComparisons), op) == std::end(kComparisons))
+    throw_value_error("compare: '", op, "' is not a comparison (gt, lt, ge, le, eq, ne)");
   if (!a.defined() || !b.defined()) throw_value_error(op, ": an operand is an undefined value");
   return a.graph().apply1(op, {a, b});
 }
