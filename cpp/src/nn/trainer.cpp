@@ -266,9 +266,8 @@ Tensor Trainer::pending_output(std::size_t k) {
   for (std::size_t i = 0; i < pending_inputs_.size(); ++i) in_ptr[i] = pending_inputs_[i].data();
   Bindings b{model_->flat_parameters().data(), std::span<void* const>(in_ptr.data(), pending_inputs_.size()), {}, {}};
   const int id = pending_->outputs.at(k);
-  const ValueInfo& out = pending_->graph.info(id);
-  Tensor y(out.shape, out.dtype);
-  std::memcpy(y.data(), pending_->address(ctx_, b, id), y.nbytes());
+  Tensor y;
+  copy_out(*pending_, pending_->address(ctx_, b, id), id, y);
   return y;
 }
 
