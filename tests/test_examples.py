@@ -37,13 +37,19 @@ def python_env():
     return env
 
 
-def test_heat_surrogate_example():
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "heat_surrogate.py"), "--steps", "1000"],
-                          capture_output=True, text=True, env=python_env(), timeout=180)
+def reported_error(script, label, args=(), timeout=180):
+    """Runs examples/<script> and returns the number it prints after `label` (the run must succeed)."""
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / script), *args],
+                          capture_output=True, text=True, env=python_env(), timeout=timeout)
     assert proc.returncode == 0, proc.stderr
-    match = re.search(r"held-out rollout relative L2 error: " + FLOAT, proc.stdout)
+    match = re.search(re.escape(label) + " " + FLOAT, proc.stdout)
     assert match, proc.stdout
-    assert float(match.group(1)) < HEAT_EXAMPLE_MAX_ERROR, proc.stdout
+    return float(match.group(1)), proc.stdout
+
+
+def test_heat_surrogate_example():
+    error, out = reported_error("heat_surrogate.py", "held-out rollout relative L2 error:", ("--steps", "1000"))
+    assert error < HEAT_EXAMPLE_MAX_ERROR, out
 
 
 # Measured: 0.016 with the default 1500 steps (seed 0); the noise floor is ~0.008. About 3x margin.
@@ -53,21 +59,14 @@ PINN_MAX_RELATIVE_ERROR = 0.02
 
 
 def test_vae_example():
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "vae.py")],
-                          capture_output=True, text=True, env=python_env(), timeout=180)
-    assert proc.returncode == 0, proc.stderr
-    match = re.search(r"held-out reconstruction error relative to the data variance: " + FLOAT, proc.stdout)
-    assert match, proc.stdout
-    assert float(match.group(1)) < VAE_MAX_RELATIVE_ERROR, proc.stdout
+    error, out = reported_error("vae.py", "held-out reconstruction error relative to the data variance:")
+    assert error < VAE_MAX_RELATIVE_ERROR, out
 
 
 def test_pinn_example_solves_the_heat_equation():
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "pinn_heat.py")],
-                          capture_output=True, text=True, env=python_env(), timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    match = re.search(r"relative L2 error against the exact solution on a 101 x 101 grid: " + FLOAT, proc.stdout)
-    assert match, proc.stdout
-    assert float(match.group(1)) < PINN_MAX_RELATIVE_ERROR, proc.stdout
+    error, out = reported_error("pinn_heat.py", "relative L2 error against the exact solution on a 101 x 101 grid:",
+                                timeout=300)
+    assert error < PINN_MAX_RELATIVE_ERROR, out
 
 
 # -- the C++ host ----------------------------------------------------------------------------------
