@@ -164,6 +164,7 @@ PlanKey Model::infer_key(const std::vector<Tensor>& inputs) const {
     key.input_shapes.push_back(t.shape());
     key.input_dtypes.push_back(t.dtype());
   }
+  std::lock_guard<std::mutex> lock(mutex_);  // the setters write these under the lock, from any thread
   key.backend = backend_;
   key.deterministic = deterministic_;
   key.fuse = fusion_;
@@ -259,6 +260,7 @@ std::string Model::describe_plans() const {
 }
 
 std::shared_ptr<const Plan> Model::infer_plan(const std::vector<Tensor>& inputs) {
+  uint64_t generation = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     const LastInfer& c = last_infer_;
@@ -266,9 +268,9 @@ std::shared_ptr<const Plan> Model::infer_plan(const std::vector<Tensor>& inputs)
     for (std::size_t i = 0; hit && i < inputs.size(); ++i)
       hit = inputs[i].defined() && c.shapes[i] == inputs[i].shape() && c.dtypes[i] == inputs[i].dtype();
     if (hit) return c.plan;
+    generation = generation_;  // read under the lock: a setter may be bumping it
   }
-  const uint64_t generation = generation_;
-  PlanKey key = infer_key(inputs);
+  PlanKey key = infer_key(inputs);  // settings read after the generation: a setter in between only forces a recompile
   std::shared_ptr<const Plan> p = plan(key);
   std::lock_guard<std::mutex> lock(mutex_);
   last_infer_ = LastInfer{generation, key.input_shapes, key.input_dtypes, p};
