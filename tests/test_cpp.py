@@ -1,6 +1,7 @@
 """Builds the C++ test executable (cpp/tests/test_core.cpp) with CMake in a temporary build directory
 and runs each of its test groups: the public C++ API as a host uses it (training, a chunking host
-executor, typed errors).
+executor, typed errors). Twice: Eigen only, and with the oneDNN backend as the default install has it
+(the no-allocation groups count oneDNN's own per-execution allocations apart and hold treadle to zero).
 
 The build reuses ccache: the temporary directory sits under <repo>/build, at the depth of the usual
 build/dev, and CCACHE_BASEDIR is the repository root, so objects compiled for a dev build are hits.
@@ -8,6 +9,7 @@ build/dev, and CCACHE_BASEDIR is the repository root, so objects compiled for a 
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -30,8 +32,15 @@ def _run(cmd, env, timeout):
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.fixture(scope="module")
-def test_core_exe():
+def _onednn_available():
+    """oneDNN 3.2's CMake package from the onednn-devel-cpu-gomp wheel (the test extras install it)."""
+    return any(os.path.isdir(os.path.join(p, "lib", "cmake", "dnnl")) for p in {sys.prefix, sys.base_prefix})
+
+
+@pytest.fixture(scope="module", params=["eigen", "onednn"])
+def test_core_exe(request):
+    if request.param == "onednn" and not _onednn_available():
+        pytest.skip("oneDNN 3.2 is not installed (pip install '.[onednn]'): the oneDNN variant needs it")
     if shutil.which("cmake") is None:
         pytest.skip("cmake is not installed: the C++ tests need it")
     if not _eigen_available():
@@ -44,7 +53,8 @@ def test_core_exe():
         build = tempfile.mkdtemp(prefix="treadle-cpptest-")
     env = dict(os.environ, CCACHE_BASEDIR=REPO)
     configure = ["cmake", "-S", REPO, "-B", build, "-DCMAKE_BUILD_TYPE=Release", "-DTREADLE_BUILD_TESTS=ON",
-                 "-DTREADLE_BUILD_PYTHON=OFF"]
+                 "-DTREADLE_BUILD_PYTHON=OFF", f"-DPython_EXECUTABLE={sys.executable}",
+                 f"-DTREADLE_WITH_ONEDNN={'ON' if request.param == 'onednn' else 'OFF'}"]
     if shutil.which("ninja"):
         configure += ["-G", "Ninja"]
     if shutil.which("ccache"):
