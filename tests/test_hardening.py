@@ -286,7 +286,7 @@ def test_context_memory_budget():
     net.predict(np.zeros((256, 8), np.float32), context=ctx)
 
 
-# -- 7. failure behaviour: a host executor raising mid-step -----------------------------------------
+# -- 7. failure behaviour: a host executor refusing its workers -----------------------------------------
 
 class _FlakyPool:
     """A host pool that counts submits and raises on the ones listed in `fail_on` (1-based)."""
@@ -302,33 +302,55 @@ class _FlakyPool:
         return self.pool.submit(fn)
 
 
-def _big_setup(pool):
-    # Wide enough that kernels split over the executor (elementwise grain: 16384 elements).
+def _big_setup(pool, linger=0.0):
+    # Wide enough that kernels split over the executor (elementwise grain: 16384 elements). No
+    # linger by default: each run calls its helper in, so a test knows which submit a run makes.
     net = _mlp((64, 512, 32), seed=5)
-    ex = tl.PoolExecutor(pool, 2)
+    ex = tl.PoolExecutor(pool, 2, linger=linger)
     trainer = tl.Trainer(net, tl.loss.MSE(), tl.optim.Adam(lr=1e-3), executor=ex)
     x, y = _data(64, 64, 32, seed=1)
     return net, trainer, x, y
 
 
-def _submits(phase):
+def _submits(call):
     pool = _FlakyPool()
     net, trainer, x, y = _big_setup(pool)
     trainer.step(x, y)  # first step compiles and warms up
     start = pool.count
-    getattr(trainer, phase)(x, y)
+    call(net, trainer, x, y)
     return pool.count - start
 
 
-def test_executor_failure_in_backward_leaves_model_unchanged():
-    forward_submits = _submits("evaluate")  # forward + loss
-    through_backward = _submits("compute_gradients")
-    assert through_backward > forward_submits, "backward should split over the executor"
+def test_the_pool_is_called_in_once_per_run_not_once_per_kernel():
+    # Every kernel of this step splits over the executor (dozens of parallel_for calls); the host's
+    # pool is asked for its one other worker once per step, once per predict, once per host phase.
+    assert _submits(lambda n, t, x, y: t.step(x, y)) == 1
+    assert _submits(lambda n, t, x, y: [t.step(x, y) for _ in range(3)]) == 3
+    assert _submits(lambda n, t, x, y: t.compute_gradients(x, y)) == 1
+    big = lambda x: np.tile(x, (32, 1))  # noqa: E731  (a forward whose kernels split too)
+    assert _submits(lambda n, t, x, y: n.predict(big(x), context=tl.Context(executor=t.executor))) == 1
+
+
+def test_lingering_helpers_serve_the_next_steps():
+    pool = _FlakyPool()
+    net, trainer, x, y = _big_setup(pool, linger=0.5)
+    ref_net, ref, _, _ = _big_setup(_FlakyPool())
+    start = pool.count
+    losses = [trainer.step(x, y) for _ in range(20)]
+    # At most one call-in per step, usually one in all: the helper waits half a second for the next.
+    assert 1 <= pool.count - start < 20
+    assert losses == [ref.step(x, y) for _ in range(20)]
+    np.testing.assert_array_equal(net.flat_parameters(), ref_net.flat_parameters())
+    with pytest.raises(ValueError, match="linger"):
+        tl.PoolExecutor(pool, 2, linger=-1)
+
+
+def test_a_pool_refusing_the_step_leaves_the_model_unchanged():
     pool = _FlakyPool()
     net, trainer, x, y = _big_setup(pool)
     trainer.step(x, y)
     params, steps = net.flat_parameters().copy(), trainer.steps
-    pool.fail_on = {pool.count + forward_submits + 1}  # the first submit of the backward pass
+    pool.fail_on = {pool.count + 1}  # the call-in of the next step's worker
     with pytest.raises(RuntimeError, match="pool refused task"):
         trainer.step(x, y)
     np.testing.assert_array_equal(net.flat_parameters(), params)
@@ -341,23 +363,21 @@ def test_executor_failure_in_backward_leaves_model_unchanged():
     np.testing.assert_array_equal(net.flat_parameters(), ref_net.flat_parameters())
 
 
-def test_executor_failure_in_update_applies_it_whole():
+def test_a_pool_refusing_the_update_applies_it_whole():
     pool = _FlakyPool()
     net, trainer, x, y = _big_setup(pool)
     trainer.step(x, y)
-    per_step = pool.count
-    trainer.step(x, y)
-    per_step = pool.count - per_step
+    trainer.zero_grad()
+    trainer.compute_gradients(x, y)
+    pool.fail_on = {pool.count + 1}  # the update's call-in: its first parallel kernel
+    with pytest.raises(RuntimeError, match="pool refused task"):
+        trainer.update()
+    # The calling thread ran every chunk before the pool's error propagated: the update is whole,
+    # not half. (Optimizer.step rolls its step count back when update() raises; docs/hardening.md.)
     ref_pool = _FlakyPool()
     ref_net, ref, _, _ = _big_setup(ref_pool)
     ref.step(x, y)
     ref.step(x, y)
-    ref.step(x, y)
-    pool.fail_on = {pool.count + per_step}  # the last submit of the step: in the optimizer update
-    with pytest.raises(RuntimeError, match="pool refused task"):
-        trainer.step(x, y)
-    # Every chunk still ran (the refused one on the calling thread): the update is whole, not half.
-    # (Optimizer.step rolls its step count back when update() raises; docs/hardening.md.)
     np.testing.assert_array_equal(net.flat_parameters(), ref_net.flat_parameters())
 
 

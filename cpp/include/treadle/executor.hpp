@@ -18,6 +18,25 @@ class TREADLE_API Executor {
   // An exception thrown by a chunk must be rethrown on the calling thread, after every other chunk
   // has run (a kernel's result is all-or-nothing: the optimizer relies on it).
   virtual void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& body) = 0;
+  // A run of parallel_for calls from the calling thread begins (a plan's forward and backward, an
+  // optimizer update): an executor whose workers are costly to call in (a Python pool: one task
+  // submission each, under the GIL) may call them in once here and keep them until end_run, instead
+  // of once per parallel_for. Calls pair up on one thread and may nest; begin_run may throw (before
+  // treadle changes anything), end_run must not. Default: nothing.
+  virtual void begin_run() {}
+  virtual void end_run() noexcept {}
+};
+
+// Brackets a scope with exec.begin_run() / exec.end_run().
+class ExecutorRun {
+ public:
+  explicit ExecutorRun(Executor& exec) : exec_(exec) { exec_.begin_run(); }
+  ~ExecutorRun() { exec_.end_run(); }
+  ExecutorRun(const ExecutorRun&) = delete;
+  ExecutorRun& operator=(const ExecutorRun&) = delete;
+
+ private:
+  Executor& exec_;
 };
 
 // The default: everything on the calling thread.

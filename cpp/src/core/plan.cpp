@@ -257,6 +257,7 @@ void Plan::run(Context& ctx, const Bindings& b, int begin, int end) const {
 
 void Plan::run_with_counter(Context& ctx, const Bindings& b, int begin, int end, uint64_t counter) const {
   constexpr int kMaxOperands = 24;
+  ExecutorRun run(ctx.executor());  // the host's workers are called in once for all the steps below
 #ifdef TREADLE_WITH_CUDA
   check_run(ctx, b);
   char* arena = arena_base(ctx);

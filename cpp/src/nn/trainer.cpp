@@ -176,6 +176,7 @@ double Trainer::run_loss_plan(Inputs xs, const Tensor& y, PlanMode mode, StepOut
 
 double Trainer::step(Inputs xs, const Tensor& y, StepOutputs* out) {
   Model::TrainingCall call(*model_, "Trainer.step");
+  ExecutorRun run(ctx_.executor());  // one call-in of the host's workers for forward, backward and update
 #ifdef TREADLE_WITH_CUDA
   if (options_.cuda_graph && on_device()) {
     if (out) throw_value_error("Trainer.step: returning the outputs is not implemented for CUDA-graph steps");
@@ -395,6 +396,7 @@ bool Trainer::unscale_and_check() {
 
 void Trainer::update() {
   Model::TrainingCall call(*model_, "Trainer.update");
+  ExecutorRun run(ctx_.executor());
   follow_model_dtype();
   if (optimizer_->numel() != model_->num_trainable() || optimizer_->dtype() != model_->dtype())
     throw_type_error("Trainer.update: the model changed (dtype ", dtype_name(model_->dtype()), ", ",

@@ -166,7 +166,10 @@ void scale_kernel(const KernelArgs& a) {
 template <typename T>
 void column_sums(Executor& exec, const T* x, int64_t rows, int64_t cols, T* y) {
   constexpr int64_t kTile = 256, kBlock = 128;
-  parallel_chunks(exec, cols, 64, [&](int64_t c0, int64_t c1) {
+  // Chunks of whole 64-column strips holding about kElementGrain elements: a smaller chunk costs
+  // more to hand to a worker than to sum (a column's sum is the same in any chunk).
+  const int64_t strips = std::max<int64_t>(1, kElementGrain / std::max<int64_t>(1, rows) / 64);
+  parallel_chunks(exec, cols, 64 * strips, [&](int64_t c0, int64_t c1) {
     for (int64_t t0 = c0; t0 < c1; t0 += kTile) {
       const int64_t w = std::min(kTile, c1 - t0);
       alignas(64) T block[kTile];
