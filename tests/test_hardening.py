@@ -303,12 +303,13 @@ class _FlakyPool:
 
 
 def _big_setup(pool, linger=0.0):
-    # Wide enough that kernels split over the executor (elementwise grain: 16384 elements). No
-    # linger by default: each run calls its helper in, so a test knows which submit a run makes.
-    net = _mlp((64, 512, 32), seed=5)
+    # Wide enough that kernels split over the executor (elementwise grain: 16384 elements; the
+    # optimizer's: 65536 parameters, this net has 164K). No linger by default: each run calls its
+    # helper in, so a test knows which submit a run makes.
+    net = _mlp((64, 512, 256), seed=5)
     ex = tl.PoolExecutor(pool, 2, linger=linger)
     trainer = tl.Trainer(net, tl.loss.MSE(), tl.optim.Adam(lr=1e-3), executor=ex)
-    x, y = _data(64, 64, 32, seed=1)
+    x, y = _data(64, 64, 256, seed=1)
     return net, trainer, x, y
 
 

@@ -618,6 +618,10 @@ def main(argv=None, workloads=None):
         from .bench_crossover import main as crossover_main  # the backend study (no torch needed)
 
         return crossover_main(argv[1:])
+    if argv[:1] == ["workers"]:
+        from .bench_workers import main as workers_main  # 1 vs W lent workers per workload
+
+        return workers_main(argv[1:])
     args = _parser().parse_args(argv)
     if importlib.util.find_spec("torch") is None:
         print("bench: the benchmarks time treadle against PyTorch, which is not importable here; install it "

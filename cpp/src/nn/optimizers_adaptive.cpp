@@ -13,9 +13,9 @@ namespace treadle::optim {
 namespace {
 
 using detail::dispatch;
+using detail::kUpdateGrain;
 using detail::lerp;
 using detail::require;
-using eigen::kElementGrain;
 using eigen::parallel_chunks;
 
 template <typename T>
@@ -84,7 +84,7 @@ class RMSprop final : public detail::FusedOptimizer<RMSprop> {
     dispatch(o_.weight_decay != 0, [&](auto decay) {
       dispatch(o_.centered, [&](auto centered) {
         dispatch(use_mom, [&](auto mom) {
-          parallel_chunks(exec, total_, kElementGrain, [&](int64_t b, int64_t e) {
+          parallel_chunks(exec, total_, kUpdateGrain, [&](int64_t b, int64_t e) {
             rmsprop_elements<T, decltype(decay)::value, decltype(centered)::value, decltype(mom)::value>(
                 b, e, p, g, sq, buf, gavg, k);
           });
@@ -155,7 +155,7 @@ class Adagrad final : public detail::FusedOptimizer<Adagrad> {
     const T* g = grads.data_as<T>();
     T* acc = state_buffer(0).data_as<T>();
     const AdagradStep<T> k = adagrad_step<T>(o_, lr, t_);
-    parallel_chunks(exec, total_, kElementGrain, [&](int64_t b, int64_t e) {
+    parallel_chunks(exec, total_, kUpdateGrain, [&](int64_t b, int64_t e) {
       adagrad_elements(p, g, acc, b, e, k.neg_clr, k.wd, k.decay, k.eps);
     });
   }
@@ -230,7 +230,7 @@ void MatrixAdagrad::run(const Tensor& params, const Tensor& grads, double lr, Ex
     const T* g = grads.data_as<T>() + s.offset;
     T* acc = acc_all + state_offsets_[i];
     if (s.shape.size() != 2) {
-      parallel_chunks(exec, s.numel, kElementGrain, [&](int64_t b, int64_t e) {
+      parallel_chunks(exec, s.numel, kUpdateGrain, [&](int64_t b, int64_t e) {
         adagrad_elements(p, g, acc, b, e, k.neg_clr, k.wd, k.decay, k.eps);
       });
     } else if (axis_ == Axis::rows) {
@@ -244,7 +244,7 @@ void MatrixAdagrad::run(const Tensor& params, const Tensor& grads, double lr, Ex
 template <typename T>
 void MatrixAdagrad::rows(T* p, const T* g, T* acc, int64_t R, int64_t C, const AdagradStep<T>& k, Executor& exec) {
   if (C == 0) return;
-  const int64_t grain = std::max<int64_t>(1, kElementGrain / C);
+  const int64_t grain = std::max<int64_t>(1, kUpdateGrain / C);
   parallel_chunks(exec, R, grain, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       T* pr = p + r * C;
@@ -269,7 +269,7 @@ void MatrixAdagrad::cols(T* p, const T* g, T* acc, int64_t R, int64_t C, const A
   if (R == 0) return;
   double* sc = scratch_.data();
   // Chunks own disjoint column ranges and walk all rows, so each column's sum has one fixed order.
-  const int64_t grain = std::max<int64_t>(16, kElementGrain / R);
+  const int64_t grain = std::max<int64_t>(16, kUpdateGrain / R);
   parallel_chunks(exec, C, grain, [&](int64_t c0, int64_t c1) {
     std::fill(sc + c0, sc + c1, 0.0);
     for (int64_t r = 0; r < R; ++r) {

@@ -14,9 +14,9 @@ namespace treadle::optim {
 namespace {
 
 using detail::dispatch;
+using detail::kUpdateGrain;
 using detail::lerp;
 using detail::require;
-using eigen::kElementGrain;
 using eigen::parallel_chunks;
 
 template <typename T>
@@ -78,7 +78,7 @@ class SGD final : public detail::FusedOptimizer<SGD> {
     dispatch(o_.weight_decay != 0, [&](auto decay) {
       dispatch(o_.momentum != 0, [&](auto momentum) {
         dispatch(o_.nesterov, [&](auto nesterov) {
-          parallel_chunks(exec, total_, kElementGrain, [&](int64_t b, int64_t e) {
+          parallel_chunks(exec, total_, kUpdateGrain, [&](int64_t b, int64_t e) {
             sgd_elements<T, decltype(decay)::value, decltype(momentum)::value, decltype(nesterov)::value>(
                 b, e, p, g, buf, k);
           });
@@ -162,7 +162,7 @@ class Adam final : public detail::FusedOptimizer<Adam> {
     k.neg_step = T(-(lr / bc1));
     dispatch(!decoupled_ && o_.weight_decay != 0, [&](auto coupled) {
       dispatch(o_.amsgrad, [&](auto amsgrad) {
-        parallel_chunks(exec, total_, kElementGrain, [&](int64_t b, int64_t e) {
+        parallel_chunks(exec, total_, kUpdateGrain, [&](int64_t b, int64_t e) {
           adam_elements<T, decltype(coupled)::value, decltype(amsgrad)::value>(b, e, p, g, m, v, vmax, k);
         });
       });
