@@ -5,12 +5,14 @@ data. Before anything is timed, the two must agree: same inference output and th
 training-step loss (so a ratio never compares different work). Then training steps (forward +
 loss + backward + Adam update) and inference calls are timed alternately, treadle then PyTorch, in
 rounds of a few milliseconds, until each side has run at least --min-time seconds; the tables give
-the median per step. treadle runs on the calling thread (it has no thread pool of its own and the
-Python package lends it no executor yet); PyTorch runs with torch.set_num_threads(T) for each T.
+the median per step. PyTorch runs with torch.set_num_threads(T) for each T, and treadle with T workers
+lent as a Python host lends them (a tl.PoolExecutor over a host ThreadPoolExecutor of T - 1 threads,
+plus the calling thread); treadle itself never starts a thread.
 
 Results go to stdout (markdown) and to <out>/bench-<time>.{json,md} plus latest.{json,md}.
 """
 import argparse
+import concurrent.futures
 import datetime
 import importlib.util
 import json
@@ -161,6 +163,7 @@ class Pair:
 
     def __init__(self, w, tl, torch, seed, torch_adam="default", lr=1e-3):
         self.w, self.torch = w, torch
+        self._pool, self.context = None, None  # set_workers: the executor lent to treadle
         torch.manual_seed(seed)
         self.tmodel = w.build_torch(torch).float()
         self.x, self.y = _data(w, np.random.default_rng(seed))
@@ -187,13 +190,28 @@ class Pair:
             return lambda out, y: fn(out, y, self.tx)
         return torch.nn.MSELoss() if self.w.loss == "mse" else torch.nn.CrossEntropyLoss()
 
-    def _make_trainer(self, tl, lr):
+    def _make_trainer(self, tl, lr, executor=None):
         if self.w.loss == "custom":
             F = tl.functional
             self.loss = self.w.custom_loss(F, F.grad, F.ones_like)  # fn(output, target, input)
         else:
             self.loss = tl.loss.MSE() if self.w.loss == "mse" else tl.loss.CrossEntropy()
-        return tl.Trainer(self.model, self.loss, tl.optim.Adam(lr=lr))
+        return tl.Trainer(self.model, self.loss, tl.optim.Adam(lr=lr), executor=executor)
+
+    def set_workers(self, tl, workers, lr=1e-3):
+        """treadle on `workers` lent workers, as a Python host lends them: a host-owned
+        ThreadPoolExecutor of workers - 1 threads, plus the calling thread, through tl.PoolExecutor
+        (the trainer is rebuilt with it: a fresh Adam state, which timing does not care about)."""
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+        executor = None
+        if workers > 1:
+            self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers - 1)
+            executor = tl.PoolExecutor(self._pool, workers)
+        self.context = tl.Context(executor=executor) if executor is not None else None
+        if self.w.train:
+            self.trainer = self._make_trainer(tl, lr, executor)
 
     def _place_torch_model(self):
         """Where the PyTorch module computes (the CPU here; bench_device.DevicePair: the GPU)."""
@@ -254,7 +272,7 @@ class Pair:
 
         def tl_run(k):
             for _ in range(k):
-                self.model.predict(self.x)
+                self.model.predict(self.x, context=self.context)
 
         def torch_run(k):
             with torch.inference_mode():  # entered once per round: the cheapest way a user calls torch
@@ -306,13 +324,19 @@ def bench_workload(w, tl, torch, threads, min_time, warmup, seed=0, torch_adam="
         for r in rows:
             r.update(status="mismatch", message="treadle and PyTorch disagree; not timed")
         return rows, pair
-    for r, t in zip(rows, threads):
-        torch.set_num_threads(t)
-        r["loadavg"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-        log(f"  {w.name} threads={t} (load {r['loadavg']}) ...")
-        if w.train:
-            _timed(r, "train", pair.time_train(min_time, warmup), 3 * w.forward_flops * w.batch)
-        _timed(r, "infer", pair.time_infer(min_time, warmup), w.forward_flops * w.batch)
+    try:
+        for r, t in zip(rows, threads):
+            torch.set_num_threads(t)
+            if device == "cpu":
+                pair.set_workers(tl, t)
+            r["loadavg"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+            log(f"  {w.name} threads={t} (load {r['loadavg']}) ...")
+            if w.train:
+                _timed(r, "train", pair.time_train(min_time, warmup), 3 * w.forward_flops * w.batch)
+            _timed(r, "infer", pair.time_infer(min_time, warmup), w.forward_flops * w.batch)
+    finally:
+        if device == "cpu":
+            pair.set_workers(tl, 1)  # back on the calling thread alone (the profile runs there); the pool closes
     return rows, pair
 
 
@@ -449,9 +473,9 @@ def _header_lines(result):
                      f"Adam train step {_us(o['step'])} us")
     lines.append(f"- Timing: median us per step, treadle and PyTorch alternated in rounds of ~{ROUND_SECONDS * 1e3:.0f} "
                  f"ms, >= {result['settings']['min_time']} s of steps each, after {result['settings']['warmup']} s "
-                 f"warm-up. Ratio = PyTorch time / treadle time (> 1: treadle faster). treadle runs on 1 thread "
-                 f"in every row: it has no thread pool and the Python package lends it no executor; 'threads' is "
-                 f"torch.set_num_threads. GFLOP/s counts GEMM-like layers only (train = 3x forward). 'load' is "
+                 f"warm-up. Ratio = PyTorch time / treadle time (> 1: treadle faster). 'threads' T is "
+                 f"torch.set_num_threads(T) for PyTorch and T lent workers for treadle (on the CPU: a tl.PoolExecutor "
+                 f"over a host ThreadPoolExecutor of T - 1 threads, plus the calling thread). GFLOP/s counts GEMM-like layers only (train = 3x forward). 'load' is "
                  f"the 1-minute load average when the row started.")
     busy = _busy(result)
     if busy:
