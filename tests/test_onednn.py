@@ -29,15 +29,18 @@ def randn(rng, *shape, scale=1.0):
 
 
 # (id, op, input shapes, attrs, backward op that oneDNN also takes or None). Sizes cross the
-# backend's tile boundaries with a remainder (products: 256 x 512 output tiles; elementwise: 65536
+# backend's tile boundaries with a remainder (products: 256 x 512 output tiles, narrower for a small
+# output with a long sum; elementwise: 65536
 # elements) and sit above its size thresholds (2^17 multiply-adds; 256 elements, 16384 for tanh).
 LINEAR = [("linear-bias", "linear", [(300, 70), (50, 70), (50,)], {}, "matmul"),
           ("linear-nobias", "linear", [(64, 48), (56, 48)], {}, "matmul"),
           ("linear-3d", "linear", [(4, 75, 33), (17, 33), (17,)], {}, "matmul"),
-          ("linear-tiles", "linear", [(300, 20), (600, 20), (600,)], {}, "matmul")]
+          ("linear-tiles", "linear", [(300, 20), (600, 20), (600,)], {}, "matmul"),
+          # one 256 x 512 tile of output but a long sum: narrowed to two tiles (matmul_kernels.cpp)
+          ("linear-narrowed", "linear", [(200, 1024), (300, 1024), (300,)], {}, "matmul")]
 MATMUL = [(f"matmul-{ta}{tb}-{n}", "matmul", [((k, m) if ta else (m, k)), ((n, k) if tb else (k, n))],
            {"trans_a": ta, "trans_b": tb}, "matmul")
-          for ta in (0, 1) for tb in (0, 1) for (m, k, n) in [(300, 40, 70), (270, 9, 530)]]
+          for ta in (0, 1) for tb in (0, 1) for (m, k, n) in [(300, 40, 70), (270, 9, 530), (200, 1024, 300)]]
 BMM = [(f"bmm-{ta}{tb}", "bmm", [((b, k, m) if ta else (b, m, k)), ((b, n, k) if tb else (b, k, n))],
         {"trans_a": ta, "trans_b": tb}, "bmm")
        for ta in (0, 1) for tb in (0, 1) for (b, m, k, n) in [(37, 20, 24, 30)]]

@@ -42,9 +42,33 @@ bool worth_it(int64_t batch, int64_t m, int64_t k, int64_t n) {
 constexpr int64_t kBigTileRows = 512;
 constexpr int64_t kBigTileCols = 1024;
 
-Split tiles_of(int64_t m, int64_t n, bool bf16) {
-  if (bf16 && m * n >= 2 * kBigTileRows * kBigTileCols) return Split{m, n, kBigTileRows, kBigTileCols};
-  return Split{m, n, kTileRows, kTileCols};
+// A product with a single tile but enough work for two (a weight gradient: a small output, a long
+// sum) gets narrower tiles, halving the wider side, while each keeps at least kMinTileMacs
+// multiply-adds (~20 us: an extra call and a second packing of the other operand cost ~1 us) and
+// kMinTileSide rows and columns: then two lent workers share it. Narrower still (four 64-wide tiles)
+// made the transformer's weight gradients ~10% slower on one worker, so two it is. Decided from the
+// shape alone, so the tiles (and the rounding) are the same for any number of workers; one worker
+// runs the same tiles in turn.
+constexpr int64_t kWantTiles = 2;
+constexpr int64_t kMinTileMacs = int64_t{1} << 21;
+constexpr int64_t kMinTileSide = 128;
+
+Split tiles_of(int64_t m, int64_t n, int64_t k, bool bf16) {
+  Split s = bf16 && m * n >= 2 * kBigTileRows * kBigTileCols ? Split{m, n, kBigTileRows, kBigTileCols}
+                                                             : Split{m, n, kTileRows, kTileCols};
+  while (s.tiles() < kWantTiles) {
+    const int64_t tile_rows = std::min(s.row_grain, m), tile_cols = std::min(s.col_grain, n);
+    Split narrower = s;
+    if (tile_cols >= tile_rows && tile_cols >= 2 * kMinTileSide)
+      narrower.col_grain = (tile_cols + 1) / 2;
+    else if (tile_rows >= 2 * kMinTileSide)
+      narrower.row_grain = (tile_rows + 1) / 2;
+    else
+      break;
+    if (m * n * k < kMinTileMacs * narrower.tiles()) break;
+    s = narrower;
+  }
+  return s;
 }
 
 // The matrix operands of a product: float32 read in place, or bf16 copies staged in the workspace.
@@ -107,7 +131,7 @@ std::optional<ChunkPlan> plan_linear(const Graph& g, const Node& node) {
   std::vector<ArgSpec> args = {ops.arg(DNNL_ARG_SRC, 0, in, 0), ops.arg(DNNL_ARG_WEIGHTS, 1, 0, in),
                                {DNNL_ARG_DST, true, 0, out * kF32, kF32}};
   if (bias) args.push_back({DNNL_ARG_BIAS, false, 2, 0, kF32});
-  return ops.attach(plan_chunks(args, tiles_of(rows, out, is_bf16_compute(node.attrs)), [&](int64_t r, int64_t c) {
+  return ops.attach(plan_chunks(args, tiles_of(rows, out, in, is_bf16_compute(node.attrs)), [&](int64_t r, int64_t c) {
     return try_pd([&]() -> dnnl::primitive_desc {
       const MemDesc src = ops.desc({r, in}, {in, 1}), wt = ops.desc({in, c}, {1, in});
       const MemDesc dst = f32_desc({r, c}, {out, 1});
@@ -129,7 +153,7 @@ std::optional<ChunkPlan> plan_matmul(const Graph& g, const Node& node) {
   const Operands ops = operands_of(g, node);
   std::vector<ArgSpec> args = {ops.arg(DNNL_ARG_SRC, 0, ta ? 1 : k, 0), ops.arg(DNNL_ARG_WEIGHTS, 1, 0, tb ? k : 1),
                                {DNNL_ARG_DST, true, 0, n * kF32, kF32}};
-  return ops.attach(plan_chunks(args, tiles_of(m, n, is_bf16_compute(node.attrs)), [&](int64_t r, int64_t cols) {
+  return ops.attach(plan_chunks(args, tiles_of(m, n, k, is_bf16_compute(node.attrs)), [&](int64_t r, int64_t cols) {
     return try_pd([&]() -> dnnl::primitive_desc {
       const MemDesc src = ta ? ops.desc({r, k}, {1, m}) : ops.desc({r, k}, {k, 1});
       const MemDesc wt = tb ? ops.desc({k, cols}, {1, k}) : ops.desc({k, cols}, {n, 1});
