@@ -1,5 +1,6 @@
 #pragma once
 // The whole public C++ API.
+#include "treadle/backend.hpp"
 #include "treadle/context.hpp"
 #include "treadle/dtype.hpp"
 #include "treadle/error.hpp"
@@ -8,8 +9,13 @@
 #include "treadle/loss.hpp"
 #include "treadle/model.hpp"
 #include "treadle/module.hpp"
+#include "treadle/nn_attention.hpp"
+#include "treadle/nn_conv.hpp"
+#include "treadle/nn_layers.hpp"
+#include "treadle/nn_recurrent.hpp"
 #include "treadle/ops.hpp"
 #include "treadle/optim.hpp"
+#include "treadle/profile.hpp"
 #include "treadle/serialize.hpp"
 #include "treadle/tensor.hpp"
 #include "treadle/trainer.hpp"
