@@ -642,6 +642,10 @@ def main(argv=None, workloads=None):
         from .bench_crossover import main as crossover_main  # the backend study (no torch needed)
 
         return crossover_main(argv[1:])
+    if argv[:1] == ["activations"]:
+        from .bench_activations import main as activations_main  # ns per element per activation
+
+        return activations_main(argv[1:])
     if argv[:1] == ["workers"]:
         from .bench_workers import main as workers_main  # 1 vs W lent workers per workload
 

@@ -1,12 +1,16 @@
 // Eigen reference kernels for the activation ops and their backward ops.
-// Piecewise-linear and algebraic maps use Eigen array expressions (vectorised); transcendental maps
-// use the C library's exp/erf per element, because this backend is the accuracy reference and
-// Eigen's fast packet approximations (e.g. float tanh saturating at |x| ~ 7.9) are not; float tanh
-// and sigmoid use the checked vectorised forms of transcendental.hpp.
+// Piecewise-linear and algebraic maps use Eigen array expressions (vectorised). In double,
+// transcendental maps use the C library per element: this backend is the accuracy reference, and
+// Eigen's fast packet approximations (e.g. float tanh saturating at |x| ~ 7.9) are not. In float,
+// tanh, sigmoid, softplus, silu, elu and tanh-GELU are vectorised on Eigen's accurate float exp,
+// log1p and expm1 and the checked sigmoid of transcendental.hpp, with formulas that neither
+// overflow nor cancel; tests/test_activation_accuracy.py holds each to its ulp bound against the
+// double kernels over the whole float range. Exact GELU (erfc) stays per element in both.
 // Forms are chosen to avoid cancellation: 0.5 * (1 + erf(z)) is computed as 0.5 * erfc(-z), and
 // 0.5 * (1 + tanh(u)) as sigmoid(2u).
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "backends/eigen/eigen_backend.hpp"
 #include "backends/eigen/eigen_common.hpp"
@@ -68,6 +72,43 @@ T attr(const KernelArgs& a, const char* name) {
   return static_cast<T>(a.attrs().f(name));
 }
 
+using ArrayF = Eigen::Map<Eigen::ArrayXf>;
+using ConstArrayF = Eigen::Map<const Eigen::ArrayXf>;
+
+// Float maps in blocks of kMathBlock with scratch blocks: f(x, y, scratch) for a forward op,
+// f(x, dy, dx, scratch, scratch2) for a backward one (x the saved input).
+template <typename F>
+void float_unary_blocks(const KernelArgs& a, F&& f) {
+  unary_chunks<float>(a, [&](const ConstVecMap<float>& x, VecMap<float>& y) {
+    alignas(64) float scratch[kMathBlock];
+    for (Eigen::Index i0 = 0; i0 < x.size(); i0 += kMathBlock) {
+      const Eigen::Index m = std::min<Eigen::Index>(kMathBlock, x.size() - i0);
+      ArrayF ys(y.data() + i0, m), ss(scratch, m);
+      f(ConstArrayF(x.data() + i0, m), ys, ss);
+    }
+  });
+}
+
+template <typename F>
+void float_binary_blocks(const KernelArgs& a, F&& f) {
+  binary_chunks<float>(a, [&](const ConstVecMap<float>& x, const ConstVecMap<float>& dy, VecMap<float>& dx) {
+    alignas(64) float scratch[2][kMathBlock];
+    for (Eigen::Index i0 = 0; i0 < x.size(); i0 += kMathBlock) {
+      const Eigen::Index m = std::min<Eigen::Index>(kMathBlock, x.size() - i0);
+      ArrayF dxs(dx.data() + i0, m), s1(scratch[0], m), s2(scratch[1], m);
+      f(ConstArrayF(x.data() + i0, m), ConstArrayF(dy.data() + i0, m), dxs, s1, s2);
+    }
+  });
+}
+
+// sigmoid(z) and 1 - sigmoid(z) into s and c, both to a few ulp: from e = exp(-|z|), s = 1 / (1 + e)
+// and c = e / (1 + e) for z >= 0 (mirrored below), so neither is found by cancelling 1 - s.
+inline void sigmoid_and_complement(const ArrayF& z, ArrayF& s, ArrayF& c) {
+  c = (-z.abs()).exp();
+  s = (z >= 0.0f).select(1.0f, c) / (1.0f + c);
+  c = (z >= 0.0f).select(c, 1.0f) / (1.0f + c);
+}
+
 // --- relu, leaky_relu: piecewise linear. x < 0 tests keep NaN flowing through as PyTorch does.
 template <typename T>
 void relu_kernel(const KernelArgs& a) {
@@ -95,13 +136,27 @@ void leaky_relu_backward_kernel(const KernelArgs& a) {  // (x, dy)
 template <typename T>
 void elu_kernel(const KernelArgs& a) {
   const T alpha = attr<T>(a, "alpha");
-  unary_each<T>(a, [alpha](T x) { return x > T(0) ? x : alpha * std::expm1(x); });
+  if constexpr (std::is_same_v<T, float>) {
+    float_unary_blocks(a, [alpha](const ConstArrayF& x, ArrayF& y, ArrayF& e) {
+      e = x.min(0.0f).expm1();  // min: no overflow on the branch that is not taken
+      y = (x > 0.0f).select(x, alpha * e);
+    });
+  } else {
+    unary_each<T>(a, [alpha](T x) { return x > T(0) ? x : alpha * std::expm1(x); });
+  }
 }
 
 template <typename T>
 void elu_backward_kernel(const KernelArgs& a) {  // (x, dy)
   const T alpha = attr<T>(a, "alpha");
-  binary_each<T>(a, [alpha](T x, T dy) { return x > T(0) ? dy : dy * alpha * std::exp(x); });
+  if constexpr (std::is_same_v<T, float>) {
+    float_binary_blocks(a, [alpha](const ConstArrayF& x, const ConstArrayF& dy, ArrayF& dx, ArrayF& e, ArrayF&) {
+      e = x.min(0.0f).exp();
+      dx = (x > 0.0f).select(dy, dy * alpha * e);
+    });
+  } else {
+    binary_each<T>(a, [alpha](T x, T dy) { return x > T(0) ? dy : dy * alpha * std::exp(x); });
+  }
 }
 
 // --- gelu: exact x * Phi(x), or the tanh approximation.
@@ -110,11 +165,62 @@ constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1 / sqrt(2 pi)
 constexpr double kSqrt2OverPi = 0.79788456080286535588;
 constexpr double kGeluCubic = 0.044715;
 
+// The tanh approximation's sigmoid and its derivative terms saturate long before |x| = 30 (the
+// sigmoid of 2u is 1 or 0 and s (1 - s) is 0 in double as in float), so they are computed at x
+// clamped to [-30, 30]: x^3 would overflow a float from |x| ~ 7e12 and turn 0 * inf into NaN.
+constexpr double kGeluClamp = 30.0;
+
+// u of the tanh approximation, sqrt(2 / pi) (x + 0.044715 x^3), at x clamped.
+template <typename X>
+auto gelu_u(const X& x) {
+  const auto xc = x.max(-float(kGeluClamp)).min(float(kGeluClamp));
+  return float(kSqrt2OverPi) * (xc + float(kGeluCubic) * xc * xc * xc);
+}
+
+template <typename T>
+T gelu_clamped(T x) {
+  return std::clamp(x, T(-kGeluClamp), T(kGeluClamp));
+}
+
+// erfc(w) for float arrays, vectorised: t exp(-w^2 + P(t)) with t = 1 / (1 + |w| / 2), a Chebyshev
+// fit with relative error below 1.2e-7 over the whole line (W. H. Press et al., Numerical Recipes,
+// erfcc), mirrored as 2 - erfc(|w|) for w < 0. Relative accuracy in the tail is what GELU needs:
+// 0.5 x (1 + erf(x / sqrt 2)) would cancel there. `e` is scratch.
+inline void erfc_to(const ArrayF& w, ArrayF& out, ArrayF& e) {
+  static constexpr float kP[] = {-1.26551223f, 1.00002368f, 0.37409196f, 0.09678418f, -0.18628806f,
+                                 0.27886807f,  -1.13520398f, 1.48851587f, -0.82215223f, 0.17087277f};
+  out = 1.0f / (1.0f + 0.5f * w.abs());  // t
+  e = out * kP[9];
+  for (int k = 8; k >= 1; --k) e = out * (e + kP[k]);
+  e = (e + kP[0] - w * w).exp() * out;  // erfc(|w|)
+  out = (w >= 0.0f).select(e, 2.0f - e);
+}
+
 template <typename T>
 void gelu_kernel(const KernelArgs& a) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (a.attrs().s("approximate") != "tanh") {
+      float_unary_blocks(a, [](const ConstArrayF& x, ArrayF& y, ArrayF& e) {
+        alignas(64) float w[kMathBlock];
+        ArrayF ws(w, x.size());
+        ws = x * float(-kInvSqrt2);
+        erfc_to(ws, y, e);
+        y = 0.5f * x * y;
+      });
+      return;
+    }
+    if (a.attrs().s("approximate") == "tanh") {
+      float_unary_blocks(a, [](const ConstArrayF& x, ArrayF& y, ArrayF& s) {
+        s = 2.0f * gelu_u(x);
+        sigmoid_to(s.data(), s.data(), s.size());
+        y = x * s;
+      });
+      return;
+    }
+  }
   if (a.attrs().s("approximate") == "tanh") {
     unary_each<T>(a, [](T x) {
-      const T u = T(kSqrt2OverPi) * (x + T(kGeluCubic) * x * x * x);
+      const T xc = gelu_clamped(x), u = T(kSqrt2OverPi) * (xc + T(kGeluCubic) * xc * xc * xc);
       return x * sigmoid_of(T(2) * u);
     });
   } else {
@@ -124,12 +230,33 @@ void gelu_kernel(const KernelArgs& a) {
 
 template <typename T>
 void gelu_backward_kernel(const KernelArgs& a) {  // (x, dy)
+  if constexpr (std::is_same_v<T, float>) {
+    if (a.attrs().s("approximate") != "tanh") {
+      float_binary_blocks(a, [](const ConstArrayF& x, const ConstArrayF& dy, ArrayF& dx, ArrayF& cdf, ArrayF& e) {
+        dx = x * float(-kInvSqrt2);  // dx holds -x / sqrt 2 until the last line
+        erfc_to(dx, cdf, e);
+        e = (-0.5f * x * x).exp();
+        dx = dy * (0.5f * cdf + x * float(kInvSqrt2Pi) * e);
+      });
+      return;
+    }
+    if (a.attrs().s("approximate") == "tanh") {
+      float_binary_blocks(a, [](const ConstArrayF& x, const ConstArrayF& dy, ArrayF& dx, ArrayF& s, ArrayF& c) {
+        dx = 2.0f * gelu_u(x);  // dx holds 2u until the last line
+        sigmoid_and_complement(dx, s, c);
+        const auto xc = x.max(-float(kGeluClamp)).min(float(kGeluClamp));
+        const auto du = float(kSqrt2OverPi) * (1.0f + float(3 * kGeluCubic) * xc * xc);
+        dx = dy * (s + 2.0f * xc * s * c * du);
+      });
+      return;
+    }
+  }
   if (a.attrs().s("approximate") == "tanh") {
     binary_each<T>(a, [](T x, T dy) {
-      const T u = T(kSqrt2OverPi) * (x + T(kGeluCubic) * x * x * x);
-      const T du = T(kSqrt2OverPi) * (T(1) + T(3 * kGeluCubic) * x * x);
+      const T xc = gelu_clamped(x), u = T(kSqrt2OverPi) * (xc + T(kGeluCubic) * xc * xc * xc);
+      const T du = T(kSqrt2OverPi) * (T(1) + T(3 * kGeluCubic) * xc * xc);
       const T s = sigmoid_of(T(2) * u);  // 0.5 * (1 + tanh(u)); 1 - tanh(u)^2 = 4 s (1 - s)
-      return dy * (s + T(2) * x * s * (T(1) - s) * du);
+      return dy * (s + T(2) * xc * s * (T(1) - s) * du);
     });
   } else {
     binary_each<T>(a, [](T x, T dy) {
@@ -143,15 +270,30 @@ void gelu_backward_kernel(const KernelArgs& a) {  // (x, dy)
 // --- silu: x * sigmoid(x).
 template <typename T>
 void silu_kernel(const KernelArgs& a) {
-  unary_each<T>(a, [](T x) { return x * sigmoid_of(x); });
+  if constexpr (std::is_same_v<T, float>) {
+    float_unary_blocks(a, [](const ConstArrayF& x, ArrayF& y, ArrayF& s) {
+      sigmoid_to(x.data(), s.data(), x.size());
+      y = x * s;
+    });
+  } else {
+    unary_each<T>(a, [](T x) { return x * sigmoid_of(x); });
+  }
 }
 
 template <typename T>
 void silu_backward_kernel(const KernelArgs& a) {  // (x, dy)
-  binary_each<T>(a, [](T x, T dy) {
-    const T s = sigmoid_of(x);
-    return dy * s * (T(1) + x * (T(1) - s));
-  });
+  if constexpr (std::is_same_v<T, float>) {
+    float_binary_blocks(a, [](const ConstArrayF& x, const ConstArrayF& dy, ArrayF& dx, ArrayF& s, ArrayF& c) {
+      dx = x;
+      sigmoid_and_complement(dx, s, c);
+      dx = dy * s * (1.0f + x * c);
+    });
+  } else {
+    binary_each<T>(a, [](T x, T dy) {
+      const T s = sigmoid_of(x);
+      return dy * s * (T(1) + x * (T(1) - s));
+    });
+  }
 }
 
 // --- tanh, sigmoid: backward from the output.
@@ -181,6 +323,13 @@ template <typename T>
 void softplus_kernel(const KernelArgs& a) {
   const T beta = attr<T>(a, "beta");
   const T threshold = attr<T>(a, "threshold");
+  if constexpr (std::is_same_v<T, float>) {
+    float_unary_blocks(a, [beta, threshold](const ConstArrayF& x, ArrayF& y, ArrayF& l) {
+      l = (-(beta * x).abs()).exp().log1p();
+      y = (beta * x > threshold).select(x, ((beta * x).max(0.0f) + l) / beta);
+    });
+    return;
+  }
   unary_each<T>(a, [beta, threshold](T x) {
     const T z = beta * x;
     if (z > threshold) return x;
@@ -192,6 +341,15 @@ template <typename T>
 void softplus_backward_kernel(const KernelArgs& a) {  // (x, dy)
   const T beta = attr<T>(a, "beta");
   const T threshold = attr<T>(a, "threshold");
+  if constexpr (std::is_same_v<T, float>) {
+    float_binary_blocks(a, [beta, threshold](const ConstArrayF& x, const ConstArrayF& dy, ArrayF& dx, ArrayF& s,
+                                             ArrayF&) {
+      s = beta * x;
+      sigmoid_to(s.data(), s.data(), s.size());
+      dx = (beta * x > threshold).select(dy, dy * s);
+    });
+    return;
+  }
   binary_each<T>(a, [beta, threshold](T x, T dy) {
     const T z = beta * x;
     return z > threshold ? dy : dy * sigmoid_of(z);
