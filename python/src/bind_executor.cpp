@@ -3,9 +3,10 @@
 // many kernels take, so the workers are called in once per run of kernels (Executor::begin_run: a
 // training step, an inference), not once per parallel_for: the run's first parallel_for submits
 // num_workers - 1 helper tasks, each of which releases the GIL and serves the run's WorkTeam in C++
-// until the run ends. A run with no parallel work (a small model) submits nothing, and helpers
-// stay a moment after a run (WorkTeam's linger), so steps called in a loop find them still there. The calling thread posts each parallel_for there and runs chunks too, so a run never waits
-// for a helper the pool has not started (a busy pool, a pool that runs tasks late or never).
+// until the run ends. A run with no parallel work (a small model) submits nothing, and helpers stay
+// a moment after a run (the linger), so steps called in a loop find them still there. The calling
+// thread posts each parallel_for to the team and runs chunks too, so a run never waits for a helper
+// the pool has not started (a busy pool, a pool that runs tasks late or never).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -44,7 +45,7 @@ class PoolExecutor final : public Executor {
   void begin_run() override {
     if (workers_ == 1) return;
     Lease& lease = this_threads_lease();
-    if (lease.depth > 0) {  // nested: this executor's run goes on; another's keeps this one per call
+    if (lease.depth > 0) {  // nested: this executor's run goes on; inside another's, this one runs serially
       if (lease.owner == id_) ++lease.depth;
       return;
     }
