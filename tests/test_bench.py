@@ -39,6 +39,39 @@ def test_smoke_run_writes_json_and_table(tmp_path, workloads, capsys):
         assert set(row[f"{kind}_us"]) == {"treadle", "torch"}
 
 
+def test_two_thread_rows_lend_treadle_two_workers(tmp_path, workloads):
+    code = tb.main(["--workloads", "W2", "--threads", "2", "--min-time", "0.02", "--warmup", "0", "--no-gemm",
+                    "--quiet", "--out", str(tmp_path)], workloads=list(workloads.values()))
+    assert code == 0
+    (row,) = json.loads((tmp_path / "latest.json").read_text())["rows"]
+    assert row["status"] == "ok" and row["threads_torch"] == row["threads_treadle"] == 2
+
+
+def test_workers_table_times_one_against_two_workers_bitwise(tmp_path, capsys):
+    code = tb.main(["workers", "--workloads", "W2", "--batch-multipliers", "1,2", "--min-time", "0.02",
+                    "--warmup", "0", "--quiet", "--out", str(tmp_path)])
+    assert code == 0
+    table = capsys.readouterr().out
+    result = json.loads((tmp_path / "workers-latest.json").read_text())
+    assert [r["batch"] for r in result["rows"]] == [128, 256]
+    for r in result["rows"]:
+        assert r["bitwise_equal"] and r["treadle_speedup"] > 0 and r["torch_speedup"] > 0
+        assert set(r["us"]) == {"treadle_1", "treadle_2", "torch_1", "torch_2"}
+    assert "| W2 small MLP" in table and (tmp_path / "workers-latest.md").read_text().strip() == table.strip()
+
+
+def test_activations_table_has_every_activation(tmp_path, capsys):
+    code = tb.main(["activations", "--rows", "8", "--cols", "256", "--min-time", "0.02", "--warmup", "0",
+                    "--out", str(tmp_path)])
+    assert code == 0
+    result = json.loads((tmp_path / "activations-latest.json").read_text())
+    ops = [r["op"] for r in result["rows"]]
+    assert ops[0] == "relu" and {"softplus", "silu", "elu", "gelu", "gelu_tanh", "tanh", "sigmoid"} <= set(ops)
+    for r in result["rows"]:
+        assert r["treadle_forward_ns"] > 0 and r["torch_forward_ns"] > 0
+    assert "| softplus |" in capsys.readouterr().out
+
+
 def test_unbuilt_layer_is_reported_missing(workloads):
     def needs_a_layer_that_does_not_exist(tl):
         return tl.nn.NoSuchLayer(3)

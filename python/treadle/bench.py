@@ -12,7 +12,6 @@ plus the calling thread); treadle itself never starts a thread.
 Results go to stdout (markdown) and to <out>/bench-<time>.{json,md} plus latest.{json,md}.
 """
 import argparse
-import concurrent.futures
 import datetime
 import importlib.util
 import json
@@ -25,57 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-LOSS_CHECK_TOL = 1e-4   # first-step loss agreement, relative to max(1, |loss|)
-INFER_CHECK_TOL = 1e-4  # inference output agreement, relative to max(1, max |output|)
-ROUND_SECONDS = 0.01    # one timed round: a few ms, so alternation follows machine noise closely
-
-
-# -- timing ---------------------------------------------------------------------------------------
-def _steps_per_round(run, target=ROUND_SECONDS):
-    """How many steps make one round last about `target` seconds (runs the step a few times). The
-    first call is not timed: a cold one (lazy initialisation, first-touch pages) can be 100x slower
-    and would make rounds of one step, which then take thousands of rounds to fill `min_time`."""
-    run(1)
-    n = 1
-    while True:
-        t0 = time.perf_counter()
-        run(n)
-        dt = time.perf_counter() - t0
-        if dt >= target / 4 or n >= 1 << 16:
-            return max(1, int(round(n * target / max(dt, 1e-9))))
-        n *= 4
-
-
-def time_alternating(runners, min_time=1.0, warmup=0.2):
-    """Median seconds per step of each runner, timed in alternating rounds.
-
-    `runners` maps a name to run(k), which performs k steps. Every runner is warmed up for
-    `warmup` seconds; then rounds cycle through the runners until each has accumulated `min_time`
-    seconds of timed steps. Returns {name: {"median_s", "p25_s", "p75_s", "min_s", "steps"}}.
-    """
-    per_round = {}
-    for name, run in runners.items():
-        per_round[name] = _steps_per_round(run)
-        t_end = time.perf_counter() + warmup
-        while time.perf_counter() < t_end:
-            run(per_round[name])
-    samples = {name: [] for name in runners}
-    spent = dict.fromkeys(runners, 0.0)
-    deadline = time.perf_counter() + 20 * min_time + 1.0  # a runner ignoring k must not hang the suite
-    while min(spent.values()) < min_time and time.perf_counter() < deadline:
-        for name, run in runners.items():
-            k = per_round[name]
-            t0 = time.perf_counter()
-            run(k)
-            dt = time.perf_counter() - t0
-            samples[name].append(dt / k)
-            spent[name] += dt
-    out = {}
-    for name, s in samples.items():
-        p25, med, p75 = np.percentile(s, [25, 50, 75])
-        out[name] = {"median_s": float(med), "p25_s": float(p25), "p75_s": float(p75), "min_s": float(min(s)),
-                     "steps": int(per_round[name] * len(s))}
-    return out
+# The workload pair and the timing live in their own modules; these names stay importable from here.
+from .bench_pair import INFER_CHECK_TOL, LOSS_CHECK_TOL, Missing, Pair, _as_arrays, _data  # noqa: F401
+from .bench_timing import ROUND_SECONDS, _steps_per_round, time_alternating  # noqa: F401
 
 
 # -- machine --------------------------------------------------------------------------------------
@@ -138,152 +89,8 @@ def gemm_peak(torch, tl, threads, n=1024, min_time=0.3):
     return out
 
 
-# -- one workload ---------------------------------------------------------------------------------
-class Missing(Exception):
-    """The workload needs a treadle layer or op that does not exist yet."""
-
-
-def _data(w, rng):
-    x = rng.standard_normal((w.batch,) + tuple(w.sample_shape)).astype(np.float32)
-    if w.loss in ("mse", "custom"):
-        y = rng.standard_normal((w.batch, w.out_features)).astype(np.float32)
-    else:
-        y = rng.integers(0, w.out_features, size=w.batch).astype(np.int64)
-    return x, y
-
-
-def _as_arrays(out):
-    """A model's output(s) as a list of numpy arrays (a multi-output model returns a tuple)."""
-    outs = out if isinstance(out, (tuple, list)) else [out]
-    return [o.detach().numpy() if hasattr(o, "detach") else np.asarray(o) for o in outs]
-
-
-class Pair:
-    """One workload built in both frameworks with the same weights, plus its data."""
-
-    def __init__(self, w, tl, torch, seed, torch_adam="default", lr=1e-3):
-        self.w, self.torch = w, torch
-        self._pool, self.context = None, None  # set_workers: the executor lent to treadle
-        torch.manual_seed(seed)
-        self.tmodel = w.build_torch(torch).float()
-        self.x, self.y = _data(w, np.random.default_rng(seed))
-        self.tx, self.ty = torch.from_numpy(self.x), torch.from_numpy(self.y)
-        if w.input_grad:
-            self.tx.requires_grad_(True)
-        try:
-            self.model = w.build_treadle(tl)
-            self.model.load_state_dict({k: v.detach().numpy() for k, v in self.tmodel.state_dict().items()})
-            if w.train:
-                self.trainer = self._make_trainer(tl, lr)
-        except (AttributeError, NotImplementedError) as e:
-            raise Missing(f"{type(e).__name__}: {e}") from e
-        self._place_torch_model()
-        if w.train:
-            self.tloss = self._torch_loss(torch)
-            kw = {} if torch_adam == "default" else {torch_adam: True}
-            self.topt = torch.optim.Adam(self.tmodel.parameters(), lr=lr, **kw)
-
-    def _torch_loss(self, torch):
-        if self.w.loss == "custom":
-            grad = lambda out, x, g: torch.autograd.grad(out, x, g, create_graph=True)  # noqa: E731
-            fn = self.w.custom_loss(torch, grad, torch.ones_like)
-            return lambda out, y: fn(out, y, self.tx)
-        return torch.nn.MSELoss() if self.w.loss == "mse" else torch.nn.CrossEntropyLoss()
-
-    def _make_trainer(self, tl, lr, executor=None):
-        if self.w.loss == "custom":
-            F = tl.functional
-            self.loss = self.w.custom_loss(F, F.grad, F.ones_like)  # fn(output, target, input)
-        else:
-            self.loss = tl.loss.MSE() if self.w.loss == "mse" else tl.loss.CrossEntropy()
-        return tl.Trainer(self.model, self.loss, tl.optim.Adam(lr=lr), executor=executor)
-
-    def set_workers(self, tl, workers, lr=1e-3):
-        """treadle on `workers` lent workers, as a Python host lends them: a host-owned
-        ThreadPoolExecutor of workers - 1 threads, plus the calling thread, through tl.PoolExecutor
-        (the trainer is rebuilt with it: a fresh Adam state, which timing does not care about)."""
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
-        executor = None
-        if workers > 1:
-            self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers - 1)
-            executor = tl.PoolExecutor(self._pool, workers)
-        self.context = tl.Context(executor=executor) if executor is not None else None
-        if self.w.train:
-            self.trainer = self._make_trainer(tl, lr, executor)
-
-    def _place_torch_model(self):
-        """Where the PyTorch module computes (the CPU here; bench_device.DevicePair: the GPU)."""
-
-    # One step each; run(k) wrappers below do k of them.
-    def treadle_train(self):
-        return self.trainer.step(self.x, self.y)
-
-    def torch_train(self):
-        self.topt.zero_grad(set_to_none=True)
-        loss = self.tloss(self.tmodel(self.tx), self.ty)
-        loss.backward()
-        self.topt.step()
-        return loss.detach()  # a 0-d tensor; float() of it is the read-back, outside the timed loop
-
-    def torch_infer(self):
-        return self.tmodel(self.tx)
-
-    def check(self):
-        """Inference outputs and (when training) the first two step losses must agree."""
-        torch = self.torch
-        self.tmodel.eval()
-        with torch.inference_mode():
-            ref = _as_arrays(self.torch_infer())
-        got = _as_arrays(self.model.predict(self.x))
-        scale = max(1.0, max(float(np.max(np.abs(r))) for r in ref))
-        same = len(got) == len(ref) and all(a.shape == b.shape for a, b in zip(got, ref))
-        c = {"infer_max_abs_diff": max(float(np.max(np.abs(a - b))) for a, b in zip(got, ref)) if same else None}
-        c["ok"] = c["infer_max_abs_diff"] is not None and c["infer_max_abs_diff"] <= INFER_CHECK_TOL * scale
-        if self.w.train:
-            self.tmodel.train()
-            losses = [(self.treadle_train(), float(self.torch_train())) for _ in range(2)]
-            (a, b), (a2, b2) = losses
-            c.update(loss_treadle=a, loss_torch=b, loss_abs_diff=abs(a - b), step2_loss_treadle=a2,
-                     step2_loss_torch=b2, step2_abs_diff=abs(a2 - b2))
-            if self.w.stochastic:  # different noise: the losses differ by design (tests compare with replayed noise)
-                c["loss_check"] = "skipped: noise in the forward"
-            else:
-                c["ok"] = c["ok"] and abs(a - b) <= LOSS_CHECK_TOL * max(1.0, abs(b))
-        return c
-
-    def time_train(self, min_time, warmup):
-        self.tmodel.train()
-
-        def tl_run(k):
-            for _ in range(k):
-                self.trainer.step(self.x, self.y)
-
-        def torch_run(k):
-            for _ in range(k):
-                self.torch_train()
-
-        return time_alternating({"treadle": tl_run, "torch": torch_run}, min_time, warmup)
-
-    def time_infer(self, min_time, warmup):
-        self.tmodel.eval()
-        torch = self.torch
-
-        def tl_run(k):
-            for _ in range(k):
-                self.model.predict(self.x, context=self.context)
-
-        def torch_run(k):
-            with torch.inference_mode():  # entered once per round: the cheapest way a user calls torch
-                for _ in range(k):
-                    self.torch_infer()
-
-        return time_alternating({"treadle": tl_run, "torch": torch_run}, min_time, warmup)
-
-
 def _row(w, threads):
-    return {"workload": w.name, "title": w.title, "batch": w.batch, "threads_torch": threads, "threads_treadle": 1,
+    return {"workload": w.name, "title": w.title, "batch": w.batch, "threads_torch": threads, "threads_treadle": threads,
             "train": w.train, "status": "ok", "message": None, "check": None, "train_us": None, "infer_us": None,
             "train_ratio": None, "infer_ratio": None, "target_train": w.target_train, "target_infer": w.target_infer,
             "train_gflops": None, "infer_gflops": None}

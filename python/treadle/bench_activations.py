@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .bench import _default_out_dir, machine_info, time_alternating, treadle_info
+from .bench import _default_out_dir, machine_info, treadle_info
+from .bench_timing import time_alternating
 
 # (name, treadle module factory(tl), torch function factory(torch))
 ACTIVATIONS = [

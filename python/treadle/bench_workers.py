@@ -23,7 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .bench import _data, _default_out_dir, load_workloads, machine_info, time_alternating, treadle_info
+from .bench import _default_out_dir, load_workloads, machine_info, treadle_info
+from .bench_pair import _data
+from .bench_timing import time_alternating
 
 
 def _treadle_trainer(tl, w, state, executor):
