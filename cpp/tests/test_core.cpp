@@ -13,9 +13,13 @@
 #include <functional>
 #include <memory>
 #include <random>
+#include <atomic>
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "treadle/executors/work_team.hpp"
 #include "treadle/treadle.hpp"
 
 // Every operator new in the process (the library's included) is counted, so a test can prove that
@@ -473,6 +477,74 @@ void test_pinn_poisson() {
   check(worst < 0.02, "the PINN solves -u'' = pi^2 sin(pi x) within 0.02 everywhere (max error " +
                           std::to_string(worst) + ")");
 }
+// The job board under the thread pool and the Python PoolExecutor: every chunk runs once whoever
+// shows up, errors come back after all chunks ran, and released helpers linger, then leave.
+void test_work_team() {
+  using treadle::executors::WorkTeam;
+  using namespace std::chrono_literals;
+  {
+    WorkTeam alone;  // no helper ever comes: the caller runs every chunk
+    std::vector<int> hits(100, 0);
+    alone.run(100, 7, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) ++hits[i];
+    });
+    check(std::all_of(hits.begin(), hits.end(), [](int h) { return h == 1; }),
+          "a team without helpers runs every index once on the caller");
+  }
+  WorkTeam team(std::chrono::microseconds(50), std::chrono::microseconds(200000));
+  std::atomic<bool> left{false};
+  std::thread helper([&] {
+    team.serve();
+    left = true;
+  });
+  std::vector<std::atomic<int>> hits(1000);
+  std::atomic<int> by_helper{0};
+  const auto caller = std::this_thread::get_id();
+  for (int job = 0; job < 200; ++job)
+    team.run(1000, 2, [&](int64_t b, int64_t e) {
+      if (std::this_thread::get_id() != caller) ++by_helper;
+      for (int64_t i = b; i < e; ++i) ++hits[i];
+    });
+  check(std::all_of(hits.begin(), hits.end(), [](const std::atomic<int>& h) { return h.load() == 200; }),
+        "200 jobs with a helper run every index exactly once each");
+  // Jobs whose first chunk waits (up to 200 ms) for the second to start: a serving helper takes it.
+  for (int job = 0; job < 10; ++job) {
+    std::atomic<bool> second{false};
+    team.run(2, 2, [&](int64_t b, int64_t) {
+      if (b == 1) {
+        second = true;
+        if (std::this_thread::get_id() != caller) ++by_helper;
+        return;
+      }
+      for (int i = 0; i < 200 && !second.load(); ++i) std::this_thread::sleep_for(1ms);
+    });
+  }
+  check(by_helper.load() > 0, "the helper takes chunks (" + std::to_string(by_helper.load()) + ")");
+  std::atomic<int> ran{0};
+  bool rethrown = false;
+  try {
+    team.run(8, 8, [&](int64_t b, int64_t) {
+      ++ran;
+      if (b == 3) throw std::runtime_error("chunk 3 failed");
+    });
+  } catch (const std::runtime_error& e) {
+    rethrown = std::string(e.what()) == "chunk 3 failed";
+  }
+  check(rethrown && ran.load() == 8, "a chunk's error is rethrown after all 8 chunks ran");
+  team.release();
+  std::this_thread::sleep_for(2ms);
+  check(team.reopen() && !left.load(), "a helper released 2 ms ago still serves (linger 200 ms)");
+  team.release();
+  for (int i = 0; i < 2000 && !left.load(); ++i) std::this_thread::sleep_for(1ms);
+  check(left.load() && !team.reopen(), "a helper released and idle past its linger goes back to its host");
+  helper.join();
+  WorkTeam closing;
+  std::thread waiter([&] { closing.serve(); });
+  closing.close();
+  waiter.join();
+  check(true, "close() ends serve() on a team that never released");
+}
+
 }  // namespace
 
 // Usage: test_core [name...] runs the named groups (all by default); test_core --list names them.
@@ -488,6 +560,7 @@ int main(int argc, char** argv) {
       {"tasks", test_tasked_steps},
       {"device_tensors", test_device_tensors_on_the_host},
       {"pinn", test_pinn_poisson},
+      {"work_team", test_work_team},
   };
   std::vector<std::string> wanted(argv + 1, argv + argc);
   if (wanted.size() == 1 && wanted[0] == "--list") {
