@@ -116,13 +116,22 @@ Tensor tensor_from_numpy(const py::handle& obj, const char* what, bool writable,
   auto arr = py::reinterpret_borrow<py::array>(obj);
   DType dt = dtype_from_numpy(arr.dtype(), what);
   if (!(arr.flags() & py::array::c_style)) {
-    std::string shape, strides;
-    for (py::ssize_t d = 0; d < arr.ndim(); ++d) {
-      shape += (d ? ", " : "") + std::to_string(arr.shape(d));
-      strides += (d ? ", " : "") + std::to_string(arr.strides(d));
+    if (writable) {  // written in place: a copy would take the results
+      std::string shape, strides;
+      for (py::ssize_t d = 0; d < arr.ndim(); ++d) {
+        shape += (d ? ", " : "") + std::to_string(arr.shape(d));
+        strides += (d ? ", " : "") + std::to_string(arr.strides(d));
+      }
+      throw_value_error(what, ": array of shape (", shape, ") with byte strides (", strides,
+                        ") is not C-contiguous; an output is written in place, so pass a C-contiguous one "
+                        "(np.empty(shape, dtype))");
     }
-    throw_value_error(what, ": array of shape (", shape, ") with byte strides (", strides,
-                      ") is not C-contiguous (pass np.ascontiguousarray(x))");
+    // An input that is a strided slice, a transpose or in Fortran order is copied once into C order
+    // (np.ascontiguousarray), as torch.from_numpy(x).contiguous() would; the copy lives as long as
+    // the tensor. Contiguous inputs, the hot path, are never copied.
+    py::array copy = py::module_::import("numpy").attr("ascontiguousarray")(arr);
+    Shape shape(copy.shape(), copy.shape() + copy.ndim());
+    return Tensor::wrap(const_cast<void*>(copy.data()), std::move(shape), dt, keep_alive(copy));
   }
   if (reinterpret_cast<std::uintptr_t>(arr.data()) % dtype_size(dt) != 0)
     throw_value_error(what, ": array data is not aligned to its element size");

@@ -158,7 +158,11 @@ PlanKey Model::infer_key(const std::vector<Tensor>& inputs) const {
     // Integer inputs are indices (e.g. for an Embedding); an op that needs floats rejects them when traced.
     if (t.dtype() != dtype_ && !is_integer(t.dtype()))
       throw_type_error("model: expected input", inputs.size() > 1 ? " " + std::to_string(i) : std::string(),
-                       " of dtype ", dtype_name(dtype_), " (or integer indices), got ", dtype_name(t.dtype()));
+                       " of dtype ", dtype_name(dtype_), " (or integer indices), got ", dtype_name(t.dtype()),
+                       "; convert the data (x.astype(np.", dtype_name(dtype_), "))",
+                       t.dtype() == DType::f64 || t.dtype() == DType::f32
+                           ? std::string(" or the model (model.to(\"") + dtype_name(t.dtype()) + "\"))"
+                           : std::string());
     if (t.ndim() == 0) throw_value_error("model: input ", i, " is a scalar; expected a batch");
     if (t.dim(0) == 0) throw_value_error("model: empty batch (input of shape ", shape_str(t.shape()), ")");
     key.input_shapes.push_back(t.shape());

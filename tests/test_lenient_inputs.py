@@ -1,0 +1,78 @@
+"""Inputs a torch user passes without thinking: strided slices, transposes, Fortran order and read-only
+arrays are taken (a non-contiguous input is copied once into C order) and give exactly what their
+contiguous copies give; an out= array, written in place, must still be C-contiguous; a dtype mismatch
+says how to fix it."""
+import numpy as np
+import pytest
+
+import treadle as tl
+
+rng = np.random.default_rng(3)
+BASE = rng.standard_normal((12, 10)).astype(np.float32)
+Y = rng.standard_normal((12, 2)).astype(np.float32)
+
+
+def _net(seed=0):
+    tl.manual_seed(seed)
+    return tl.nn.Sequential(tl.nn.Linear(5, 8), tl.nn.Tanh(), tl.nn.Linear(8, 2))
+
+
+def _layouts():
+    x = BASE[:, ::2]  # strided columns
+    fortran = np.asfortranarray(x)
+    transposed = np.ascontiguousarray(x.T).T  # a transpose view
+    readonly = np.ascontiguousarray(x)
+    readonly.flags.writeable = False
+    return {"strided": x, "fortran": fortran, "transposed": transposed, "readonly": readonly}
+
+
+@pytest.mark.parametrize("layout", ["strided", "fortran", "transposed", "readonly"])
+def test_predict_takes_any_layout(layout):
+    x = _layouts()[layout]
+    net = _net()
+    np.testing.assert_array_equal(net.predict(x), net.predict(np.ascontiguousarray(x)))
+    net.eval()
+    np.testing.assert_array_equal(net(x), net.predict(np.ascontiguousarray(x)))
+
+
+@pytest.mark.parametrize("layout", ["strided", "fortran", "transposed", "readonly"])
+def test_training_calls_take_any_layout(layout):
+    x = _layouts()[layout]
+    y = np.asfortranarray(Y)  # a non-contiguous target too
+    a, b = _net(), _net()
+    ta = tl.Trainer(a, tl.loss.MSE(), tl.optim.Adam(lr=1e-2))
+    tb = tl.Trainer(b, tl.loss.MSE(), tl.optim.Adam(lr=1e-2))
+    xc, yc = np.ascontiguousarray(x), np.ascontiguousarray(y)
+    assert [ta.step(x, y) for _ in range(3)] == [tb.step(xc, yc) for _ in range(3)]
+    assert ta.evaluate(x, y) == tb.evaluate(xc, yc)
+    assert ta.compute_gradients(x, y) == tb.compute_gradients(xc, yc)
+    np.testing.assert_array_equal(ta.forward(x), tb.forward(xc))
+    np.testing.assert_array_equal(a.flat_parameters(), b.flat_parameters())
+
+
+def test_the_input_is_read_not_kept():
+    # the copy is the tensor's: changing the caller's array after the call changes nothing
+    x = BASE[:, ::2].copy(order="F")
+    net = _net()
+    first = net.predict(x)
+    x[:] = 0
+    again = net.predict(BASE[:, ::2])
+    np.testing.assert_array_equal(first, again)
+
+
+def test_a_non_contiguous_out_is_refused_with_the_fix():
+    net = _net()
+    out = np.empty((12, 4), np.float32)[:, ::2]
+    with pytest.raises(ValueError, match=r"predict\(out=\.\.\.\): .* not C-contiguous; an output is written in place"):
+        net.predict(np.ascontiguousarray(BASE[:, :5]), out=out)
+    readonly = np.empty((12, 2), np.float32)
+    readonly.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        net.predict(np.ascontiguousarray(BASE[:, :5]), out=readonly)
+
+
+def test_a_dtype_mismatch_says_how_to_fix_it():
+    net = _net()
+    with pytest.raises(TypeError, match=r"got float64; convert the data \(x\.astype\(np\.float32\)\) or the model "
+                                        r"\(model\.to\(\"float64\"\)\)"):
+        net.predict(BASE[:, :5].astype(np.float64))
