@@ -76,3 +76,22 @@ def test_a_dtype_mismatch_says_how_to_fix_it():
     with pytest.raises(TypeError, match=r"got float64; convert the data \(x\.astype\(np\.float32\)\) or the model "
                                         r"\(model\.to\(\"float64\"\)\)"):
         net.predict(BASE[:, :5].astype(np.float64))
+
+
+def test_fit_casts_other_float_data_once_with_a_warning():
+    x64, y64 = BASE[:, :5].astype(np.float64), Y.astype(np.float64)
+    a, b = _net(), _net()
+    ta = tl.Trainer(a, tl.loss.MSE(), tl.optim.Adam(lr=1e-2))
+    tb = tl.Trainer(b, tl.loss.MSE(), tl.optim.Adam(lr=1e-2))
+    with pytest.warns(UserWarning) as caught:
+        hist = ta.fit(x64, y64, epochs=2, batch_size=4, shuffle=False, validation=(x64, y64))
+    messages = [str(w.message) for w in caught]
+    assert [m.split(" from")[0] for m in messages] == ["fit: casting x", "fit: casting y", "fit: casting validation x",
+                                                      "fit: casting validation y"]  # once each, not per batch
+    assert all("float64 to the model's float32" in m and w.filename == __file__ for m, w in zip(messages, caught))
+    ref = tb.fit(x64.astype(np.float32), y64.astype(np.float32), epochs=2, batch_size=4, shuffle=False,
+                 validation=(x64.astype(np.float32), y64.astype(np.float32)))
+    assert hist == ref
+    np.testing.assert_array_equal(a.flat_parameters(), b.flat_parameters())
+    with pytest.raises(TypeError, match="astype"):  # step never casts
+        ta.step(x64, y64)

@@ -1,4 +1,5 @@
 """Training driven by the host: one call per step, or the phases separately."""
+import warnings
 from typing import NamedTuple
 
 import numpy as np
@@ -220,9 +221,11 @@ class Trainer:
 
         Each batch is one `step`. `validation=(x_val, y_val)` is evaluated after every epoch.
         `progress=True` shows a tqdm bar (the `progress` extra). `callback(epoch, logs)` is called
-        after every epoch; returning True stops training.
+        after every epoch; returning True stops training. Floating-point data of another precision
+        than the model's (float64 arrays for a float32 model, numpy's default) is cast once for the
+        whole run, with a warning; `step` never casts (it refuses and names the fix).
         """
-        x, y = np.ascontiguousarray(x), np.ascontiguousarray(y)
+        x, y = _model_precision(self.model, x, "x"), _model_precision(self.model, y, "y")
         n = len(x)
         if len(y) != n:
             raise ValueError(f"fit: x has {n} samples but y has {len(y)}")
@@ -231,6 +234,9 @@ class Trainer:
         if batch_size <= 0 or epochs < 0:
             raise ValueError(f"fit: batch_size must be positive and epochs >= 0, got {batch_size}, {epochs}")
         if validation is not None:  # checked before the first step: a refusal leaves the model untouched
+            if isinstance(validation, (tuple, list)) and len(validation) == 2:
+                validation = (_model_precision(self.model, validation[0], "validation x"),
+                              _model_precision(self.model, validation[1], "validation y"))
             validation = _validation_pair(validation, x, y)
         rng = np.random.default_rng(seed)
         history = {"loss": [], "val_loss": []}
@@ -254,6 +260,17 @@ class Trainer:
         if bar is not None:
             bar.close()
         return history
+
+
+def _model_precision(model, a, name):
+    """`a` as a C-contiguous array; floating-point data cast to the model's float dtype, with a warning."""
+    a = np.ascontiguousarray(a)
+    want = getattr(model, "dtype", None)
+    if want in ("float32", "float64") and np.issubdtype(a.dtype, np.floating) and a.dtype != want:
+        warnings.warn(f"fit: casting {name} from {a.dtype} to the model's {want} once for the whole run "
+                      f"(pass {want} data to skip the copy; step() never casts)", stacklevel=3)
+        a = a.astype(want)
+    return a
 
 
 def _validation_pair(validation, x, y):
