@@ -2,10 +2,10 @@
 // Piecewise-linear and algebraic maps use Eigen array expressions (vectorised). In double,
 // transcendental maps use the C library per element: this backend is the accuracy reference, and
 // Eigen's fast packet approximations (e.g. float tanh saturating at |x| ~ 7.9) are not. In float,
-// tanh, sigmoid, softplus, silu, elu and tanh-GELU are vectorised on Eigen's accurate float exp,
+// tanh, sigmoid, softplus, silu, elu and both GELUs are vectorised on Eigen's accurate float exp,
 // log1p and expm1 and the checked sigmoid of transcendental.hpp, with formulas that neither
 // overflow nor cancel; tests/test_activation_accuracy.py holds each to its ulp bound against the
-// double kernels over the whole float range. Exact GELU (erfc) stays per element in both.
+// double kernels over the whole float range; exact GELU uses a vectorised erfc (erfc_to below).
 // Forms are chosen to avoid cancellation: 0.5 * (1 + erf(z)) is computed as 0.5 * erfc(-z), and
 // 0.5 * (1 + tanh(u)) as sigmoid(2u).
 #include <algorithm>
@@ -207,16 +207,14 @@ void gelu_kernel(const KernelArgs& a) {
         erfc_to(ws, y, e);
         y = 0.5f * x * y;
       });
-      return;
-    }
-    if (a.attrs().s("approximate") == "tanh") {
+    } else {
       float_unary_blocks(a, [](const ConstArrayF& x, ArrayF& y, ArrayF& s) {
         s = 2.0f * gelu_u(x);
         sigmoid_to(s.data(), s.data(), s.size());
         y = x * s;
       });
-      return;
     }
+    return;
   }
   if (a.attrs().s("approximate") == "tanh") {
     unary_each<T>(a, [](T x) {
@@ -238,9 +236,7 @@ void gelu_backward_kernel(const KernelArgs& a) {  // (x, dy)
         e = (-0.5f * x * x).exp();
         dx = dy * (0.5f * cdf + x * float(kInvSqrt2Pi) * e);
       });
-      return;
-    }
-    if (a.attrs().s("approximate") == "tanh") {
+    } else {
       float_binary_blocks(a, [](const ConstArrayF& x, const ConstArrayF& dy, ArrayF& dx, ArrayF& s, ArrayF& c) {
         dx = 2.0f * gelu_u(x);  // dx holds 2u until the last line
         sigmoid_and_complement(dx, s, c);
@@ -248,8 +244,8 @@ void gelu_backward_kernel(const KernelArgs& a) {  // (x, dy)
         const auto du = float(kSqrt2OverPi) * (1.0f + float(3 * kGeluCubic) * xc * xc);
         dx = dy * (s + 2.0f * xc * s * c * du);
       });
-      return;
     }
+    return;
   }
   if (a.attrs().s("approximate") == "tanh") {
     binary_each<T>(a, [](T x, T dy) {
