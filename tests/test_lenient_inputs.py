@@ -50,6 +50,19 @@ def test_training_calls_take_any_layout(layout):
     np.testing.assert_array_equal(a.flat_parameters(), b.flat_parameters())
 
 
+def test_backward_takes_a_transposed_gradient():
+    a, b = _net(), _net()
+    ta = tl.Trainer(a, tl.loss.MSE(), tl.optim.SGD(lr=0.1))
+    tb = tl.Trainer(b, tl.loss.MSE(), tl.optim.SGD(lr=0.1))
+    x = np.ascontiguousarray(BASE[:, :5])
+    g = np.ascontiguousarray(Y.T).T  # (12, 2) viewed through a transpose
+    for t, grad in ((ta, g), (tb, np.ascontiguousarray(g))):
+        t.forward(x)
+        t.backward(grad)
+        t.update()
+    np.testing.assert_array_equal(a.flat_parameters(), b.flat_parameters())
+
+
 def test_the_input_is_read_not_kept():
     # the copy is the tensor's: changing the caller's array after the call changes nothing
     x = BASE[:, ::2].copy(order="F")

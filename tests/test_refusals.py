@@ -84,7 +84,7 @@ def test_fit_refuses_bad_validation_data_before_training(bad):
     trainer = tl.Trainer(net, tl.loss.MSE(), tl.optim.Adam(lr=1e-2))
     x, y = np.ones((8, 3), np.float32), np.zeros((8, 1), np.float32)
     validation = {"wrong_width": (np.ones((4, 5), np.float32), np.zeros((4, 1), np.float32)),
-                  "wrong_dtype": (np.ones((4, 3)), np.zeros((4, 1), np.float32)),
+                  "wrong_dtype": (np.ones((4, 3), np.int64), np.zeros((4, 1), np.float32)),  # float64 is cast
                   "unpaired": (np.ones((4, 3), np.float32), np.zeros((3, 1), np.float32)),
                   "empty": (np.ones((0, 3), np.float32), np.zeros((0, 1), np.float32)),
                   "not_a_pair": np.ones((4, 3), np.float32)}[bad]
