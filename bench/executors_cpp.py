@@ -63,7 +63,7 @@ def main(argv=None):
     p.add_argument("--seconds", type=float, default=1.0, help="seconds of serial steps per row")
     p.add_argument("--out", default=str(HERE / "results"))
     args = p.parse_args(argv)
-    from treadle.bench import machine_info  # the same machine description as the main suite
+    from treadle.bench import machine_info, write_result_files  # as the main suite describes and writes
 
     with tempfile.TemporaryDirectory(prefix="treadle-executors-cpp-") as tmp:
         exe = build(cmake_dir(args.prefix), tmp)
@@ -74,12 +74,7 @@ def main(argv=None):
               "workers": args.workers, "seconds": args.seconds,
               "rows": [json.loads(line) for line in out.splitlines() if line.startswith("{")]}
     print(to_markdown(result))
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stamp = result["date"].replace(":", "").replace("-", "").replace(" ", "-")
-    for stem in (f"executors-cpp-{stamp}", "executors-cpp-latest"):
-        (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=1))
-        (out_dir / f"{stem}.md").write_text(to_markdown(result))
+    write_result_files(result, to_markdown(result), args.out, "executors-cpp")
     return 0
 
 

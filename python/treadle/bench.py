@@ -344,17 +344,22 @@ def _best_round_table(rows):
     return lines
 
 
-def write_results(result, out_dir):
+def write_result_files(result, markdown, out_dir, name, latest=None):
+    """<out_dir>/<name>-<date>.{json,md} and <latest or name-latest>.{json,md}; returns the paths."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = result["date"].replace(":", "").replace("-", "").replace(" ", "-")
-    text, md = json.dumps(result, indent=1), to_markdown(result)
+    text = json.dumps(result, indent=1)
     paths = []
-    for stem in (f"bench-{stamp}", "latest"):
+    for stem in (f"{name}-{stamp}", latest or f"{name}-latest"):
         (out_dir / f"{stem}.json").write_text(text)
-        (out_dir / f"{stem}.md").write_text(md)
+        (out_dir / f"{stem}.md").write_text(markdown)
         paths += [out_dir / f"{stem}.json", out_dir / f"{stem}.md"]
     return paths
+
+
+def write_results(result, out_dir):
+    return write_result_files(result, to_markdown(result), out_dir, "bench", latest="latest")
 
 
 # -- the suite ------------------------------------------------------------------------------------

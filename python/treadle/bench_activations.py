@@ -10,13 +10,11 @@ alternating rounds; the conditions go into the JSON and the table.
 import argparse
 import datetime
 import importlib.util
-import json
 import sys
-from pathlib import Path
 
 import numpy as np
 
-from .bench import _default_out_dir, machine_info, treadle_info
+from .bench import _default_out_dir, machine_info, treadle_info, write_result_files
 from .bench_timing import time_alternating
 
 # (name, treadle module factory(tl), torch function factory(torch))
@@ -125,12 +123,7 @@ def main(argv=None):
               "rows": [measure(n, a, b, tl, torch, args.rows, args.cols, args.min_time, args.warmup)
                        for n, a, b in ACTIVATIONS]}
     print(to_markdown(result))
-    out = Path(args.out) if args.out else _default_out_dir()
-    out.mkdir(parents=True, exist_ok=True)
-    stamp = result["date"].replace(":", "").replace("-", "").replace(" ", "-")
-    for stem in (f"activations-{stamp}", "activations-latest"):
-        (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
-        (out / f"{stem}.md").write_text(to_markdown(result))
+    write_result_files(result, to_markdown(result), args.out or _default_out_dir(), "activations")
     return 0
 
 

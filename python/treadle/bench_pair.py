@@ -9,6 +9,23 @@ LOSS_CHECK_TOL = 1e-4   # first-step loss agreement, relative to max(1, |loss|)
 INFER_CHECK_TOL = 1e-4  # inference output agreement, relative to max(1, max |output|)
 
 
+def treadle_loss(w, tl):
+    """Workload w's loss in treadle: a custom loss is fn(output, target, input)."""
+    if w.loss == "custom":
+        F = tl.functional
+        return w.custom_loss(F, F.grad, F.ones_like)
+    return tl.loss.MSE() if w.loss == "mse" else tl.loss.CrossEntropy()
+
+
+def torch_loss(w, torch, tx):
+    """Workload w's loss in PyTorch, fn(output, target); a custom loss reads the input tensor tx."""
+    if w.loss == "custom":
+        grad = lambda out, x, g: torch.autograd.grad(out, x, g, create_graph=True)  # noqa: E731
+        fn = w.custom_loss(torch, grad, torch.ones_like)
+        return lambda out, y: fn(out, y, tx)
+    return torch.nn.MSELoss() if w.loss == "mse" else torch.nn.CrossEntropyLoss()
+
+
 # -- one workload ---------------------------------------------------------------------------------
 class Missing(Exception):
     """The workload needs a treadle layer or op that does not exist yet."""
@@ -55,18 +72,10 @@ class Pair:
             self.topt = torch.optim.Adam(self.tmodel.parameters(), lr=lr, **kw)
 
     def _torch_loss(self, torch):
-        if self.w.loss == "custom":
-            grad = lambda out, x, g: torch.autograd.grad(out, x, g, create_graph=True)  # noqa: E731
-            fn = self.w.custom_loss(torch, grad, torch.ones_like)
-            return lambda out, y: fn(out, y, self.tx)
-        return torch.nn.MSELoss() if self.w.loss == "mse" else torch.nn.CrossEntropyLoss()
+        return torch_loss(self.w, torch, self.tx)
 
     def _make_trainer(self, tl, lr, executor=None):
-        if self.w.loss == "custom":
-            F = tl.functional
-            self.loss = self.w.custom_loss(F, F.grad, F.ones_like)  # fn(output, target, input)
-        else:
-            self.loss = tl.loss.MSE() if self.w.loss == "mse" else tl.loss.CrossEntropy()
+        self.loss = treadle_loss(self.w, tl)
         return tl.Trainer(self.model, self.loss, tl.optim.Adam(lr=lr), executor=executor)
 
     def set_workers(self, tl, workers, lr=1e-3):

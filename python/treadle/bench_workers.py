@@ -15,28 +15,21 @@ import argparse
 import concurrent.futures
 import datetime
 import importlib.util
-import json
 import os
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 
-from .bench import _default_out_dir, load_workloads, machine_info, treadle_info
-from .bench_pair import _data
+from .bench import _default_out_dir, load_workloads, machine_info, treadle_info, write_result_files
+from .bench_pair import _data, torch_loss, treadle_loss
 from .bench_timing import time_alternating
 
 
 def _treadle_trainer(tl, w, state, executor):
     model = w.build_treadle(tl)
     model.load_state_dict(state)
-    if w.loss == "custom":
-        F = tl.functional
-        loss = w.custom_loss(F, F.grad, F.ones_like)
-    else:
-        loss = tl.loss.MSE() if w.loss == "mse" else tl.loss.CrossEntropy()
-    return tl.Trainer(model, loss, tl.optim.Adam(lr=1e-3), executor=executor), model
+    return tl.Trainer(model, treadle_loss(w, tl), tl.optim.Adam(lr=1e-3), executor=executor), model
 
 
 def _torch_step(torch, w, x, y, seed):
@@ -45,12 +38,7 @@ def _torch_step(torch, w, x, y, seed):
     tx, ty = torch.from_numpy(x), torch.from_numpy(y)
     if w.input_grad:
         tx.requires_grad_(True)
-    if w.loss == "custom":
-        fn = w.custom_loss(torch, lambda out, x_, g: torch.autograd.grad(out, x_, g, create_graph=True),
-                           torch.ones_like)
-        loss_fn = lambda out, y_: fn(out, y_, tx)  # noqa: E731
-    else:
-        loss_fn = torch.nn.MSELoss() if w.loss == "mse" else torch.nn.CrossEntropyLoss()
+    loss_fn = torch_loss(w, torch, tx)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
     def step():
@@ -148,18 +136,6 @@ def run(workloads, tl, torch, workers=2, multipliers=(1, 4), min_time=1.0, warmu
     return result
 
 
-def write(result, out_dir):
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stamp = result["date"].replace(":", "").replace("-", "").replace(" ", "-")
-    paths = []
-    for stem in (f"workers-{stamp}", "workers-latest"):
-        (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=1))
-        (out_dir / f"{stem}.md").write_text(to_markdown(result))
-        paths += [out_dir / f"{stem}.json", out_dir / f"{stem}.md"]
-    return paths
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m treadle bench workers",
                                 description="training steps on 1 vs W lent workers (tl.PoolExecutor)")
@@ -188,6 +164,6 @@ def main(argv=None):
     log = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
     result = run([by_name[n] for n in names], tl, torch, args.workers, mults, args.min_time, args.warmup, log)
     print(to_markdown(result))
-    for path in write(result, args.out or _default_out_dir()):
+    for path in write_result_files(result, to_markdown(result), args.out or _default_out_dir(), "workers"):
         log(f"wrote {path}")
     return 0
