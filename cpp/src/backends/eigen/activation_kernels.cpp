@@ -170,10 +170,16 @@ constexpr double kGeluCubic = 0.044715;
 // clamped to [-30, 30]: x^3 would overflow a float from |x| ~ 7e12 and turn 0 * inf into NaN.
 constexpr double kGeluClamp = 30.0;
 
+// x clamped to [-kGeluClamp, kGeluClamp], for float arrays.
+template <typename X>
+auto gelu_clamped_array(const X& x) {
+  return x.max(-float(kGeluClamp)).min(float(kGeluClamp));
+}
+
 // u of the tanh approximation, sqrt(2 / pi) (x + 0.044715 x^3), at x clamped.
 template <typename X>
 auto gelu_u(const X& x) {
-  const auto xc = x.max(-float(kGeluClamp)).min(float(kGeluClamp));
+  const auto xc = gelu_clamped_array(x);
   return float(kSqrt2OverPi) * (xc + float(kGeluCubic) * xc * xc * xc);
 }
 
@@ -240,7 +246,7 @@ void gelu_backward_kernel(const KernelArgs& a) {  // (x, dy)
       float_binary_blocks(a, [](const ConstArrayF& x, const ConstArrayF& dy, ArrayF& dx, ArrayF& s, ArrayF& c) {
         dx = 2.0f * gelu_u(x);  // dx holds 2u until the last line
         sigmoid_and_complement(dx, s, c);
-        const auto xc = x.max(-float(kGeluClamp)).min(float(kGeluClamp));
+        const auto xc = gelu_clamped_array(x);
         const auto du = float(kSqrt2OverPi) * (1.0f + float(3 * kGeluCubic) * xc * xc);
         dx = dy * (s + 2.0f * xc * s * c * du);
       });
