@@ -117,11 +117,30 @@ void step_flat(Optimizer& o, const py::handle& params, const py::handle& grads, 
   if (workers < 1) throw_value_error(who, ": workers must be >= 1, got ", workers);
   Tensor p = wrap_flat(params, who, "params", true);
   Tensor g = wrap_flat(grads, who, "grads", false);
-  const double rate = lr.is_none() ? o.lr() : py::cast<double>(lr);
   ChunkingExecutor chunked(workers);
   Executor& exec = workers == 1 ? serial_executor() : chunked;
+  if (lr.is_none()) {  // each parameter group at its own lr
+    py::gil_scoped_release release;
+    o.step(p, g, static_cast<const Schedule*>(nullptr), exec);
+    return;
+  }
+  const double rate = py::cast<double>(lr);
   py::gil_scoped_release release;
   o.step(p, g, rate, exec);
+}
+
+// groups: [(names, {option: value}), ...]; values are numbers (flags as bool or 0/1).
+void set_groups(Optimizer& o, const py::list& groups) {
+  std::vector<ParamGroup> out;
+  for (const py::handle item : groups) {
+    auto pair = py::cast<py::tuple>(item);
+    if (pair.size() != 2) throw_value_error(o.name(), ".set_param_groups: each group must be (names, options)");
+    ParamGroup g;
+    for (const py::handle n : py::cast<py::iterable>(pair[0])) g.params.push_back(py::cast<std::string>(n));
+    for (auto [k, v] : py::cast<py::dict>(pair[1])) g.options.emplace_back(py::cast<std::string>(k), py::cast<double>(v));
+    out.push_back(std::move(g));
+  }
+  o.set_param_groups(out);
 }
 
 void bind_optimizer_class(py::module_& om) {
@@ -139,6 +158,14 @@ void bind_optimizer_class(py::module_& om) {
            py::arg("workers") = 1,
            "One update in place on flat 1-D numpy buffers. lr=None uses the base lr. workers > 1 splits the "
            "work as a multi-worker executor would (run serially; for determinism checks).")
+      .def("set_param_groups", &set_groups, py::arg("groups"),
+           "Parameter groups [(slot names, {option: value}), ...]; [] for one group of every parameter.")
+      .def_property_readonly("num_groups", &Optimizer::num_groups)
+      .def("group_lr", &Optimizer::group_lr, py::arg("group"))
+      .def("set_group_lr", &Optimizer::set_group_lr, py::arg("group"), py::arg("lr"))
+      .def("set_group_option", &Optimizer::set_group_option, py::arg("group"), py::arg("key"), py::arg("value"))
+      .def("segments", [](const Optimizer& o) { return o.segments(); },
+           "The (begin, end, group) element ranges an update walks (after bind).")
       .def("state", &state_dict_of, "Copies of the state buffers by name.")
       .def("load_state", &load_state, py::arg("state"), "Writes state buffers from a dict name -> array.")
       .def("__repr__", [](const Optimizer& o) { return "<treadle Optimizer " + o.name() + ">"; });
@@ -174,6 +201,20 @@ void bind_optimizer_factories(py::module_& om) {
   def_adagrad("adagrad", &optim::adagrad);
   def_adagrad("rowwise_adagrad", &optim::rowwise_adagrad);
   def_adagrad("columnwise_adagrad", &optim::columnwise_adagrad);
+  om.def("adadelta", [](double lr, double rho, double eps, double wd) { return optim::adadelta({lr, rho, eps, wd}); },
+         py::arg("lr") = 1.0, py::arg("rho") = 0.9, py::arg("eps") = 1e-6, py::arg("weight_decay") = 0.0);
+  om.def("adamax", [](double lr, double b1, double b2, double eps, double wd) {
+        return optim::adamax({lr, b1, b2, eps, wd});
+      }, py::arg("lr") = 2e-3, py::arg("beta1") = 0.9, py::arg("beta2") = 0.999, py::arg("eps") = 1e-8,
+      py::arg("weight_decay") = 0.0);
+  om.def("nadam", [](double lr, double b1, double b2, double eps, double wd, double md, bool decoupled) {
+        return optim::nadam({lr, b1, b2, eps, wd, md, decoupled});
+      }, py::arg("lr") = 2e-3, py::arg("beta1") = 0.9, py::arg("beta2") = 0.999, py::arg("eps") = 1e-8,
+      py::arg("weight_decay") = 0.0, py::arg("momentum_decay") = 4e-3, py::arg("decoupled_weight_decay") = false);
+  om.def("radam", [](double lr, double b1, double b2, double eps, double wd, bool decoupled) {
+        return optim::radam({lr, b1, b2, eps, wd, decoupled});
+      }, py::arg("lr") = 1e-3, py::arg("beta1") = 0.9, py::arg("beta2") = 0.999, py::arg("eps") = 1e-8,
+      py::arg("weight_decay") = 0.0, py::arg("decoupled_weight_decay") = false);
 }
 
 void bind_schedules(py::module_& om) {

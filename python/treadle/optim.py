@@ -1,70 +1,96 @@
 """Optimizers, learning-rate schedules and gradient clipping, named and parameterised like torch.optim.
 
-An optimizer here is not given parameters (hyper-parameters are keyword arguments, with torch's names
-and defaults): the trainer binds it to the model's one flat parameter
-buffer and runs one fused C++ update per step (formulas identical to torch.optim's). Each object
-wraps its compiled counterpart in ``_native``; the trainer takes ``optimizer._native`` and
-``schedule._native``.
+Optimizers take torch's arguments: ``tl.optim.Adam(model.parameters(), lr=1e-3)``, or parameter
+groups with their own hyper-parameters::
 
+    opt = tl.optim.SGD([{"params": model.base.parameters()},
+                        {"params": model.head.parameters(), "lr": 1e-3}], lr=1e-2, momentum=0.9)
+
+A Trainer binds the optimizer to the model's one flat parameter buffer and runs one fused C++
+update per step (formulas identical to torch.optim's), walking the buffer segment by segment with
+each group's options. Parameters in no group are not updated (torch semantics). Without a parameter
+list (keyword hyper-parameters only) every trainable parameter is in one group.
+``optimizer.param_groups`` is a list of dicts as in torch: change a group's "lr" (or, where the
+state allows, another hyper-parameter) between steps and the next update uses it.
+
+Each object wraps its compiled counterpart in ``_native``; the trainer takes ``optimizer._native``.
 Without a trainer, an optimizer can drive flat numpy buffers directly::
 
     opt = tl.optim.Adam(lr=1e-3).bind([("weight", (4, 3)), ("bias", (4,))], "float64")
     opt.step(params, grads)          # both 1-D float64 arrays of 16 elements; params updated in place
 
-Schedules are closed forms: ``lr_at(t, base_lr)`` is the lr of optimizer update t + 1 (t = 0 first),
-equal to what torch's scheduler of the same name gives after t calls of ``.step()``.
+Schedules (``tl.optim.lr_scheduler``) come in torch's form, bound to an optimizer and stepped once
+per epoch (``StepLR(opt, step_size=30)``, ``scheduler.step()``), and in a closed form for
+``Trainer(schedule=...)`` (``StepLR(step_size=30)``, evaluated per optimizer update).
 """
-import math
 import numbers
 import sys
-import types
+
+import numpy as np
 
 from . import _core
+from .optim_groups import ParamGroup, betas_pair, normalize_groups, number, parameter_names
 
 _native = _core.optim
+_number = number
 
 __all__ = [
     "Optimizer", "SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "RowWiseAdagrad", "ColumnWiseAdagrad",
-    "LRSchedule", "ConstantLR", "StepLR", "ExponentialLR", "CosineAnnealingLR", "WarmupCosineLR",
-    "lr_scheduler", "schedule", "clip_grad_norm_", "clip_grad_norm",
+    "Adadelta", "Adamax", "NAdam", "RAdam", "LBFGS",
+    "LRSchedule", "LRScheduler", "ConstantLR", "StepLR", "MultiStepLR", "ExponentialLR", "CosineAnnealingLR",
+    "WarmupCosineLR", "LambdaLR", "LinearLR", "OneCycleLR", "ReduceLROnPlateau", "SequentialLR",
+    "lr_scheduler", "schedule", "clip_grad_norm_", "clip_grad_norm", "clip_grad_value_",
 ]
 
 
-def _number(cls_name, what, value):
-    """A hyper-parameter as a float: a real number, and finite (an infinite lr or eps would turn every
-    parameter into NaN or Inf at the first update, far from the call that set it)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{cls_name}: {what} must be a number, got {type(value).__name__}")
-    if not math.isfinite(value):
-        raise ValueError(f"{cls_name}: invalid {what} value: {value} (hyper-parameters must be finite)")
-    return float(value)
-
-
-def _no_positional(cls_name, args):
-    """torch's first argument is a parameter list; here the trainer binds the optimizer instead."""
-    if args:
-        raise TypeError(f"{cls_name}: takes keyword hyper-parameters only (e.g. lr=0.1) and no parameter list: "
-                        "the trainer binds the optimizer to the model's flat parameter buffer")
-
-
 class Optimizer:
-    """Base of the Python optimizers: a thin wrapper around the compiled optimizer in ``_native``."""
+    """Base of the Python optimizers: a thin wrapper around the compiled optimizer in ``_native``.
 
-    def __init__(self, native, defaults):
+    ``params`` (torch's first argument) is None (every trainable parameter, one group), an iterable
+    of parameters (``model.parameters()``) or of group dicts. The parameters' names are resolved when
+    a Trainer is built with the optimizer (``attach``); a parameter of another model is a ValueError.
+    """
+
+    def __init__(self, native, defaults, params=None):
         self._native = native
         self.defaults = defaults
+        self._module = None
+        owner = type(self).__name__
+        if params is None:
+            self._groups = None
+            self.param_groups = [ParamGroup(self, 0, {"params": [], **defaults})]
+            return
+        groups = normalize_groups(owner, params, defaults)
+        self._groups = groups
+        self.param_groups = [ParamGroup(self, i, g) for i, g in enumerate(groups)]
+        # Checked now (unknown keys, invalid values); the names are filled in by attach().
+        native.set_param_groups([([], _native_options(g, defaults)) for g in groups])
+
+    def attach(self, module):
+        """Resolves the parameters to `module`'s names and sets the compiled optimizer's groups. Called
+        by the Trainer; a second call with the same module does nothing."""
+        if self._module is module:
+            return self
+        if self._module is not None and self._groups is not None:
+            raise ValueError(f"{type(self).__name__}: this optimizer's parameter groups belong to another model; "
+                             "create one optimizer per model")
+        if self._groups is not None:
+            names = parameter_names(type(self).__name__, module, self._groups)
+            self._native.set_param_groups([(n, _native_options(g, self.defaults))
+                                           for n, g in zip(names, self._groups)])
+        else:
+            dict.__setitem__(self.param_groups[0], "params", list(module.parameters()))
+        self._module = module
+        return self
 
     @property
     def lr(self):
-        """The base learning rate (a schedule, if any, scales it per step)."""
+        """The learning rate of group 0 (the only group without parameter groups)."""
         return self._native.lr
 
     @lr.setter
     def lr(self, value):
-        value = _number(type(self).__name__, "lr", value)
-        if not value >= 0.0:
-            raise ValueError(f"{type(self).__name__}: invalid lr (learning rate) value: {value}")
-        self._native.lr = value
+        self.param_groups[0]["lr"] = value
 
     @property
     def step_count(self):
@@ -76,9 +102,38 @@ class Optimizer:
         self._native.bind([(str(n), tuple(int(d) for d in s)) for n, s in slots], dtype)
         return self
 
-    def step(self, params, grads, lr=None):
-        """One update, in place, of the flat 1-D numpy buffer ``params`` from ``grads``."""
-        self._native.step(params, grads, lr)
+    def step(self, params=None, grads=None, lr=None, closure=None):
+        """One update. ``step(params, grads)`` updates the flat 1-D numpy buffer ``params`` in place from
+        ``grads`` (``lr`` overrides every group's learning rate for this update). ``step()`` or
+        ``step(closure)`` updates the attached model from its gradient buffer, as torch's
+        ``optimizer.step()`` after the gradients were computed (e.g. by ``trainer.compute_gradients``);
+        a closure is called first and its loss returned."""
+        if callable(params):
+            params, closure = None, params
+        if params is not None:
+            self._native.step(params, grads, lr)
+            return None
+        loss = closure() if closure is not None else None
+        flat_p, flat_g = self._model_buffers()
+        self._native.step(flat_p, flat_g, lr)
+        return loss
+
+    def zero_grad(self, set_to_none=True):
+        """Zeroes the attached model's gradients (set_to_none is accepted for torch's signature)."""
+        self._require_module("zero_grad")._compiled().zero_grad()
+
+    def _require_module(self, what):
+        if self._module is None:
+            raise RuntimeError(f"{type(self).__name__}.{what}: the optimizer is not attached to a model; build a "
+                               "Trainer with it (or call attach(model)) first")
+        return self._module
+
+    def _model_buffers(self):
+        model = self._require_module("step")._compiled()
+        if not self._native.bound:
+            raise RuntimeError(f"{type(self).__name__}.step: the optimizer is not bound; build a Trainer with it first")
+        n = self._native.numel
+        return model.flat_parameters()[:n], model.flat_gradients()[:n]
 
     def state(self):
         """Copies of the state buffers by torch's names ("exp_avg", "momentum_buffer", "sum", ...)."""
@@ -102,83 +157,91 @@ class Optimizer:
         return f"{type(self).__name__}({args})"
 
 
-class SGD(Optimizer):
+def _native_options(group, defaults):
+    from .optim_groups import native_options
+    return native_options(group, defaults)
+
+
+def _arguments(cls_name, args, kwargs, names):
+    """torch's positional form: (params, then the hyper-parameters in torch's order); returns params and
+    the hyper-parameters as keywords."""
+    if len(args) > 1 + len(names):
+        raise TypeError(f"{cls_name}: takes at most {1 + len(names)} positional arguments, got {len(args)}")
+    params = args[0] if args else kwargs.pop("params", None)
+    for name, value in zip(names, args[1:]):
+        if name in kwargs:
+            raise TypeError(f"{cls_name}: got multiple values for argument '{name}'")
+        kwargs[name] = value
+    return params, kwargs
+
+
+class _Fused(Optimizer):
+    """An optimizer whose update is one compiled fused pass. Subclasses give torch's hyper-parameter
+    names and defaults (`_defaults`, in torch's positional order) and the compiled factory."""
+
+    _defaults = {}
+
+    def __init__(self, *args, **kwargs):
+        n = type(self).__name__
+        params, kwargs = _arguments(n, args, dict(kwargs), list(self._defaults))
+        unknown = sorted(set(kwargs) - set(self._defaults))
+        if unknown:
+            raise TypeError(f"{n}: unexpected argument(s) {unknown} (known: params, {', '.join(self._defaults)})")
+        d = {}
+        for key, default in self._defaults.items():
+            value = kwargs.get(key, default)
+            if isinstance(default, bool):
+                d[key] = bool(value)
+            elif key == "betas":
+                d[key] = betas_pair(n, value)
+            else:
+                d[key] = number(n, key, value)
+        native_kwargs = {k: v for k, v in d.items() if k != "betas"}
+        if "betas" in d:
+            native_kwargs["beta1"], native_kwargs["beta2"] = d["betas"]
+        super().__init__(self._factory(**native_kwargs), d, params)
+
+
+class SGD(_Fused):
     """Stochastic gradient descent with momentum, dampening, Nesterov momentum and weight decay."""
 
-    def __init__(self, *args, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False):
-        n = "SGD"
-        _no_positional(n, args)
-        d = dict(lr=_number(n, "lr", lr), momentum=_number(n, "momentum", momentum),
-                 dampening=_number(n, "dampening", dampening),
-                 weight_decay=_number(n, "weight_decay", weight_decay), nesterov=bool(nesterov))
-        super().__init__(_native.sgd(**d), d)
+    _factory = staticmethod(_native.sgd)
+    _defaults = dict(lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False)
 
 
-def _betas(cls_name, betas):
-    try:
-        b1, b2 = betas
-    except (TypeError, ValueError):
-        raise ValueError(f"{cls_name}: betas must be a pair (beta1, beta2), got {betas!r}") from None
-    return _number(cls_name, "betas[0]", b1), _number(cls_name, "betas[1]", b2)
-
-
-class Adam(Optimizer):
+class Adam(_Fused):
     """Adam (optionally AMSGrad); weight_decay is added to the gradient (L2), as in torch.optim.Adam."""
 
     _factory = staticmethod(_native.adam)
-
-    def __init__(self, *args, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False):
-        n = type(self).__name__
-        _no_positional(n, args)
-        b1, b2 = _betas(n, betas)
-        d = dict(lr=_number(n, "lr", lr), betas=(b1, b2), eps=_number(n, "eps", eps),
-                 weight_decay=_number(n, "weight_decay", weight_decay), amsgrad=bool(amsgrad))
-        native = self._factory(lr=d["lr"], beta1=b1, beta2=b2, eps=d["eps"], weight_decay=d["weight_decay"],
-                               amsgrad=d["amsgrad"])
-        super().__init__(native, d)
+    _defaults = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False)
 
 
-class AdamW(Adam):
+class AdamW(_Fused):
     """Adam with decoupled weight decay: p *= 1 - lr * weight_decay before the Adam step."""
 
     _factory = staticmethod(_native.adamw)
-
-    def __init__(self, *args, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False):
-        super().__init__(*args, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad)
+    _defaults = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False)
 
 
-class RMSprop(Optimizer):
+class RMSprop(_Fused):
     """RMSprop, optionally with momentum and centered (variance-normalised) updates."""
 
-    def __init__(self, *args, lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0, centered=False):
-        n = "RMSprop"
-        _no_positional(n, args)
-        d = dict(lr=_number(n, "lr", lr), alpha=_number(n, "alpha", alpha), eps=_number(n, "eps", eps),
-                 weight_decay=_number(n, "weight_decay", weight_decay), momentum=_number(n, "momentum", momentum),
-                 centered=bool(centered))
-        super().__init__(_native.rmsprop(**d), d)
+    _factory = staticmethod(_native.rmsprop)
+    _defaults = dict(lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0, centered=False)
 
 
-class Adagrad(Optimizer):
+class Adagrad(_Fused):
     """AdaGrad with learning-rate decay lr / (1 + (t - 1) * lr_decay) and an initial accumulator value."""
 
     _factory = staticmethod(_native.adagrad)
-
-    def __init__(self, *args, lr=1e-2, lr_decay=0.0, weight_decay=0.0, initial_accumulator_value=0.0, eps=1e-10):
-        n = type(self).__name__
-        _no_positional(n, args)
-        d = dict(lr=_number(n, "lr", lr), lr_decay=_number(n, "lr_decay", lr_decay),
-                 weight_decay=_number(n, "weight_decay", weight_decay),
-                 initial_accumulator_value=_number(n, "initial_accumulator_value", initial_accumulator_value),
-                 eps=_number(n, "eps", eps))
-        super().__init__(self._factory(**d), d)
+    _defaults = dict(lr=1e-2, lr_decay=0.0, weight_decay=0.0, initial_accumulator_value=0.0, eps=1e-10)
 
 
 class RowWiseAdagrad(Adagrad):
     """AdaGrad with one accumulator per row of each 2-D parameter (fed by the row's mean squared gradient).
 
     Parameters that are not 2-D are updated exactly as by Adagrad. The state "sum" is compact: per slot,
-    R entries for an (R, C) matrix, numel entries otherwise.
+    R entries for an (R, C) matrix, numel entries otherwise. Parameter groups are not supported.
     """
 
     _factory = staticmethod(_native.rowwise_adagrad)
@@ -190,57 +253,38 @@ class ColumnWiseAdagrad(Adagrad):
     _factory = staticmethod(_native.columnwise_adagrad)
 
 
-class LRSchedule:
-    """Base of the schedules: ``lr_at(step, base_lr)`` from the compiled schedule in ``_native``."""
+class Adadelta(_Fused):
+    """Adadelta (torch.optim.Adadelta): RMS of updates over RMS of gradients, scaled by lr."""
 
-    def __init__(self, native):
-        self._native = native
-
-    def lr_at(self, step, base_lr):
-        return self._native.lr_at(int(step), float(base_lr))
-
-    def __repr__(self):
-        return self._native.name
+    _factory = staticmethod(_native.adadelta)
+    _defaults = dict(lr=1.0, rho=0.9, eps=1e-6, weight_decay=0.0)
 
 
-class ConstantLR(LRSchedule):
-    """base_lr * factor for the first total_iters steps, then base_lr (torch's defaults)."""
+class Adamax(_Fused):
+    """Adamax (torch.optim.Adamax): Adam with an infinity-norm second moment."""
 
-    def __init__(self, factor=1.0 / 3, total_iters=5):
-        super().__init__(_native.constant_schedule(float(factor), int(total_iters)))
-
-
-class StepLR(LRSchedule):
-    """base_lr * gamma ** (t // step_size)."""
-
-    def __init__(self, step_size, gamma=0.1):
-        super().__init__(_native.step_schedule(int(step_size), float(gamma)))
+    _factory = staticmethod(_native.adamax)
+    _defaults = dict(lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
 
 
-class ExponentialLR(LRSchedule):
-    """base_lr * gamma ** t."""
+class NAdam(_Fused):
+    """NAdam (torch.optim.NAdam): Adam with Nesterov momentum and torch's momentum_decay schedule.
 
-    def __init__(self, gamma):
-        super().__init__(_native.exponential_schedule(float(gamma)))
-
-
-class CosineAnnealingLR(LRSchedule):
-    """eta_min + (base_lr - eta_min) * (1 + cos(pi * t / T_max)) / 2; like torch, it rises again past T_max."""
-
-    def __init__(self, T_max, eta_min=0.0):  # noqa: N803 (torch's name)
-        super().__init__(_native.cosine_schedule(int(T_max), float(eta_min)))
-
-
-class WarmupCosineLR(LRSchedule):
-    """Linear warm-up from start_factor * base_lr over warmup_steps, then cosine to eta_min at total_steps.
-
-    Equals torch's SequentialLR([LinearLR(start_factor, total_iters=warmup_steps),
-    CosineAnnealingLR(T_max=total_steps - warmup_steps, eta_min)], milestones=[warmup_steps]).
+    torch keeps the product of momentum factors (mu_product) as a scalar of its default dtype; here it
+    is kept in the parameters' dtype, so float64 runs match torch under torch.set_default_dtype(float64).
     """
 
-    def __init__(self, warmup_steps, total_steps, eta_min=0.0, start_factor=0.0):
-        super().__init__(_native.warmup_cosine_schedule(int(warmup_steps), int(total_steps), float(eta_min),
-                                                        float(start_factor)))
+    _factory = staticmethod(_native.nadam)
+    _defaults = dict(lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, momentum_decay=4e-3,
+                     decoupled_weight_decay=False)
+
+
+class RAdam(_Fused):
+    """RAdam (torch.optim.RAdam): Adam whose adaptive term is rectified once the variance estimate is
+    reliable (rho_t > 5), plain momentum SGD before that."""
+
+    _factory = staticmethod(_native.radam)
+    _defaults = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, decoupled_weight_decay=False)
 
 
 def clip_grad_norm_(grads, max_norm):
@@ -254,11 +298,29 @@ def clip_grad_norm_(grads, max_norm):
 
 clip_grad_norm = clip_grad_norm_
 
+
+def clip_grad_value_(grads, clip_value):
+    """Clamps every gradient to [-clip_value, clip_value] in place, as torch.nn.utils.clip_grad_value_.
+
+    ``grads`` is a flat gradient buffer (``model.flat_gradients()``), one array, or an iterable of arrays
+    (``model.named_gradients().values()``); arrays are written in place (one vectorised pass each)."""
+    value = number("clip_grad_value_", "clip_value", clip_value)
+    arrays = [grads] if isinstance(grads, np.ndarray) else list(grads)
+    for g in arrays:
+        if not isinstance(g, np.ndarray):
+            raise TypeError(f"clip_grad_value_: expected numpy gradient arrays, got {type(g).__name__}")
+        if not g.flags.writeable:
+            raise ValueError("clip_grad_value_: the gradient array is read-only (it is clipped in place)")
+        np.clip(g, -value, value, out=g)
+
+
+from . import optim_lr_scheduler as lr_scheduler  # noqa: E402
+from .optim_lbfgs import LBFGS  # noqa: E402,F401
+from .optim_lr_scheduler import (  # noqa: E402,F401
+    ConstantLR, CosineAnnealingLR, ExponentialLR, LambdaLR, LinearLR, LRSchedule, LRScheduler, MultiStepLR,
+    OneCycleLR, ReduceLROnPlateau, SequentialLR, StepLR, WarmupCosineLR)
+
 # `tl.optim.lr_scheduler.StepLR` (torch's spelling) and `tl.optim.schedule.StepLR` both work, and so
 # does `from treadle.optim.lr_scheduler import StepLR`.
-lr_scheduler = types.ModuleType(__name__ + ".lr_scheduler", "Learning-rate schedules (closed forms).")
-for _cls in (LRSchedule, ConstantLR, StepLR, ExponentialLR, CosineAnnealingLR, WarmupCosineLR):
-    setattr(lr_scheduler, _cls.__name__, _cls)
-sys.modules[lr_scheduler.__name__] = lr_scheduler
+sys.modules[__name__ + ".lr_scheduler"] = lr_scheduler
 schedule = lr_scheduler
-del _cls

@@ -89,6 +89,8 @@ class Trainer:
             if int(memory_budget) <= 0:
                 raise ValueError(f"Trainer: memory_budget must be a positive number of bytes, got {memory_budget}")
             options.memory_budget = int(memory_budget)
+        if hasattr(optimizer, "attach"):  # an optimizer given parameters learns their names in this model
+            optimizer.attach(model)
         self.model, self.loss, self._optimizer, self.schedule = model, loss, optimizer, schedule
         self.executor = executor  # a tl.PoolExecutor lending the host's workers, or None (calling thread only)
         self._native = _core.Trainer(model._compiled(), loss._native, optimizer._native, options, int(seed), executor)

@@ -3,10 +3,14 @@
 // single fused pass; their state (momentum, moments, accumulators) lives in flat buffers of the
 // same layout. Formulas follow torch.optim exactly, so the same hyper-parameters give the same steps.
 // Only float32 and float64 buffers are supported; arithmetic runs in the buffers' dtype.
+// Parameter groups (torch's param_groups) give sets of parameters their own hyper-parameters: the
+// update still makes one pass over the flat buffers, segment by segment with each segment's
+// group coefficients; parameters in no group are not updated.
 #include "treadle/config.hpp"  // TREADLE_WITH_CUDA as the library was built
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -23,9 +27,18 @@ struct ParamSlot {
   int64_t numel = 0;
 };
 
+class Schedule;
+
+// Hyper-parameters of a set of parameters, by slot name: overrides of the optimizer's options under
+// torch's names ("lr", "weight_decay", "momentum", "beta1", "beta2", "eps", flags as 0 or 1).
+struct ParamGroup {
+  std::vector<std::string> params;
+  std::vector<std::pair<std::string, double>> options;
+};
+
 class TREADLE_API Optimizer {
  public:
-  explicit Optimizer(double lr) : lr_(lr) {}
+  explicit Optimizer(double lr) : lrs_{lr}, step_lrs_{lr} {}
   virtual ~Optimizer() = default;
   virtual std::string name() const = 0;
 
@@ -41,14 +54,36 @@ class TREADLE_API Optimizer {
   // schedule). Increments step_count() first, so update t (1-based, as torch's `step`) is
   // step_count() afterwards. Both buffers must be contiguous, on the CPU, of the bound dtype and
   // size. Allocates nothing; big buffers are split over `exec` with results independent of chunking.
+  // With parameter groups, `lr` is used by every group for this update.
   void step(const Tensor& params, const Tensor& grads, double lr, Executor& exec);
+  // The same update with each group at its own lr, mapped through `schedule` when given
+  // (schedule->lr_at(step_count(), group_lr(g)), torch's per-group base lrs).
+  void step(const Tensor& params, const Tensor& grads, const Schedule* schedule, Executor& exec);
 
-  double lr() const { return lr_; }
+  // The lr of group 0 (the only group without parameter groups).
+  double lr() const { return lrs_[0]; }
   int64_t step_count() const { return t_; }
   // Both refuse (ValueError, nothing changed) what no update could use: a negative or non-finite
   // learning rate, a negative step count.
-  void set_lr(double lr);
+  void set_lr(double lr) { set_group_lr(0, lr); }
   void set_step_count(int64_t t);
+
+  // Replaces the groups (before bind, or followed by a re-bind: state restarts when the layout
+  // changes). Each option is checked against the optimizer's own (unknown keys and invalid values
+  // are ValueErrors naming them; nothing changes on a refusal); a parameter in two groups is refused.
+  // At bind, names that are not trainable slots are skipped (a frozen parameter, like a torch
+  // parameter without a gradient). An empty list means one group of every parameter.
+  void set_param_groups(const std::vector<ParamGroup>& groups);
+  const std::vector<ParamGroup>& param_groups() const { return groups_; }
+  int num_groups() const { return static_cast<int>(lrs_.size()); }
+  double group_lr(int g) const;
+  void set_group_lr(int g, double lr);
+  // Changes one option of group g between updates (OneCycleLR cycles "momentum" or "beta1"): "lr"
+  // as set_group_lr, any other key checked like set_param_groups. A change that would add or drop a
+  // state buffer (momentum from 0, amsgrad) is refused: create the optimizer with it instead.
+  void set_group_option(int g, const std::string& key, double value);
+  // The (begin, end, group) element ranges an update walks, in flat order (after bind).
+  std::vector<std::tuple<int64_t, int64_t, int>> segments() const;
 
   // An optimizer's state belongs to one model: the trainers of that model share it (a notebook
   // that re-creates its trainer keeps the optimizer), and while any of them lives, a trainer of
@@ -75,10 +110,31 @@ class TREADLE_API Optimizer {
   virtual int64_t state_numel(int i) const { return total_; }
   // After zero-allocation (e.g. AdaGrad's initial accumulator, per-slot tables, scratch space).
   virtual void initialize_state() {}
-  virtual void update(const Tensor& params, const Tensor& grads, double lr, Executor& exec) = 0;
+  // Each group's options from its overrides (empty `groups`: one group of the defaults). Throws
+  // ValueError for an unknown key or invalid value; the default refuses groups altogether.
+  virtual void configure_groups(const std::vector<ParamGroup>& groups);
+  // One option of group g (not "lr"); the default refuses, like configure_groups.
+  virtual void change_group_option(int g, const std::string& key, double value);
+  // One update; step_lrs_[g] is group g's lr for it and segments_ the ranges to update.
+  virtual void update(const Tensor& params, const Tensor& grads, Executor& exec) = 0;
   Tensor& state_buffer(int i) { return state_.at(i).second; }
 
-  double lr_;
+ private:
+  void build_segments();
+  void check_step(const Tensor& params, const Tensor& grads) const;
+  void run_update(const Tensor& params, const Tensor& grads, Executor& exec);
+
+ protected:
+
+  // A run of flat elements [begin, end) whose slots all belong to group `group`.
+  struct Segment {
+    int64_t begin, end;
+    int group;
+  };
+  std::vector<Segment> segments_;  // built at bind
+  std::vector<double> lrs_;        // per group
+  std::vector<double> step_lrs_;   // per group, for the update in progress
+  std::vector<ParamGroup> groups_;
   int64_t t_ = 0;
   bool bound_ = false;
   DType dtype_ = DType::f32;
@@ -106,6 +162,20 @@ struct RMSpropOptions {
 struct AdagradOptions {
   double lr = 1e-2, lr_decay = 0.0, weight_decay = 0.0, initial_accumulator_value = 0.0, eps = 1e-10;
 };
+struct AdadeltaOptions {
+  double lr = 1.0, rho = 0.9, eps = 1e-6, weight_decay = 0.0;
+};
+struct AdamaxOptions {
+  double lr = 2e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+};
+struct NAdamOptions {
+  double lr = 2e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0, momentum_decay = 4e-3;
+  bool decoupled_weight_decay = false;
+};
+struct RAdamOptions {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  bool decoupled_weight_decay = false;
+};
 
 TREADLE_API std::shared_ptr<Optimizer> sgd(const SGDOptions& o);
 TREADLE_API std::shared_ptr<Optimizer> adam(const AdamOptions& o);
@@ -122,6 +192,12 @@ TREADLE_API std::shared_ptr<Optimizer> adagrad(const AdagradOptions& o);
 // 2-D slot and numel entries otherwise; padding between slots is neither stored nor updated.
 TREADLE_API std::shared_ptr<Optimizer> rowwise_adagrad(const AdagradOptions& o);
 TREADLE_API std::shared_ptr<Optimizer> columnwise_adagrad(const AdagradOptions& o);
+// torch.optim.Adadelta, Adamax, NAdam (momentum_decay schedule; its product of momentum factors
+// mu_product is kept per group) and RAdam (rectified Adam), single-tensor formulas.
+TREADLE_API std::shared_ptr<Optimizer> adadelta(const AdadeltaOptions& o);
+TREADLE_API std::shared_ptr<Optimizer> adamax(const AdamaxOptions& o);
+TREADLE_API std::shared_ptr<Optimizer> nadam(const NAdamOptions& o);
+TREADLE_API std::shared_ptr<Optimizer> radam(const RAdamOptions& o);
 
 }  // namespace optim
 

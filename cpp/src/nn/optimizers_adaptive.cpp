@@ -50,41 +50,56 @@ void rmsprop_elements(int64_t b, int64_t e, T* __restrict p, const T* __restrict
   }
 }
 
-class RMSprop final : public detail::FusedOptimizer<RMSprop> {
-  friend class detail::FusedOptimizer<RMSprop>;
+class RMSprop final : public detail::FusedOptimizer<RMSprop, RMSpropOptions> {
+  friend class detail::FusedOptimizer<RMSprop, RMSpropOptions>;
 
  public:
-  explicit RMSprop(const RMSpropOptions& o) : FusedOptimizer(o.lr), o_(o) {
+  explicit RMSprop(const RMSpropOptions& o) : FusedOptimizer(o) {
     require(o.lr >= 0, "RMSprop", "lr (learning rate)", o.lr);
-    require(o.eps > 0, "RMSprop", "eps (epsilon, must be > 0)", o.eps);
-    require(o.momentum >= 0, "RMSprop", "momentum", o.momentum);
-    require(o.weight_decay >= 0, "RMSprop", "weight_decay", o.weight_decay);
-    require(o.alpha >= 0 && o.alpha <= 1, "RMSprop", "alpha (must be in [0, 1])", o.alpha);
+    check_options("RMSprop", o);
   }
   std::string name() const override { return "RMSprop"; }
+  static void check_options(const char* who, const RMSpropOptions& o) {
+    require(o.eps > 0, who, "eps (epsilon, must be > 0)", o.eps);
+    require(o.momentum >= 0, who, "momentum", o.momentum);
+    require(o.weight_decay >= 0, who, "weight_decay", o.weight_decay);
+    require(o.alpha >= 0 && o.alpha <= 1, who, "alpha (must be in [0, 1])", o.alpha);
+  }
+  static bool set_option(RMSpropOptions& o, const std::string& key, double v) {
+    if (key == "alpha") o.alpha = v;
+    else if (key == "eps") o.eps = v;
+    else if (key == "weight_decay") o.weight_decay = v;
+    else if (key == "momentum") o.momentum = v;
+    else if (key == "centered") o.centered = v != 0;
+    else return false;
+    return true;
+  }
+  static const char* option_names() { return "alpha, eps, weight_decay, momentum, centered"; }
 
  protected:
   std::vector<std::string> state_names() const override {
     std::vector<std::string> names{"square_avg"};
-    if (o_.momentum > 0) names.push_back("momentum_buffer");
-    if (o_.centered) names.push_back("grad_avg");
+    if (any_group([](const RMSpropOptions& o) { return o.momentum > 0; })) names.push_back("momentum_buffer");
+    if (any_group([](const RMSpropOptions& o) { return o.centered; })) names.push_back("grad_avg");
     return names;
   }
 
  private:
   template <typename T>
-  void run(const Tensor& params, const Tensor& grads, double lr, Executor& exec) {
+  void run(const Tensor& params, const Tensor& grads, int64_t b0, int64_t e0, const RMSpropOptions& o, double lr,
+           Executor& exec) {
     T* p = params.data_as<T>();
     const T* g = grads.data_as<T>();
     T* sq = state_buffer(0).data_as<T>();
-    const bool use_mom = o_.momentum > 0;
+    const bool has_mom = any_group([](const RMSpropOptions& x) { return x.momentum > 0; });
+    const bool use_mom = o.momentum > 0;
     T* buf = use_mom ? state_buffer(1).data_as<T>() : nullptr;
-    T* gavg = o_.centered ? state_buffer(use_mom ? 2 : 1).data_as<T>() : nullptr;
-    const RMSpropCoef<T> k{T(lr), T(o_.alpha), T(1 - o_.alpha), T(o_.eps), T(o_.weight_decay), T(o_.momentum)};
-    dispatch(o_.weight_decay != 0, [&](auto decay) {
-      dispatch(o_.centered, [&](auto centered) {
+    T* gavg = o.centered ? state_buffer(has_mom ? 2 : 1).data_as<T>() : nullptr;
+    const RMSpropCoef<T> k{T(lr), T(o.alpha), T(1 - o.alpha), T(o.eps), T(o.weight_decay), T(o.momentum)};
+    dispatch(o.weight_decay != 0, [&](auto decay) {
+      dispatch(o.centered, [&](auto centered) {
         dispatch(use_mom, [&](auto mom) {
-          parallel_chunks(exec, total_, kUpdateGrain, [&](int64_t b, int64_t e) {
+          detail::segment_chunks(exec, b0, e0, [&](int64_t b, int64_t e) {
             rmsprop_elements<T, decltype(decay)::value, decltype(centered)::value, decltype(mom)::value>(
                 b, e, p, g, sq, buf, gavg, k);
           });
@@ -92,8 +107,6 @@ class RMSprop final : public detail::FusedOptimizer<RMSprop> {
       });
     });
   }
-
-  RMSpropOptions o_;
 };
 
 void check_adagrad(const char* who, const AdagradOptions& o) {
@@ -130,37 +143,49 @@ AdagradStep<T> adagrad_step(const AdagradOptions& o, double lr, int64_t t) {
   return {T(-clr), T(o.weight_decay), T(o.eps), o.weight_decay != 0};
 }
 
-class Adagrad final : public detail::FusedOptimizer<Adagrad> {
-  friend class detail::FusedOptimizer<Adagrad>;
+class Adagrad final : public detail::FusedOptimizer<Adagrad, AdagradOptions> {
+  friend class detail::FusedOptimizer<Adagrad, AdagradOptions>;
 
  public:
-  explicit Adagrad(const AdagradOptions& o) : FusedOptimizer(o.lr), o_(o) { check_adagrad("Adagrad", o); }
+  explicit Adagrad(const AdagradOptions& o) : FusedOptimizer(o) { check_adagrad("Adagrad", o); }
   std::string name() const override { return "Adagrad"; }
+  static void check_options(const char* who, const AdagradOptions& o) { check_adagrad(who, o); }
+  static bool set_option(AdagradOptions& o, const std::string& key, double v) {
+    if (key == "lr_decay") o.lr_decay = v;
+    else if (key == "weight_decay") o.weight_decay = v;
+    else if (key == "initial_accumulator_value") o.initial_accumulator_value = v;
+    else if (key == "eps") o.eps = v;
+    else return false;
+    return true;
+  }
+  static const char* option_names() { return "lr_decay, weight_decay, initial_accumulator_value, eps"; }
 
  protected:
   std::vector<std::string> state_names() const override { return {"sum"}; }
-  void initialize_state() override { fill_state(o_.initial_accumulator_value); }
+  // Each group's accumulators start at its own initial_accumulator_value.
+  void initialize_state() override {
+    for (const Segment& seg : segments_) {
+      const double value = opts_[static_cast<std::size_t>(seg.group)].initial_accumulator_value;
+      Tensor& s = state_buffer(0);
+      if (dtype_ == DType::f32)
+        std::fill(s.data_as<float>() + seg.begin, s.data_as<float>() + seg.end, static_cast<float>(value));
+      else
+        std::fill(s.data_as<double>() + seg.begin, s.data_as<double>() + seg.end, value);
+    }
+  }
 
  private:
-  void fill_state(double value) {
-    Tensor& s = state_buffer(0);
-    if (dtype_ == DType::f32)
-      std::fill_n(s.data_as<float>(), s.numel(), static_cast<float>(value));
-    else
-      std::fill_n(s.data_as<double>(), s.numel(), value);
-  }
   template <typename T>
-  void run(const Tensor& params, const Tensor& grads, double lr, Executor& exec) {
+  void run(const Tensor& params, const Tensor& grads, int64_t b0, int64_t e0, const AdagradOptions& o, double lr,
+           Executor& exec) {
     T* p = params.data_as<T>();
     const T* g = grads.data_as<T>();
     T* acc = state_buffer(0).data_as<T>();
-    const AdagradStep<T> k = adagrad_step<T>(o_, lr, t_);
-    parallel_chunks(exec, total_, kUpdateGrain, [&](int64_t b, int64_t e) {
+    const AdagradStep<T> k = adagrad_step<T>(o, lr, t_);
+    detail::segment_chunks(exec, b0, e0, [&](int64_t b, int64_t e) {
       adagrad_elements(p, g, acc, b, e, k.neg_clr, k.wd, k.decay, k.eps);
     });
   }
-
-  AdagradOptions o_;
 };
 
 // Mean of squared (decayed) gradients along the matrix axis: per row (contiguous) or per column.
@@ -169,11 +194,10 @@ enum class Axis { rows, cols };
 // The row/column-wise AdaGrad documented in optim.hpp. Squares are formed in the buffer's dtype and
 // summed in double: a row of C equal float32 squares then averages back to that square exactly, so
 // row-constant gradients reproduce element-wise AdaGrad (up to the compiler fusing its multiply-add).
-class MatrixAdagrad final : public detail::FusedOptimizer<MatrixAdagrad> {
-  friend class detail::FusedOptimizer<MatrixAdagrad>;
-
+// Parameter groups are refused (Optimizer::configure_groups): the update walks slots, not segments.
+class MatrixAdagrad final : public Optimizer {
  public:
-  MatrixAdagrad(const AdagradOptions& o, Axis axis) : FusedOptimizer(o.lr), o_(o), axis_(axis) { check_adagrad(who(), o); }
+  MatrixAdagrad(const AdagradOptions& o, Axis axis) : Optimizer(o.lr), o_(o), axis_(axis) { check_adagrad(who(), o); }
   std::string name() const override { return who(); }
 
  protected:
@@ -184,6 +208,12 @@ class MatrixAdagrad final : public detail::FusedOptimizer<MatrixAdagrad> {
     return n;
   }
   void initialize_state() override;
+  void update(const Tensor& params, const Tensor& grads, Executor& exec) override {
+    if (dtype_ == DType::f32)
+      run<float>(params, grads, step_lrs_[0], exec);
+    else
+      run<double>(params, grads, step_lrs_[0], exec);
+  }
 
  private:
   const char* who() const { return axis_ == Axis::rows ? "RowWiseAdagrad" : "ColumnWiseAdagrad"; }

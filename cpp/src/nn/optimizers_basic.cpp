@@ -17,7 +17,6 @@ using detail::dispatch;
 using detail::kUpdateGrain;
 using detail::lerp;
 using detail::require;
-using eigen::parallel_chunks;
 
 template <typename T>
 struct SGDCoef {
@@ -40,45 +39,60 @@ void sgd_elements(int64_t b, int64_t e, T* __restrict p, const T* __restrict g, 
   }
 }
 
-class SGD final : public detail::FusedOptimizer<SGD> {
-  friend class detail::FusedOptimizer<SGD>;
+class SGD final : public detail::FusedOptimizer<SGD, SGDOptions> {
+  friend class detail::FusedOptimizer<SGD, SGDOptions>;
 
  public:
-  explicit SGD(const SGDOptions& o) : FusedOptimizer(o.lr), o_(o) {
+  explicit SGD(const SGDOptions& o) : FusedOptimizer(o) {
     require(o.lr >= 0, "SGD", "lr (learning rate)", o.lr);
-    require(o.momentum >= 0, "SGD", "momentum", o.momentum);
-    require(o.weight_decay >= 0, "SGD", "weight_decay", o.weight_decay);
-    require(std::isfinite(o.dampening), "SGD", "dampening", o.dampening);
-    if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
-      throw_value_error("SGD: nesterov momentum requires a momentum > 0 and zero dampening (momentum=", o.momentum,
-                        ", dampening=", o.dampening, ")");
+    check_options("SGD", o);
   }
   std::string name() const override { return "SGD"; }
+  static void check_options(const char* who, const SGDOptions& o) {
+    require(o.momentum >= 0, who, "momentum", o.momentum);
+    require(o.weight_decay >= 0, who, "weight_decay", o.weight_decay);
+    require(std::isfinite(o.dampening), who, "dampening", o.dampening);
+    if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
+      throw_value_error(who, ": nesterov momentum requires a momentum > 0 and zero dampening (momentum=", o.momentum,
+                        ", dampening=", o.dampening, ")");
+  }
+  static bool set_option(SGDOptions& o, const std::string& key, double v) {
+    if (key == "momentum") o.momentum = v;
+    else if (key == "dampening") o.dampening = v;
+    else if (key == "weight_decay") o.weight_decay = v;
+    else if (key == "nesterov") o.nesterov = v != 0;
+    else return false;
+    return true;
+  }
+  static const char* option_names() { return "momentum, dampening, weight_decay, nesterov"; }
 #ifdef TREADLE_WITH_CUDA
   std::vector<std::pair<std::string, double>> hyperparameters() const override {
-    return {{"momentum", o_.momentum}, {"dampening", o_.dampening}, {"weight_decay", o_.weight_decay},
-            {"nesterov", o_.nesterov ? 1.0 : 0.0}};
+    if (!groups_.empty()) return {};  // the device update has one set of options
+    const SGDOptions& o = opts_[0];
+    return {{"momentum", o.momentum}, {"dampening", o.dampening}, {"weight_decay", o.weight_decay},
+            {"nesterov", o.nesterov ? 1.0 : 0.0}};
   }
 #endif
 
  protected:
   std::vector<std::string> state_names() const override {
-    if (o_.momentum == 0) return {};
+    if (!any_group([](const SGDOptions& o) { return o.momentum != 0; })) return {};
     return {"momentum_buffer"};
   }
 
  private:
   template <typename T>
-  void run(const Tensor& params, const Tensor& grads, double lr, Executor& exec) {
+  void run(const Tensor& params, const Tensor& grads, int64_t b0, int64_t e0, const SGDOptions& o, double lr,
+           Executor& exec) {
     T* p = params.data_as<T>();
     const T* g = grads.data_as<T>();
-    T* buf = o_.momentum != 0 ? state_buffer(0).data_as<T>() : nullptr;
+    T* buf = o.momentum != 0 ? state_buffer(0).data_as<T>() : nullptr;
     // torch creates the momentum buffer as a copy of the first (decayed) gradient.
-    const SGDCoef<T> k{T(lr), T(o_.weight_decay), T(o_.momentum), T(1 - o_.dampening), t_ == 1};
-    dispatch(o_.weight_decay != 0, [&](auto decay) {
-      dispatch(o_.momentum != 0, [&](auto momentum) {
-        dispatch(o_.nesterov, [&](auto nesterov) {
-          parallel_chunks(exec, total_, kUpdateGrain, [&](int64_t b, int64_t e) {
+    const SGDCoef<T> k{T(lr), T(o.weight_decay), T(o.momentum), T(1 - o.dampening), t_ == 1};
+    dispatch(o.weight_decay != 0, [&](auto decay) {
+      dispatch(o.momentum != 0, [&](auto momentum) {
+        dispatch(o.nesterov, [&](auto nesterov) {
+          detail::segment_chunks(exec, b0, e0, [&](int64_t b, int64_t e) {
             sgd_elements<T, decltype(decay)::value, decltype(momentum)::value, decltype(nesterov)::value>(
                 b, e, p, g, buf, k);
           });
@@ -86,8 +100,6 @@ class SGD final : public detail::FusedOptimizer<SGD> {
       });
     });
   }
-
-  SGDOptions o_;
 };
 
 // Per-step scalars of one Adam update, in the buffer's dtype.
@@ -114,62 +126,76 @@ void adam_elements(int64_t b, int64_t e, T* __restrict p, const T* __restrict g,
   }
 }
 
-class Adam final : public detail::FusedOptimizer<Adam> {
-  friend class detail::FusedOptimizer<Adam>;
+class Adam final : public detail::FusedOptimizer<Adam, AdamOptions> {
+  friend class detail::FusedOptimizer<Adam, AdamOptions>;
 
  public:
-  Adam(const AdamOptions& o, bool decoupled) : FusedOptimizer(o.lr), o_(o), decoupled_(decoupled) {
-    const char* who = decoupled ? "AdamW" : "Adam";
-    require(o.lr >= 0, who, "lr (learning rate)", o.lr);
+  Adam(const AdamOptions& o, bool decoupled) : FusedOptimizer(o), decoupled_(decoupled) {
+    require(o.lr >= 0, name().c_str(), "lr (learning rate)", o.lr);
+    check_options(name().c_str(), o);
+  }
+  std::string name() const override { return decoupled_ ? "AdamW" : "Adam"; }
+  static void check_options(const char* who, const AdamOptions& o) {
     require(o.eps > 0, who, "eps (epsilon, must be > 0)", o.eps);
     require(o.beta1 >= 0 && o.beta1 < 1, who, "betas[0] (beta1, must be in [0, 1))", o.beta1);
     require(o.beta2 >= 0 && o.beta2 < 1, who, "betas[1] (beta2, must be in [0, 1))", o.beta2);
     require(o.weight_decay >= 0, who, "weight_decay", o.weight_decay);
   }
-  std::string name() const override { return decoupled_ ? "AdamW" : "Adam"; }
+  static bool set_option(AdamOptions& o, const std::string& key, double v) {
+    if (key == "beta1") o.beta1 = v;
+    else if (key == "beta2") o.beta2 = v;
+    else if (key == "eps") o.eps = v;
+    else if (key == "weight_decay") o.weight_decay = v;
+    else if (key == "amsgrad") o.amsgrad = v != 0;
+    else return false;
+    return true;
+  }
+  static const char* option_names() { return "betas (beta1, beta2), eps, weight_decay, amsgrad"; }
 #ifdef TREADLE_WITH_CUDA
   std::vector<std::pair<std::string, double>> hyperparameters() const override {
-    return {{"beta1", o_.beta1}, {"beta2", o_.beta2}, {"eps", o_.eps}, {"weight_decay", o_.weight_decay},
-            {"amsgrad", o_.amsgrad ? 1.0 : 0.0}};
+    if (!groups_.empty()) return {};  // the device update has one set of options
+    const AdamOptions& o = opts_[0];
+    return {{"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps}, {"weight_decay", o.weight_decay},
+            {"amsgrad", o.amsgrad ? 1.0 : 0.0}};
   }
 #endif
 
  protected:
   std::vector<std::string> state_names() const override {
-    if (o_.amsgrad) return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+    if (any_group([](const AdamOptions& o) { return o.amsgrad; })) return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
     return {"exp_avg", "exp_avg_sq"};
   }
 
  private:
   template <typename T>
-  void run(const Tensor& params, const Tensor& grads, double lr, Executor& exec) {
+  void run(const Tensor& params, const Tensor& grads, int64_t b0, int64_t e0, const AdamOptions& o, double lr,
+           Executor& exec) {
     T* p = params.data_as<T>();
     const T* g = grads.data_as<T>();
     T* m = state_buffer(0).data_as<T>();
     T* v = state_buffer(1).data_as<T>();
-    T* vmax = o_.amsgrad ? state_buffer(2).data_as<T>() : nullptr;
+    T* vmax = o.amsgrad ? state_buffer(2).data_as<T>() : nullptr;
     const double t = static_cast<double>(t_);
-    const double bc1 = 1 - std::pow(o_.beta1, t), bc2 = 1 - std::pow(o_.beta2, t);
+    const double bc1 = 1 - std::pow(o.beta1, t), bc2 = 1 - std::pow(o.beta2, t);
     AdamCoef<T> k;
     // AdamW shrinks the parameters before the Adam step; a factor of exactly 1 changes nothing.
-    k.shrink = decoupled_ ? T(1 - lr * o_.weight_decay) : T(1);
-    k.wd = T(o_.weight_decay);
-    k.w1 = T(1 - o_.beta1);
-    k.b2 = T(o_.beta2);
-    k.w2 = T(1 - o_.beta2);
+    k.shrink = decoupled_ ? T(1 - lr * o.weight_decay) : T(1);
+    k.wd = T(o.weight_decay);
+    k.w1 = T(1 - o.beta1);
+    k.b2 = T(o.beta2);
+    k.w2 = T(1 - o.beta2);
     k.bc2_sqrt = T(std::sqrt(bc2));
-    k.eps = T(o_.eps);
+    k.eps = T(o.eps);
     k.neg_step = T(-(lr / bc1));
-    dispatch(!decoupled_ && o_.weight_decay != 0, [&](auto coupled) {
-      dispatch(o_.amsgrad, [&](auto amsgrad) {
-        parallel_chunks(exec, total_, kUpdateGrain, [&](int64_t b, int64_t e) {
+    dispatch(!decoupled_ && o.weight_decay != 0, [&](auto coupled) {
+      dispatch(o.amsgrad, [&](auto amsgrad) {
+        detail::segment_chunks(exec, b0, e0, [&](int64_t b, int64_t e) {
           adam_elements<T, decltype(coupled)::value, decltype(amsgrad)::value>(b, e, p, g, m, v, vmax, k);
         });
       });
     });
   }
 
-  AdamOptions o_;
   bool decoupled_;
 };
 

@@ -414,7 +414,8 @@ void Trainer::update() {
   }
   if (options_.verify_parameters) verify_parameters();  // never bake a corrupted value into an update
   if (options_.clip_grad_norm > 0) clip_grad_norm(grads, options_.clip_grad_norm, ctx_.executor());
-  optimizer_->step(model_->trainable_parameters(), grads, current_lr(), ctx_.executor());
+  // Each parameter group at its own (scheduled) lr; without groups that is current_lr().
+  optimizer_->step(model_->trainable_parameters(), grads, schedule_.get(), ctx_.executor());
   if (options_.verify_parameters) reseal_parameters();
 }
 
