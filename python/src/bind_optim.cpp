@@ -9,6 +9,7 @@
 #include "treadle/testing.hpp"
 #include "treadle/error.hpp"
 #include "treadle/executor.hpp"
+#include "treadle/model.hpp"
 #include "treadle/optim.hpp"
 
 namespace treadle::py_bind {
@@ -158,6 +159,10 @@ void bind_optimizer_class(py::module_& om) {
            py::arg("workers") = 1,
            "One update in place on flat 1-D numpy buffers. lr=None uses the base lr. workers > 1 splits the "
            "work as a multi-worker executor would (run serially; for determinism checks).")
+      .def("bind_model", [](Optimizer& o, const Model& m) {
+             // A trainer binds (and claims) the optimizer itself; this is for updates driven from Python.
+             if (!o.claimed()) o.bind(m.trainable_layout(), m.num_trainable(), m.dtype());
+           }, py::arg("model"), "Binds to the model's trainable layout unless a Trainer holds the optimizer.")
       .def("set_param_groups", &set_groups, py::arg("groups"),
            "Parameter groups [(slot names, {option: value}), ...]; [] for one group of every parameter.")
       .def_property_readonly("num_groups", &Optimizer::num_groups)

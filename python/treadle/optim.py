@@ -80,6 +80,7 @@ class Optimizer:
                                            for n, g in zip(names, self._groups)])
         else:
             dict.__setitem__(self.param_groups[0], "params", list(module.parameters()))
+        self._native.bind_model(module._compiled())
         self._module = module
         return self
 
@@ -231,7 +232,10 @@ class RMSprop(_Fused):
 
 
 class Adagrad(_Fused):
-    """AdaGrad with learning-rate decay lr / (1 + (t - 1) * lr_decay) and an initial accumulator value."""
+    """AdaGrad with learning-rate decay lr / (1 + (t - 1) * lr_decay) and an initial accumulator value.
+
+    As in torch, every accumulator starts at the constructor's initial_accumulator_value; a parameter
+    group's own value is accepted and ignored."""
 
     _factory = staticmethod(_native.adagrad)
     _defaults = dict(lr=1e-2, lr_decay=0.0, weight_decay=0.0, initial_accumulator_value=0.0, eps=1e-10)

@@ -162,10 +162,11 @@ class Adagrad final : public detail::FusedOptimizer<Adagrad, AdagradOptions> {
 
  protected:
   std::vector<std::string> state_names() const override { return {"sum"}; }
-  // Each group's accumulators start at its own initial_accumulator_value.
+  // As torch, every accumulator starts at the constructor's initial_accumulator_value (torch fills
+  // the state when the optimizer is created; a group's own value is not read).
   void initialize_state() override {
+    const double value = opts_defaults().initial_accumulator_value;
     for (const Segment& seg : segments_) {
-      const double value = opts_[static_cast<std::size_t>(seg.group)].initial_accumulator_value;
       Tensor& s = state_buffer(0);
       if (dtype_ == DType::f32)
         std::fill(s.data_as<float>() + seg.begin, s.data_as<float>() + seg.end, static_cast<float>(value));
