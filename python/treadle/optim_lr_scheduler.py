@@ -39,7 +39,7 @@ class LRSchedule:
     @property
     def _native(self):
         closed = self.__dict__.get("_closed")
-        if closed is None:
+        if closed is None or "optimizer" in self.__dict__:
             raise TypeError(f"{type(self).__name__}(optimizer, ...) sets the optimizer's learning rates itself when "
                             "you call its step(); do not pass it to Trainer(schedule=...) (build it without the "
                             "optimizer for that)")
@@ -167,6 +167,9 @@ class ConstantLR(LRScheduler):
             return self._lrs()
         return [lr * (1.0 / self.factor) for lr in self._lrs()]
 
+    def _closed_form(self):
+        return [b * (self.factor + (self.last_epoch >= self.total_iters) * (1 - self.factor)) for b in self.base_lrs]
+
 
 class StepLR(LRScheduler):
     """base_lr * gamma ** (epoch // step_size); the closed form counts optimizer updates instead."""
@@ -185,6 +188,9 @@ class StepLR(LRScheduler):
             return self._lrs()
         return [lr * self.gamma for lr in self._lrs()]
 
+    def _closed_form(self):
+        return [b * self.gamma ** (self.last_epoch // self.step_size) for b in self.base_lrs]
+
 
 class ExponentialLR(LRScheduler):
     """base_lr * gamma ** epoch."""
@@ -201,6 +207,9 @@ class ExponentialLR(LRScheduler):
         if self._is_initial:
             return self._lrs()
         return [lr * self.gamma for lr in self._lrs()]
+
+    def _closed_form(self):
+        return [b * self.gamma ** self.last_epoch for b in self.base_lrs]
 
 
 class CosineAnnealingLR(LRScheduler):
@@ -226,6 +235,10 @@ class CosineAnnealingLR(LRScheduler):
             return [g["lr"] + (b - e) * (1 - math.cos(math.pi / T)) / 2 for b, g in zip(self.base_lrs, groups)]
         return [(1 + math.cos(math.pi * t / T)) / (1 + math.cos(math.pi * (t - 1) / T)) * (g["lr"] - e) + e
                 for g in groups]
+
+    def _closed_form(self):
+        e = self.eta_min
+        return [e + (b - e) * (1 + math.cos(math.pi * self.last_epoch / self.T_max)) / 2 for b in self.base_lrs]
 
 
 class WarmupCosineLR(LRSchedule):
@@ -260,6 +273,10 @@ class MultiStepLR(LRScheduler):
         if self.last_epoch not in self.milestones:
             return self._lrs()
         return [lr * self.gamma ** self.milestones[self.last_epoch] for lr in self._lrs()]
+
+    def _closed_form(self):
+        n = bisect.bisect_right(sorted(self.milestones.elements()), self.last_epoch)
+        return [b * self.gamma ** n for b in self.base_lrs]
 
 
 class LambdaLR(LRScheduler):
