@@ -1,5 +1,6 @@
 // Core bindings: dtypes, backends, the symbolic Value used while tracing, functional ops,
 // contexts and the op runner used by the verification suite.
+#include <algorithm>
 #include <memory>
 #include <string>
 
@@ -56,6 +57,27 @@ py::tuple run_op_py(const std::string& op, const py::list& inputs, const py::dic
   return py::make_tuple(outs, in_grads);
 }
 
+// `a @ b` as torch reads it for the shapes a model uses: 2-D products, a stack of rows times a matrix
+// ((..., M, K) @ (K, N)), and batched products of equal leading dims ((..., M, K) @ (..., K, N)).
+Value matmul_operator(Value a, Value b) {
+  const Shape& sa = a.shape();
+  const Shape& sb = b.shape();
+  if (sa.size() == 2 && sb.size() == 2) return ops::matmul(a, b);
+  if (sa.size() < 2 || sb.size() < 2 || (sb.size() > 2 && sb.size() != sa.size()))
+    throw_value_error("matmul: operands ", shape_str(sa), " @ ", shape_str(sb), " are not supported (2-D and above, ",
+                      "with b 2-D or of a's rank; reshape or unsqueeze first)");
+  const int64_t m = sa[sa.size() - 2], k = sa.back();
+  int64_t lead = 1;
+  for (std::size_t i = 0; i + 2 < sa.size(); ++i) lead *= sa[i];
+  Shape out(sa.begin(), sa.end() - 1);
+  out.push_back(sb.back());
+  if (sb.size() == 2) return ops::reshape(ops::matmul(ops::reshape(a, {lead * m, k}), b), out);
+  if (!std::equal(sa.begin(), sa.end() - 2, sb.begin()))
+    throw_value_error("matmul: the leading dims of ", shape_str(sa), " and ", shape_str(sb), " differ (no broadcasting)");
+  Value prod = ops::bmm(ops::reshape(a, {lead, m, k}), ops::reshape(b, {lead, sb[sb.size() - 2], sb.back()}));
+  return sa.size() == 3 ? prod : ops::reshape(prod, out);
+}
+
 void bind_symbol(py::module_& m) {
   py::class_<Value>(m, "Symbol", "A symbolic tensor recorded while a model's forward is traced.")
       .def_property_readonly("shape", [](const Value& v) { return py::tuple(py::cast(v.shape())); })
@@ -72,7 +94,7 @@ void bind_symbol(py::module_& m) {
       .def("__mul__", [](Value a, double s) { return ops::scale(a, s); })
       .def("__rmul__", [](Value a, double s) { return ops::scale(a, s); })
       .def("__neg__", [](Value a) { return ops::scale(a, -1.0); })
-      .def("__matmul__", [](Value a, Value b) { return ops::matmul(a, b); })
+      .def("__matmul__", &matmul_operator)
       .def("__repr__", [](const Value& v) {
         return "Symbol(shape=" + shape_str(v.shape()) + ", dtype=" + dtype_name(v.dtype()) + ")";
       });
@@ -83,6 +105,8 @@ void bind_functional(py::module_& m) {
   f.def("linear", [](Value x, Value w, std::optional<Value> b) { return ops::linear(x, w, b ? *b : Value()); },
         py::arg("x"), py::arg("weight"), py::arg("bias") = py::none());
   f.def("matmul", &ops::matmul, py::arg("a"), py::arg("b"), py::arg("trans_a") = false, py::arg("trans_b") = false);
+  f.def("bmm", &ops::bmm, py::arg("a"), py::arg("b"), py::arg("trans_a") = false, py::arg("trans_b") = false,
+        "(B, M, K) @ (B, K, N), as torch.bmm.");
   f.def("add", &ops::add);
   f.def("sub", &ops::sub);
   f.def("mul", &ops::mul);
@@ -199,6 +223,8 @@ void bind_core(py::module_& m) {
       .def_property_readonly("arena_bytes", &Context::arena_bytes);
   py::class_<Graph>(m, "Graph", "The graph being traced (passed to forward functions).")
       .def_property_readonly("training", &Graph::training)
+      .def("parameter", &Graph::add_parameter, py::arg("parameter"),
+           "The symbol of a parameter (registered with the graph once; a tied parameter is its target).")
       .def("push_scope", &Graph::push_scope)
       .def("pop_scope", &Graph::pop_scope);
   bind_symbol(m);

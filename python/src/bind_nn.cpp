@@ -104,6 +104,19 @@ std::map<std::string, Tensor> state_from_dict(const py::dict& d) {
 
 void bind_nn(py::module_& m) {
   py::class_<Parameter, std::shared_ptr<Parameter>>(m, "Parameter")
+      .def(py::init([](const py::handle& data, bool requires_grad, const py::object& dtype) {
+             py::object arr = py::module_::import("numpy").attr("asarray")(data, py::arg("dtype") = dtype,
+                                                                          py::arg("order") = "C");
+             Tensor t = tensor_from_numpy(arr, "Parameter").clone();
+             if (t.dtype() != DType::f32 && t.dtype() != DType::f64)
+               throw_type_error("Parameter: dtype must be float32 or float64, got ", dtype_name(t.dtype()));
+             return std::make_shared<Parameter>(std::move(t), requires_grad);
+           }),
+           py::arg("data"), py::arg("requires_grad") = true, py::arg("dtype") = "float32")
+      .def("tie_to", &Parameter::tie_to, py::arg("target"))
+      .def_property_readonly("packed", [](const Parameter& p) { return p.owner() != nullptr; },
+                             "Whether the parameter lives in a compiled model's flat buffer.")
+      .def_property_readonly("owner_id", [](const Parameter& p) { return reinterpret_cast<std::uintptr_t>(p.owner()); })
       .def_property_readonly("data", [](py::object self) {
         auto& p = self.cast<Parameter&>();
         return numpy_view(p.value(), self);
@@ -114,6 +127,7 @@ void bind_nn(py::module_& m) {
   py::class_<Module, std::shared_ptr<Module>>(m, "Module")
       .def("forward", &Module::forward)
       .def("named_parameters", [](const Module& mod) { return mod.named_parameters(); })
+      .def("tie_parameter", &Module::tie_parameter, py::arg("name"), py::arg("target"))
       .def_property_readonly("type_name", &Module::type_name);
   py::class_<nn::Linear, Module, std::shared_ptr<nn::Linear>>(m, "Linear")
       .def(py::init([](int64_t in, int64_t out, bool bias, const py::object& dtype) {
@@ -129,6 +143,13 @@ void bind_nn(py::module_& m) {
   py::class_<nn::Flatten, Module, std::shared_ptr<nn::Flatten>>(m, "Flatten")
       .def(py::init<int, int>(), py::arg("start_dim") = 1, py::arg("end_dim") = -1);
 
+  m.def("init_draws", [](int64_t n, bool normal, double a, double b) {
+    if (n < 0) throw_value_error("init_draws: n must be >= 0");
+    py::array_t<double> out(n);
+    init_draws(out.mutable_data(), n, normal, a, b);
+    return out;
+  }, py::arg("n"), py::arg("normal"), py::arg("a"), py::arg("b"),
+  "n draws from the parameter-initialisation generator (manual_seed): U(a, b), or N(a, b^2) if normal.");
   py::class_<Model, std::shared_ptr<Model>>(m, "Model")
       .def(py::init([](py::function trace, std::vector<NamedParameter> params) {
              // Called while a plan is compiled (the GIL is re-acquired); the graph is lent by reference.
@@ -140,6 +161,7 @@ void bind_nn(py::module_& m) {
              return std::make_shared<Model>(std::move(fn), std::move(params));
            }),
            py::arg("forward"), py::arg("parameters"))
+      .def_property_readonly("id", [](const Model& mm) { return reinterpret_cast<std::uintptr_t>(&mm); })
       .def_property_readonly("dtype", [](const Model& mm) { return std::string(dtype_name(mm.dtype())); })
       .def_property_readonly("num_parameters", &Model::num_parameters)
       .def_property_readonly("layout", [](const Model& mm) {

@@ -372,6 +372,8 @@ def to_torch_state_dict(model):
     own = model.state_dict()
     first, out = {}, collections.OrderedDict()
     for name, p in model.named_parameter_objects():
+        if name not in own:
+            continue  # a non-persistent buffer: not part of the state
         key = first.setdefault(id(p), name)
         out[name] = out[key] if key in out else torch.from_numpy(own[key])
     return out

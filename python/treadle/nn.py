@@ -14,9 +14,10 @@ import weakref
 import numpy as np
 
 from . import _core
+from .nn_parameter import Parameter, _as_parameter, _default_float, _host_array
 
 __all__ = [
-    "Module", "Sequential", "ModuleList", "ModuleDict", "Linear", "ReLU", "LeakyReLU", "ELU", "GELU", "SiLU",
+    "Module", "Parameter", "Sequential", "ModuleList", "ModuleDict", "Linear", "ReLU", "LeakyReLU", "ELU", "GELU", "SiLU",
     "Tanh", "Sigmoid", "Softplus", "Softmax", "LogSoftmax", "Dropout", "Flatten", "Identity",
 ]
 
@@ -70,11 +71,21 @@ class _NamedParameters(dict):
         return iter(list(self.items()))
 
 
+# Root modules compiled into a model (requires_grad_ on any submodule repacks their flat buffers).
+_compiled_roots = weakref.WeakSet()
+
+
 class Module:
-    """Base class: holds submodules (set as attributes) and compiles into a model on first use."""
+    """Base class: holds submodules, parameters and buffers (set as attributes, or with
+    register_buffer) and compiles into a model on first use."""
+
+    _native_buffers = ()  # names of a native layer's parameters that torch calls buffers
 
     def __init__(self):
         object.__setattr__(self, "_modules", {})
+        object.__setattr__(self, "_parameters", {})
+        object.__setattr__(self, "_buffers", {})
+        object.__setattr__(self, "_non_persistent", set())
         object.__setattr__(self, "_model", None)
         object.__setattr__(self, "training", True)
 
@@ -91,12 +102,79 @@ class Module:
         return self.train(False)
 
     def __setattr__(self, name, value):
+        if isinstance(value, (Module, _core.Parameter)) and "_modules" not in self.__dict__:
+            raise AttributeError("call super().__init__() before assigning submodules or parameters")
+        param = _as_parameter(value)
+        if param is not None:
+            return self._set_parameter(name, param)
+        if name in self.__dict__.get("_buffers", ()):
+            return self._set_buffer(name, value)
+        if name in self.__dict__.get("_parameters", ()) and value is not None:
+            raise TypeError(f"cannot assign {type(value).__name__} as parameter '{name}' (a tl.nn.Parameter is "
+                            f"expected; to change its values, write into it: self.{name}[...] = values)")
         if isinstance(value, Module):
-            if "_modules" not in self.__dict__:
-                raise AttributeError("call super().__init__() before assigning submodules")
-            self._modules[name] = value
             self._invalidate()
+            self._modules[name] = value
         object.__setattr__(self, name, value)
+
+    def __getattr__(self, name):
+        # Only reached when ordinary lookup fails: parameters and buffers are kept out of __dict__ so
+        # that forward sees symbols while the model is traced, and numpy views otherwise.
+        d = self.__dict__
+        for store in (d.get("_parameters", {}), d.get("_buffers", {})):
+            if name in store:
+                p = store[name]
+                if p is None:
+                    return None
+                graph = getattr(_tracing, "graph", None)
+                return graph.parameter(p) if graph is not None else p.data
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
+    def _set_parameter(self, name, param):
+        self._invalidate()
+        old = self._parameters.get(name)
+        if old is not None and old.packed and old is not param:
+            raise RuntimeError(f"{type(self).__name__}.{name}: cannot replace a parameter of a compiled model; "
+                               f"write into it instead (self.{name}[...] = values)")
+        native = self.__dict__.get("_native")
+        if native is not None and name in dict(native.named_parameters()):
+            native.tie_parameter(name, param)  # a native layer's own parameter: tie it
+            return
+        self._buffers.pop(name, None)
+        self.__dict__.pop(name, None)
+        self._parameters[name] = param
+
+    def register_buffer(self, name, tensor, persistent=True):
+        """State a module uses but does not train (torch's register_buffer): a causal mask, a
+        positional table, running statistics. In forward, ``self.<name>`` is its symbol. Persistent
+        buffers are in state_dict; all follow ``model.double()``. Stored as float32 (float64 for a
+        float64 torch tensor), like parameters: the model keeps one floating dtype."""
+        if "_buffers" not in self.__dict__:
+            raise AttributeError("call super().__init__() before register_buffer")
+        if not isinstance(name, str) or not name or "." in name:
+            raise KeyError(f"register_buffer: buffer name must be a non-empty string without '.', got {name!r}")
+        if name in self.__dict__ or name in self._parameters or name in self._modules:
+            raise KeyError(f"register_buffer: attribute '{name}' already exists")
+        self._invalidate()
+        self._buffers[name] = None if tensor is None else _core.Parameter(
+            _host_array(tensor), False, _default_float(tensor, None))
+        if persistent:
+            self._non_persistent.discard(name)
+        else:
+            self._non_persistent.add(name)
+
+    def _set_buffer(self, name, value):
+        """self.<buffer> = array: a new value; once the buffer is in a compiled model's flat buffer,
+        the values are copied in place (same shape)."""
+        current = self._buffers[name]
+        if current is not None and current.packed:
+            if value is None or np.shape(_host_array(value)) != current.shape:
+                raise ValueError(f"buffer '{name}' has shape {current.shape} in the compiled model; "
+                                 f"assign an array of that shape, got {np.shape(_host_array(value))}")
+            current.data[...] = _host_array(value)
+            return
+        self._buffers[name] = None if value is None else _core.Parameter(
+            _host_array(value), False, _default_float(value, None))
 
     def forward(self, *inputs):
         raise NotImplementedError(f"{type(self).__name__}.forward is not implemented")
@@ -173,7 +251,24 @@ class Module:
 
     # -- parameters -------------------------------------------------------------------------
     def _own_parameters(self):
-        return []
+        """(name, core parameter) for this module's own parameters, then its own buffers (state_dict
+        order)."""
+        own = [(n, p) for n, p in self._parameters.items() if p is not None]
+        return own + [(n, b) for n, b in self._buffers.items() if b is not None]
+
+    def _own_buffer_names(self):
+        return [n for n, b in self._buffers.items() if b is not None] + list(self._native_buffers)
+
+    def _buffer_names(self, prefix=""):
+        """Full names of every buffer at and below this module; (persistent, non-persistent)."""
+        kept, dropped = [], []
+        for n in self._own_buffer_names():
+            (dropped if n in self._non_persistent else kept).append(prefix + n)
+        for name, child in self._modules.items():
+            k, d = child._buffer_names(prefix + name + ".")
+            kept += k
+            dropped += d
+        return kept, dropped
 
     def named_parameter_objects(self, prefix=""):
         """(name, Parameter) pairs in state_dict order (PyTorch naming: "0.weight")."""
@@ -184,9 +279,36 @@ class Module:
 
     def named_parameters(self):
         """name -> writable numpy view of each parameter (in the model's flat buffer once compiled).
-        Indexes like a dict; iterates (name, view) pairs, as torch's named_parameters()."""
+        Indexes like a dict; iterates (name, view) pairs, as torch's named_parameters(). Buffers
+        (named_buffers) are not parameters."""
         self._compiled()
         return _NamedParameters((n, p.data) for n, p in self._unique_parameter_objects())
+
+    def named_buffers(self):
+        """(name, writable numpy view) of each buffer: register_buffer's and batch norm's running
+        statistics, as torch's named_buffers()."""
+        self._compiled()
+        kept, dropped = self._buffer_names()
+        names = set(kept + dropped)
+        return iter([(n, p.data) for n, p in self._unique_objects() if n in names])
+
+    def buffers(self):
+        return [view for _, view in self.named_buffers()]
+
+    def requires_grad_(self, requires_grad=True):
+        """Sets requires_grad on every parameter of this module (torch's requires_grad_, e.g. to freeze
+        an encoder); returns self. A compiled model re-packs its flat buffer (trainable values first):
+        create the Trainer after freezing."""
+        changed = set()
+        for _, p in self._unique_parameter_objects():
+            if p.requires_grad != bool(requires_grad):
+                p.requires_grad = bool(requires_grad)
+                changed.add(p.owner_id)
+        for root in list(_compiled_roots):
+            model = root.__dict__.get("_model")
+            if model is not None and model.id in changed:
+                model.to(model.dtype)  # re-packs: the layout puts trainable values first
+        return self
 
     def zero_grad(self, set_to_none=True):
         """Zeroes the model's gradient buffer (treadle's gradients always exist: set_to_none is
@@ -197,15 +319,23 @@ class Module:
         """The writable numpy view of each parameter, in state_dict order (shared ones once)."""
         return [view for _, view in self.named_parameters().items()]
 
-    def _unique_parameter_objects(self):
-        """Shared (tied) parameters once, under their first name, as torch's named_parameters."""
+    def _unique_objects(self):
+        """Parameters and buffers, shared (tied) ones once under their first name."""
         seen = set()
         return [(n, p) for n, p in self.named_parameter_objects() if not (id(p) in seen or seen.add(id(p)))]
+
+    def _unique_parameter_objects(self):
+        """Parameters (not buffers), tied ones once under their first name, as torch's named_parameters."""
+        kept, dropped = self._buffer_names()
+        buffers = set(kept + dropped)
+        return [(n, p) for n, p in self._unique_objects() if n not in buffers]
 
     def named_gradients(self):
         """Dict name -> writable numpy view of each parameter's gradient."""
         model = self._compiled()
-        return {name: model.gradient(name) for name, _shape, _offset in model.layout}
+        kept, dropped = self._buffer_names()
+        buffers = set(kept + dropped)  # not trained: no gradient (as torch's buffers have none)
+        return {name: model.gradient(name) for name, _shape, _offset in model.layout if name not in buffers}
 
     def flat_parameters(self):
         """The one contiguous parameter buffer as a writable numpy view."""
@@ -219,19 +349,37 @@ class Module:
         """Number of trainable values (like sum(p.numel() for p in torch_module.parameters()))."""
         return sum(int(np.prod(p.shape)) for _, p in self._unique_parameter_objects() if p.requires_grad)
 
-    def state_dict(self):
-        """Dict name -> numpy copy of each parameter, with PyTorch's keys and layouts."""
-        return self._compiled().state_dict()
-
-    def load_state_dict(self, state, strict=True):
-        """Loads parameters from numpy arrays or torch tensors; validates everything before writing."""
+    def _aliases(self):
+        """name -> the first name of the same (tied) parameter, for every name."""
         objects = self.named_parameter_objects()  # kept alive: ids identify shared parameters
         first = {}
         for n, p in objects:
             first.setdefault(id(p), n)
-        alias = {n: first[id(p)] for n, p in objects}
-        # torch's state_dict lists a tied parameter under every name; load it once, by its first name.
-        self._compiled().load_state_dict({k: v for k, v in dict(state).items() if alias.get(k, k) == k}, strict)
+        return {n: first[id(p)] for n, p in objects}
+
+    def state_dict(self):
+        """Dict name -> numpy copy of each parameter and persistent buffer, with PyTorch's keys and
+        layouts (a tied parameter under each of its names, as torch lists it)."""
+        state = self._compiled().state_dict()
+        _, dropped = self._buffer_names()
+        return {n: state[first] for n, first in self._aliases().items() if n not in dropped}
+
+    def load_state_dict(self, state, strict=True):
+        """Loads parameters and persistent buffers from numpy arrays or torch tensors; validates
+        everything before writing."""
+        state, alias = dict(state), self._aliases()
+        _, dropped = self._buffer_names()
+        if strict and set(dropped) & set(state):
+            raise ValueError(f"load_state_dict: unexpected key '{sorted(set(dropped) & set(state))[0]}' "
+                             "(a non-persistent buffer is not part of the state)")
+        model = self._compiled()
+        # torch's state_dict lists a tied parameter under every name: load it once, by its first name.
+        # Non-persistent buffers keep their values.
+        state = {k: v for k, v in state.items() if alias.get(k, k) == k and k not in dropped}
+        if strict:
+            current = dict(self._unique_objects())
+            state.update({n: current[n].data for n in dropped if n in current})
+        model.load_state_dict(state, strict)
 
     # -- compilation and inference ------------------------------------------------------------
     def _invalidate(self):
@@ -254,6 +402,7 @@ class Module:
                 return _flatten_outputs(out)
 
             object.__setattr__(self, "_model", _core.Model(trace, self.named_parameter_objects()))
+            _compiled_roots.add(self)
         return self._model
 
     def predict(self, x, out=None, context=None):
@@ -370,14 +519,14 @@ class _NativeModule(Module):
         # A size the core refuses (an overflowing or absurd parameter shape) is named by the layer
         # that asked for it: "Linear(1, 4611686018427387904): Tensor: shape ... needs ...".
         super().__init_subclass__(**kwargs)
-        init = cls.__dict__.get("__init__")
-        if init is None:
+        own_init = cls.__dict__.get("__init__")
+        if own_init is None:
             return
 
-        @functools.wraps(init)
+        @functools.wraps(own_init)
         def checked_init(self, *args, **kw):
             try:
-                init(self, *args, **kw)
+                own_init(self, *args, **kw)
             except (ValueError, OverflowError, MemoryError) as e:
                 if str(e).startswith(("Tensor:", "shape (")):  # the core's size checks
                     shown = ", ".join([repr(a) for a in args] + [f"{k}={v!r}" for k, v in kw.items()])
@@ -391,132 +540,10 @@ class _NativeModule(Module):
         object.__setattr__(self, "_native", native)
 
     def _own_parameters(self):
-        return self._native.named_parameters()
+        return self._native.named_parameters() + super()._own_parameters()
 
     def forward(self, x):
         return self._native.forward(x)
-
-
-class Sequential(Module):
-    """Modules applied in order; children are named "0", "1", ... as in torch.nn.Sequential."""
-
-    def __init__(self, *layers):
-        super().__init__()
-        for i, layer in enumerate(layers):
-            if not isinstance(layer, Module):
-                raise TypeError(f"Sequential: argument {i} is a {type(layer).__name__}, not a treadle Module")
-            setattr(self, str(i), layer)
-
-    def forward(self, x):
-        for layer in self._modules.values():
-            x = layer(x)
-        return x
-
-    def __getitem__(self, i):
-        return list(self._modules.values())[i]
-
-    def __len__(self):
-        return len(self._modules)
-
-
-class ModuleList(Module):
-    """Submodules in a list, registered with the model (torch.nn.ModuleList): parameters are named
-    "<attribute>.<index>.<name>" as in torch. A container only: its owner's forward calls the layers."""
-
-    def __init__(self, modules=None):
-        super().__init__()
-        self.extend(modules or [])
-
-    def _check(self, module, where):
-        if not isinstance(module, Module):
-            raise TypeError(f"ModuleList: {where} is a {type(module).__name__}, not a treadle Module")
-        return module
-
-    def append(self, module):
-        setattr(self, str(len(self._modules)), self._check(module, f"element {len(self._modules)}"))
-        return self
-
-    def extend(self, modules):
-        for module in modules:
-            self.append(module)
-        return self
-
-    def insert(self, index, module):
-        items = list(self._modules.values())
-        items.insert(index, self._check(module, f"element {index}"))
-        self._invalidate()
-        self._modules.clear()
-        for i, m in enumerate(items):
-            setattr(self, str(i), m)
-
-    def _index(self, i):
-        if isinstance(i, bool) or not isinstance(i, numbers.Integral):
-            raise TypeError(f"ModuleList indices must be integers or slices, not {type(i).__name__}")
-        n = len(self._modules)
-        if not -n <= i < n:
-            raise IndexError(f"ModuleList index {i} is out of range for {n} modules")
-        return str(i % n)
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return ModuleList(list(self._modules.values())[i])
-        return self._modules[self._index(i)]
-
-    def __setitem__(self, i, module):
-        setattr(self, self._index(i), self._check(module, f"element {i}"))
-
-    def __len__(self):
-        return len(self._modules)
-
-    def __iter__(self):
-        return iter(list(self._modules.values()))
-
-    def forward(self, *inputs):
-        raise NotImplementedError("ModuleList is a container and has no forward: call its modules in a loop")
-
-
-class ModuleDict(Module):
-    """Submodules by name, registered with the model (torch.nn.ModuleDict): parameters are named
-    "<attribute>.<key>.<name>" as in torch. A container only: its owner's forward calls the layers."""
-
-    def __init__(self, modules=None):
-        super().__init__()
-        self.update(modules or {})
-
-    def __setitem__(self, key, module):
-        if not isinstance(key, str) or not key or "." in key:
-            raise KeyError(f"ModuleDict keys must be non-empty strings without '.', got {key!r}")
-        if not isinstance(module, Module):
-            raise TypeError(f"ModuleDict: {key!r} is a {type(module).__name__}, not a treadle Module")
-        setattr(self, key, module)
-
-    def __getitem__(self, key):
-        return self._modules[key]
-
-    def update(self, modules):
-        for key, module in (modules.items() if hasattr(modules, "items") else modules):
-            self[key] = module
-
-    def __contains__(self, key):
-        return key in self._modules
-
-    def __len__(self):
-        return len(self._modules)
-
-    def __iter__(self):
-        return iter(list(self._modules))
-
-    def keys(self):
-        return list(self._modules.keys())
-
-    def values(self):
-        return list(self._modules.values())
-
-    def items(self):
-        return list(self._modules.items())
-
-    def forward(self, *inputs):
-        raise NotImplementedError("ModuleDict is a container and has no forward: call its modules by key")
 
 
 class Linear(_NativeModule):
@@ -540,53 +567,6 @@ class Linear(_NativeModule):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.has_bias}"
 
 
-def _activation(name, kind, params=(), doc=""):
-    def __init__(self, *args, **kwargs):
-        values = []
-        for i, (pname, default) in enumerate(params):
-            values.append(float(args[i] if i < len(args) else kwargs.pop(pname, default)))
-        if kwargs:
-            raise TypeError(f"{name}: unexpected arguments {sorted(kwargs)}")
-        _NativeModule.__init__(self, _core.Activation(kind, *values))
-        object.__setattr__(self, "_args", dict(zip([p for p, _ in params], values)))
-
-    def extra_repr(self):
-        return ", ".join(f"{k}={v:g}" for k, v in self._args.items())
-
-    return type(name, (_NativeModule,), {"__init__": __init__, "extra_repr": extra_repr, "__doc__": doc})
-
-
-ReLU = _activation("ReLU", "relu", doc="max(x, 0)")
-LeakyReLU = _activation("LeakyReLU", "leaky_relu", [("negative_slope", 0.01)])
-ELU = _activation("ELU", "elu", [("alpha", 1.0)])
-SiLU = _activation("SiLU", "silu", doc="x * sigmoid(x)")
-Tanh = _activation("Tanh", "tanh")
-Sigmoid = _activation("Sigmoid", "sigmoid")
-Softplus = _activation("Softplus", "softplus", [("beta", 1.0), ("threshold", 20.0)])
-
-
-class GELU(_NativeModule):
-    """GELU, exact (approximate="none") or with the tanh approximation (approximate="tanh")."""
-
-    def __init__(self, approximate="none"):
-        if approximate not in ("none", "tanh"):
-            raise ValueError(f"GELU: approximate must be 'none' or 'tanh', got {approximate!r}")
-        super().__init__(_core.Activation("gelu" if approximate == "none" else "gelu_tanh"))
-        self.approximate = approximate
-
-
-class Softmax(_NativeModule):
-    def __init__(self, dim=-1):
-        super().__init__(_core.Activation("softmax", float(dim)))
-        self.dim = dim
-
-
-class LogSoftmax(_NativeModule):
-    def __init__(self, dim=-1):
-        super().__init__(_core.Activation("log_softmax", float(dim)))
-        self.dim = dim
-
-
 class Dropout(_NativeModule):
     """Zeroes elements with probability p in training (scaling the rest by 1/(1-p)); identity in predict."""
 
@@ -601,9 +581,9 @@ class Flatten(_NativeModule):
         self.start_dim, self.end_dim = int(start_dim), int(end_dim)
 
 
-class Identity(Module):
-    def forward(self, x):
-        return x
+from . import nn_init as init  # noqa: E402,F401 (tl.nn.init, as torch.nn.init)
+from .nn_containers import *  # noqa: E402,F401,F403
+from .nn_activations import *  # noqa: E402,F401,F403
 from .nn_attention import *  # noqa: E402,F401,F403
 from .nn_recurrent import *  # noqa: E402,F401,F403
 from .nn_layers import *  # noqa

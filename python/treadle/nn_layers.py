@@ -97,6 +97,7 @@ class GroupNorm(_WithParams):
 
 class _BatchNorm(_WithParams):
     _dims = 0
+    _native_buffers = ("running_mean", "running_var", "num_batches_tracked")
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True, dtype=None):
         num_features = _int_args(self, num_features=num_features)
@@ -203,8 +204,9 @@ class OutputTransform(_WithParams):
     scale and shift: a number or one value per output; activations: one of 'identity', 'softplus',
     'sigmoid', 'tanh', or one per output. E.g. a target in (a, b): activations='sigmoid', scale=b - a,
     shift=a; a positive target: 'softplus'. scale and shift are fixed (not trained) and are saved in
-    the state_dict as 'scale' and 'shift'.
+    the state_dict as 'scale' and 'shift' (buffers: named_buffers lists them, parameters() does not).
     """
+    _native_buffers = ("scale", "shift")
 
     def __init__(self, scale=1.0, shift=0.0, activations="identity", dtype=None):
         def values(v, what):

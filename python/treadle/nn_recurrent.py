@@ -45,7 +45,7 @@ class _Recurrent(_NativeModule):
             params = dict(native.named_parameters()) if native is not None else {}
             if name in params:
                 return params[name].data
-        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+        return super().__getattr__(name)
 
     def config(self):
         """The constructor arguments (tl.save writes them; tl.load rebuilds the layer from them). The

@@ -18,26 +18,33 @@ namespace treadle {
 class TREADLE_API Parameter {
  public:
   explicit Parameter(Tensor value, bool requires_grad = true) : value_(std::move(value)), requires_grad_(requires_grad) {}
-  const Tensor& value() const { return value_; }
+  // A tied parameter (tie_to) is its target: one value, one slot in the flat buffer, one gradient.
+  const Tensor& value() const { return tied_ ? tied_->value() : value_; }
   // Rebinds the parameter to other memory (the model's flat buffer); shape must match.
   void rebind(Tensor value);
-  bool requires_grad() const { return requires_grad_; }
-  void set_requires_grad(bool r) { requires_grad_ = r; }
+  bool requires_grad() const { return tied_ ? tied_->requires_grad() : requires_grad_; }
+  void set_requires_grad(bool r);
   // The model whose flat buffer holds this parameter (a parameter belongs to one model at a time).
-  const void* owner() const { return owner_; }
-  void set_owner(const void* owner) { owner_ = owner; }
-
+  const void* owner() const { return tied_ ? tied_->owner() : owner_; }
+  void set_owner(const void* owner);
+  // Weight tying (torch's `decoder.weight = encoder.weight`): from now on this parameter stands for
+  // `target`. Shapes and dtypes must match; a tie that would close a cycle is refused.
+  void tie_to(std::shared_ptr<Parameter> target);
+  // The parameter that holds the value: `p` itself, or the end of its chain of ties.
+  static const std::shared_ptr<Parameter>& resolve(const std::shared_ptr<Parameter>& p);
  private:
   Tensor value_;
   bool requires_grad_;
   const void* owner_ = nullptr;
+  std::shared_ptr<Parameter> tied_;
 };
-
 using NamedParameter = std::pair<std::string, std::shared_ptr<Parameter>>;
 
 // The process-wide generator used for parameter initialisation (like torch.manual_seed).
 TREADLE_API void manual_seed(uint64_t seed);
 TREADLE_API double init_uniform(double low, double high);  // one draw, thread-safe
+// n draws from that generator into out: U(a, b), or N(a, b^2) when `normal` (tl.nn.init uses them).
+TREADLE_API void init_draws(double* out, int64_t n, bool normal, double a, double b);
 
 class TREADLE_API Module {
  public:
@@ -50,6 +57,8 @@ class TREADLE_API Module {
   const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& children() const { return children_; }
   void register_parameter(const std::string& name, std::shared_ptr<Parameter> p);
   void register_module(const std::string& name, std::shared_ptr<Module> m);
+  // Ties this module's own parameter `name` ("weight") to `target` (Parameter::tie_to).
+  void tie_parameter(const std::string& name, std::shared_ptr<Parameter> target);
 
  protected:
   std::vector<NamedParameter> params_;

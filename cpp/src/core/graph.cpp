@@ -94,7 +94,8 @@ Value Graph::add_input(Shape shape, DType dtype, ValueKind kind) {
   return Value(this, new_value(std::move(shape), dtype, kind, -1, slot));
 }
 
-Value Graph::add_parameter(const std::shared_ptr<Parameter>& p) {
+Value Graph::add_parameter(const std::shared_ptr<Parameter>& param) {
+  const std::shared_ptr<Parameter>& p = Parameter::resolve(param);  // a tied parameter is its target
   for (std::size_t i = 0; i < params_.size(); ++i)
     if (params_[i] == p) return Value(this, param_values_[i]);
   const Tensor& t = p->value();

@@ -40,6 +40,7 @@ void Model::pack_parameters() {
   std::vector<NamedParameter> unique;
   for (auto& np : params_) {
     if (!np.second) throw_value_error("Model: parameter '", np.first, "' is null");
+    np.second = Parameter::resolve(np.second);  // a tied parameter is its target
     if (seen.insert(np.second.get()).second) unique.push_back(np);  // shared weights: first name wins
   }
   params_ = std::move(unique);

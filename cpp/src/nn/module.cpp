@@ -38,15 +38,60 @@ double init_uniform(double low, double high) {
   return std::uniform_real_distribution<double>(low, high)(init_generator());
 }
 
+void init_draws(double* out, int64_t n, bool normal, double a, double b) {
+  std::lock_guard<std::mutex> lock(g_init_mutex);
+  if (normal) {
+    std::normal_distribution<double> dist(a, b);
+    for (int64_t i = 0; i < n; ++i) out[i] = dist(init_generator());
+  } else {
+    std::uniform_real_distribution<double> dist(a, b);
+    for (int64_t i = 0; i < n; ++i) out[i] = dist(init_generator());
+  }
+}
+
 void Parameter::rebind(Tensor value) {
+  if (tied_) return tied_->rebind(std::move(value));
   if (value.shape() != value_.shape())
     throw_value_error("Parameter.rebind: expected shape ", shape_str(value_.shape()), ", got ", shape_str(value.shape()));
   value_ = std::move(value);
 }
 
+void Parameter::set_requires_grad(bool r) {
+  if (tied_) return tied_->set_requires_grad(r);
+  requires_grad_ = r;
+}
+
+void Parameter::set_owner(const void* owner) {
+  if (tied_) return tied_->set_owner(owner);
+  owner_ = owner;
+}
+
+void Parameter::tie_to(std::shared_ptr<Parameter> target) {
+  if (!target) throw_value_error("Parameter.tie_to: the target is null");
+  const std::shared_ptr<Parameter>& root = resolve(target);
+  if (root.get() == this) return;  // already the same parameter
+  for (const Parameter* p = root.get(); p; p = p->tied_.get())
+    if (p == this) throw_value_error("Parameter.tie_to: the tie would close a cycle");
+  if (owner() || root->owner())
+    throw_value_error("Parameter.tie_to: a parameter already packed into a model cannot be tied; tie before "
+                      "the model's first use");
+  if (root->value().shape() != value().shape() || root->value().dtype() != value().dtype())
+    throw_value_error("Parameter.tie_to: shapes and dtypes must match: ", shape_str(value().shape()), " ",
+                      dtype_name(value().dtype()), " vs ", shape_str(root->value().shape()), " ",
+                      dtype_name(root->value().dtype()));
+  tied_ = root;
+  value_ = Tensor();  // the value is the target's from now on
+}
+
+const std::shared_ptr<Parameter>& Parameter::resolve(const std::shared_ptr<Parameter>& p) {
+  const std::shared_ptr<Parameter>* at = &p;
+  while (*at && (*at)->tied_) at = &(*at)->tied_;
+  return *at;
+}
+
 std::vector<NamedParameter> Module::named_parameters(const std::string& prefix) const {
   std::vector<NamedParameter> out;
-  for (const auto& [name, p] : params_) out.emplace_back(prefix + name, p);
+  for (const auto& [name, p] : params_) out.emplace_back(prefix + name, Parameter::resolve(p));
   for (const auto& [name, child] : children_) {
     auto sub = child->named_parameters(prefix + name + ".");
     out.insert(out.end(), sub.begin(), sub.end());
@@ -61,6 +106,12 @@ void Module::register_parameter(const std::string& name, std::shared_ptr<Paramet
       return;
     }
   params_.emplace_back(name, std::move(p));
+}
+
+void Module::tie_parameter(const std::string& name, std::shared_ptr<Parameter> target) {
+  for (auto& [n, p] : params_)
+    if (n == name) return p->tie_to(std::move(target));
+  throw_value_error(type_name(), " has no parameter named '", name, "'");
 }
 
 void Module::register_module(const std::string& name, std::shared_ptr<Module> m) {
