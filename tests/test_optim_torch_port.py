@@ -312,3 +312,22 @@ def test_bad_changes_to_param_groups_are_refused(mlp_pair):
         opt.param_groups[0]["params"] = []
     assert opt.param_groups[0]["lr"] == 0.1 and opt.param_groups[0]["momentum"] == 0.0
     opt.param_groups[0]["initial_lr"] = 0.1  # bookkeeping keys are kept, as in torch
+
+
+# ---- checkpoints ----------------------------------------------------------------------------------
+
+def test_checkpoint_keeps_every_groups_lr(mlp_pair, tmp_path):
+    net, _ = mlp_pair(SIZES, dtype="float64")
+    named = dict(net.named_parameters())
+    opt = optim.Adam([{"params": _pick(named, W)}, {"params": _pick(named, B), "lr": 0.02}], lr=0.1)
+    trainer = tl.Trainer(net, tl.loss.MSE(), opt)
+    trainer.step(np.ones((2, SIZES[0])), np.zeros((2, SIZES[-1])))
+    opt.param_groups[1]["lr"] = 0.005
+    path = str(tmp_path / "ck.safetensors")
+    tl.save_checkpoint(path, trainer)
+    opt.param_groups[0]["lr"], opt.param_groups[1]["lr"] = 1.0, 1.0
+    tl.load_checkpoint(path, trainer)
+    assert [g["lr"] for g in opt.param_groups] == [0.1, 0.005]
+    single = tl.Trainer(mlp_pair(SIZES, dtype="float64")[0], tl.loss.MSE(), optim.Adam(lr=0.1))
+    with pytest.raises(ValueError, match="the checkpoint has 2 parameter groups, the optimizer has 1"):
+        tl.load_checkpoint(path, single)

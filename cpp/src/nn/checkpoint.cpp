@@ -2,9 +2,12 @@
 // Loading follows one rule: check the whole file against the model (and optimizer) first, then
 // write, so a file that does not fit changes nothing.
 #include <charconv>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <set>
+#include <sstream>
+#include <vector>
 
 #include "nn/serialize_common.hpp"
 #include "treadle/error.hpp"
@@ -20,7 +23,7 @@ constexpr const char* kOptimizerPrefix = "optimizer:";
 constexpr const char* kReserved[] = {"treadle.version", "treadle.kind", "treadle.dtype", "treadle.checksum",
                                      "treadle.optimizer", "treadle.step", "treadle.lr", "treadle.rng_seed",
                                      "treadle.rng_counter", "treadle.loss_scale",
-                                     "treadle.loss_scale_growth_tracker"};
+                                     "treadle.loss_scale_growth_tracker", "treadle.group_lrs"};
 
 void check_user_metadata(const Metadata& m, const std::string& who) {
   for (const char* k : kReserved)
@@ -58,6 +61,26 @@ double parse_lr(const Metadata& m, const std::string& who) {
       x == std::numeric_limits<double>::infinity())
     throw_value_error(who, ": 'treadle.lr' = '", s, "' is not a finite non-negative number");
   return x;
+}
+
+// The learning rates of parameter groups 1, 2, ... ("treadle.group_lrs", space-separated; group 0's
+// is "treadle.lr"). Absent (a checkpoint of an optimizer without groups): the current ones are kept.
+std::vector<double> parse_group_lrs(const Metadata& m, const Optimizer& o, const std::string& who) {
+  std::vector<double> lrs;
+  auto it = m.find("treadle.group_lrs");
+  if (it == m.end()) return lrs;
+  std::istringstream in(it->second);
+  for (std::string tok; in >> tok;) {
+    double x = 0;
+    auto r = std::from_chars(tok.data(), tok.data() + tok.size(), x);
+    if (r.ec != std::errc() || r.ptr != tok.data() + tok.size() || !(x >= 0) || !std::isfinite(x))
+      throw_value_error(who, ": 'treadle.group_lrs' holds '", tok, "', not a finite non-negative number");
+    lrs.push_back(x);
+  }
+  if (static_cast<int>(lrs.size()) + 1 != o.num_groups())
+    throw_value_error(who, ": the checkpoint has ", lrs.size() + 1, " parameter groups, the optimizer has ",
+                      o.num_groups());
+  return lrs;
 }
 
 std::string kind_of(const TensorFile& f) {
@@ -213,6 +236,11 @@ void save_checkpoint(const std::string& path, Trainer& trainer, const Metadata& 
   md["treadle.optimizer"] = o.name();
   md["treadle.step"] = std::to_string(o.step_count());
   md["treadle.lr"] = format_double(o.lr());
+  if (o.num_groups() > 1) {
+    std::string lrs;
+    for (int g = 1; g < o.num_groups(); ++g) lrs += (g > 1 ? " " : "") + format_double(o.group_lr(g));
+    md["treadle.group_lrs"] = lrs;
+  }
   md["treadle.rng_seed"] = std::to_string(trainer.context().seed());
   md["treadle.rng_counter"] = std::to_string(trainer.context().rng_counter());
   if (trainer.options().loss_scaling.mode == LossScaling::Mode::dynamic) {
@@ -235,6 +263,7 @@ void load_checkpoint(const TensorFile& file, Trainer& trainer) {
   constexpr uint64_t kMaxInt64 = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
   const auto step = static_cast<int64_t>(parse_uint(file.metadata, "treadle.step", who, kMaxInt64));
   const double lr = parse_lr(file.metadata, who);
+  const std::vector<double> group_lrs = parse_group_lrs(file.metadata, o, who);
   const uint64_t seed = parse_uint(file.metadata, "treadle.rng_seed", who, std::numeric_limits<uint64_t>::max());
   const uint64_t counter =
       parse_uint(file.metadata, "treadle.rng_counter", who, std::numeric_limits<uint64_t>::max());
@@ -244,6 +273,7 @@ void load_checkpoint(const TensorFile& file, Trainer& trainer) {
   for (std::size_t i = 0; i < opt_state.size(); ++i) o.state()[i].second.copy_from(*opt_state[i]);
   o.set_step_count(step);
   o.set_lr(lr);
+  for (std::size_t g = 0; g < group_lrs.size(); ++g) o.set_group_lr(static_cast<int>(g) + 1, group_lrs[g]);
   trainer.context().set_rng_state(seed, counter);
   // A trainer without dynamic loss scaling ignores the state.
   if (scaler.present) trainer.set_loss_scale_state(scaler.scale, scaler.growth_tracker);
