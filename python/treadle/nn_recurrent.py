@@ -21,7 +21,7 @@ A typical regression model keeps the last layer's final state:
 from . import _core
 from .nn import _NativeModule, _int_args
 
-__all__ = ["RNN", "GRU", "LSTM"]
+__all__ = ["RNN", "GRU", "LSTM", "RNNCell", "LSTMCell", "GRUCell"]
 
 
 class _Recurrent(_NativeModule):
@@ -169,3 +169,6 @@ def _symbol_getitem(self, index):
 
 if not hasattr(_core.Symbol, "__getitem__"):  # until the core binds indexing itself
     _core.Symbol.__getitem__ = _symbol_getitem
+
+
+from .nn_cells import GRUCell, LSTMCell, RNNCell  # noqa: E402,F401 (one step per call)
