@@ -74,3 +74,35 @@ def test_refusals_name_the_argument(rng):
         Head(lambda v: F.pad(v, (1, 1, 1))).double().predict(rng.standard_normal((2, 4)))
     with pytest.raises(ValueError, match="min_val"):
         Head(lambda v: F.hardtanh(v, 1.0, -1.0)).double().predict(x[:, :2].repeat(2, 1))
+
+
+@pytest.mark.parametrize("kw", [{"scale_factor": 2}, {"size": (5, 7)}, {"scale_factor": 1.5, "mode": "bilinear"},
+                                {"size": (3, 9), "mode": "bilinear", "align_corners": True}])
+def test_interpolate_is_torchs(kw):
+    """F.interpolate records nn.Upsample's op: values and input gradients equal torch's (float64)."""
+    x = np.random.default_rng(0).standard_normal((2, 3, 4, 5))
+
+    class Net(tl.nn.Module):
+        def forward(self, x):
+            return F.interpolate(x, **kw)
+
+    tx = torch.tensor(x, requires_grad=True)
+    ref = torch.nn.functional.interpolate(tx, **kw)
+    net = Net().double().eval()
+    np.testing.assert_allclose(net(x), ref.detach().numpy(), rtol=1e-12, atol=1e-13)
+    seed = np.random.default_rng(1).standard_normal(ref.shape)
+    trainer = tl.Trainer(Net().double(), tl.loss.MSE(), tl.optim.SGD(lr=0.0))
+    trainer.forward(x, input_grad=True)
+    grad_x = trainer.backward(seed, input_grad=True)
+    ref.backward(torch.tensor(seed))
+    np.testing.assert_allclose(grad_x, tx.grad.numpy(), rtol=1e-11, atol=1e-12)
+
+
+def test_one_hot_is_torchs_on_data():
+    y = np.array([[0, 3], [2, 1]])
+    np.testing.assert_array_equal(F.one_hot(y), torch.nn.functional.one_hot(torch.tensor(y)).numpy())
+    np.testing.assert_array_equal(F.one_hot(y, 6), torch.nn.functional.one_hot(torch.tensor(y), 6).numpy())
+    with pytest.raises(ValueError, match=r"\[0, 3\)"):
+        F.one_hot(y, 3)
+    with pytest.raises(TypeError, match="integer"):
+        F.one_hot(y.astype(float))

@@ -107,4 +107,33 @@ def _constant_block(x, dim, width, fill):
 
 
 __all__ = ["relu6", "hardtanh", "hardsigmoid", "hardswish", "logsigmoid", "mish", "selu", "celu", "softsign",
-           "tanhshrink", "normalize", "pad"]
+           "tanhshrink", "normalize", "pad", "interpolate", "one_hot"]
+
+
+def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None,  # noqa: A002
+                recompute_scale_factor=None, antialias=False):
+    """torch.nn.functional.interpolate for 4-D NCHW input, modes 'nearest' and 'bilinear': the op
+    nn.Upsample records, with the same arguments and rules."""
+    if antialias:
+        raise NotImplementedError("interpolate: antialias=True is not supported")
+    from .nn_layers import Upsample  # the layer's own argument checks and op
+    layer = Upsample(size, scale_factor, mode, align_corners, recompute_scale_factor)
+    return layer._native.forward(input)
+
+
+def one_hot(tensor, num_classes=-1):
+    """torch.nn.functional.one_hot on an integer numpy array (data preparation): int64 of shape
+    tensor.shape + (num_classes,); num_classes=-1 takes max + 1. Inside a traced forward, index a
+    learned table with nn.Embedding instead (a one-hot product is an embedding lookup)."""
+    import numpy as np
+    if isinstance(tensor, _c.Symbol):
+        raise TypeError("one_hot: takes an integer array, not a symbol: one-hot encode the data before the "
+                        "model, or use nn.Embedding inside it (a one-hot vector times a matrix is a row lookup)")
+    labels = np.asarray(tensor.detach().cpu().numpy() if hasattr(tensor, "detach") else tensor)
+    if labels.dtype.kind not in "iu":
+        raise TypeError(f"one_hot: expected an integer array, got dtype {labels.dtype}")
+    if num_classes == -1:
+        num_classes = int(labels.max()) + 1 if labels.size else 0
+    if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
+        raise ValueError(f"one_hot: class values must be in [0, {num_classes}), got {labels.min()}..{labels.max()}")
+    return (labels[..., None] == np.arange(num_classes)).astype(np.int64)
