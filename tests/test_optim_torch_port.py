@@ -202,6 +202,10 @@ def test_optimizer_zero_grad_and_step_drive_the_attached_model(mlp_pair):
     opt.step()
     n = len(g)
     np.testing.assert_allclose(net.flat_parameters()[:n], p[:n] - 0.5 * g[:n])
+    alone = optim.Adam(net.parameters(), lr=0.1).attach(net)  # without a Trainer: bound on its first step
+    alone.step()
+    alone.step()
+    assert alone.step_count == 2
     opt.zero_grad()
     assert not net.flat_gradients().any()
 

@@ -130,6 +130,17 @@ void step_flat(Optimizer& o, const py::handle& params, const py::handle& grads, 
   o.step(p, g, rate, exec);
 }
 
+// For updates driven from Python (optimizer.step() on an attached model). A trainer binds (and
+// claims) the optimizer itself; an optimizer bound to this very layout keeps its state untouched.
+void bind_model(Optimizer& o, const Model& m) {
+  if (o.claimed()) return;
+  const std::vector<ParamSlot>& want = m.trainable_layout();
+  bool same = o.bound() && o.numel() == m.num_trainable() && o.dtype() == m.dtype() && o.layout().size() == want.size();
+  for (std::size_t i = 0; same && i < want.size(); ++i)
+    same = o.layout()[i].name == want[i].name && o.layout()[i].offset == want[i].offset;
+  if (!same) o.bind(want, m.num_trainable(), m.dtype());
+}
+
 // groups: [(names, {option: value}), ...]; values are numbers (flags as bool or 0/1).
 void set_groups(Optimizer& o, const py::list& groups) {
   std::vector<ParamGroup> out;
@@ -159,10 +170,8 @@ void bind_optimizer_class(py::module_& om) {
            py::arg("workers") = 1,
            "One update in place on flat 1-D numpy buffers. lr=None uses the base lr. workers > 1 splits the "
            "work as a multi-worker executor would (run serially; for determinism checks).")
-      .def("bind_model", [](Optimizer& o, const Model& m) {
-             // A trainer binds (and claims) the optimizer itself; this is for updates driven from Python.
-             if (!o.claimed()) o.bind(m.trainable_layout(), m.num_trainable(), m.dtype());
-           }, py::arg("model"), "Binds to the model's trainable layout unless a Trainer holds the optimizer.")
+      .def("bind_model", &bind_model, py::arg("model"),
+           "Binds to the model's trainable layout unless a Trainer holds the optimizer or it is bound to it.")
       .def("set_param_groups", &set_groups, py::arg("groups"),
            "Parameter groups [(slot names, {option: value}), ...]; [] for one group of every parameter.")
       .def_property_readonly("num_groups", &Optimizer::num_groups)

@@ -29,7 +29,7 @@ import sys
 import numpy as np
 
 from . import _core
-from .optim_groups import ParamGroup, betas_pair, normalize_groups, number, parameter_names
+from .optim_groups import ParamGroup, betas_pair, native_options, normalize_groups, number, parameter_names
 
 _native = _core.optim
 _number = number
@@ -64,7 +64,7 @@ class Optimizer:
         self._groups = groups
         self.param_groups = [ParamGroup(self, i, g) for i, g in enumerate(groups)]
         # Checked now (unknown keys, invalid values); the names are filled in by attach().
-        native.set_param_groups([([], _native_options(g, defaults)) for g in groups])
+        native.set_param_groups([([], native_options(g, defaults)) for g in groups])
 
     def attach(self, module):
         """Resolves the parameters to `module`'s names and sets the compiled optimizer's groups. Called
@@ -76,11 +76,10 @@ class Optimizer:
                              "create one optimizer per model")
         if self._groups is not None:
             names = parameter_names(type(self).__name__, module, self._groups)
-            self._native.set_param_groups([(n, _native_options(g, self.defaults))
+            self._native.set_param_groups([(n, native_options(g, self.defaults))
                                            for n, g in zip(names, self._groups)])
         else:
             dict.__setitem__(self.param_groups[0], "params", list(module.parameters()))
-        self._native.bind_model(module._compiled())
         self._module = module
         return self
 
@@ -131,8 +130,7 @@ class Optimizer:
 
     def _model_buffers(self):
         model = self._require_module("step")._compiled()
-        if not self._native.bound:
-            raise RuntimeError(f"{type(self).__name__}.step: the optimizer is not bound; build a Trainer with it first")
+        self._native.bind_model(model)  # a no-op while a Trainer holds the optimizer (it bound it)
         n = self._native.numel
         return model.flat_parameters()[:n], model.flat_gradients()[:n]
 
@@ -156,11 +154,6 @@ class Optimizer:
     def __repr__(self):
         args = ", ".join(f"{k}={v!r}" for k, v in self.defaults.items())
         return f"{type(self).__name__}({args})"
-
-
-def _native_options(group, defaults):
-    from .optim_groups import native_options
-    return native_options(group, defaults)
 
 
 def _arguments(cls_name, args, kwargs, names):
