@@ -335,3 +335,33 @@ def test_checkpoint_keeps_every_groups_lr(mlp_pair, tmp_path):
     single = tl.Trainer(mlp_pair(SIZES, dtype="float64")[0], tl.loss.MSE(), optim.Adam(lr=0.1))
     with pytest.raises(ValueError, match="the checkpoint has 2 parameter groups, the optimizer has 1"):
         tl.load_checkpoint(path, single)
+
+
+def test_optimizer_state_dict_round_trip(mlp_pair):
+    """state_dict()/load_state_dict() as torch code uses them: a fresh optimizer continues bit for bit."""
+    net, _ = mlp_pair(SIZES, dtype="float64")
+    named = dict(net.named_parameters())
+    make = lambda: optim.Adam([{"params": _pick(named, W)}, {"params": _pick(named, B), "lr": 0.02}],  # noqa: E731
+                              lr=0.1).attach(net)
+    opt = make()
+    rng = np.random.default_rng(0)
+    grads = [rng.standard_normal(net.flat_gradients().shape) for _ in range(4)]
+    for g in grads[:2]:
+        net.flat_gradients()[...] = g
+        opt.step()
+    opt.param_groups[1]["lr"] = 0.003
+    saved, params = opt.state_dict(), net.flat_parameters().copy()
+    for g in grads[2:]:
+        net.flat_gradients()[...] = g
+        opt.step()
+    expect = net.flat_parameters().copy()
+    net.flat_parameters()[...] = params
+    again = make()
+    again.load_state_dict(saved)
+    assert again.step_count == 2 and again.param_groups[1]["lr"] == 0.003
+    for g in grads[2:]:
+        net.flat_gradients()[...] = g
+        again.step()
+    np.testing.assert_array_equal(net.flat_parameters(), expect)
+    with pytest.raises(ValueError, match="saved parameter groups"):
+        optim.Adam(net.parameters()).attach(net).load_state_dict(saved)

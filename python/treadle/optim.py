@@ -151,6 +151,36 @@ class Optimizer:
         if step_count is not None:
             self._native.step_count = int(step_count)
 
+    def state_dict(self):
+        """torch's layout: {"state": state buffers by name (flat, empty before binding), "step": updates
+        made, "param_groups": each group's hyper-parameters with "params" as indices}."""
+        groups, index = [], 0
+        for g in self.param_groups:
+            saved = {k: g[k] for k in g if k != "params"}
+            saved["params"] = list(range(index, index + len(g["params"])))
+            index += len(g["params"])
+            groups.append(saved)
+        return {"state": self.state() if self._native.bound else {}, "step": self.step_count, "param_groups": groups}
+
+    def load_state_dict(self, state_dict):
+        """Restores what state_dict() returned for an optimizer with the same groups: state buffers, step
+        count and every group's hyper-parameters (ValueError, before anything changes, if the groups or
+        the buffers differ)."""
+        groups = list(state_dict["param_groups"])
+        if len(groups) != len(self.param_groups) or any(
+                len(s["params"]) != len(g["params"]) for s, g in zip(groups, self.param_groups)):
+            raise ValueError(f"{type(self).__name__}.load_state_dict: the saved parameter groups "
+                             f"({[len(s['params']) for s in groups]} parameters) differ from this optimizer's "
+                             f"({[len(g['params']) for g in self.param_groups]})")
+        if state_dict["state"]:
+            if self._module is not None:  # attached but not stepped yet: its buffers are the model's
+                self._native.bind_model(self._module._compiled())
+            self.load_state(state_dict["state"], state_dict["step"])
+        for g, saved in zip(self.param_groups, groups):
+            for key, value in saved.items():
+                if key != "params":
+                    g[key] = value
+
     def __repr__(self):
         args = ", ".join(f"{k}={v!r}" for k, v in self.defaults.items())
         return f"{type(self).__name__}({args})"
