@@ -22,6 +22,12 @@ from .io import load, load_checkpoint, save, save_checkpoint  # noqa: E402
 from .dispatch import dispatch_lookup, dispatch_table_source, load_dispatch_table  # noqa: E402
 from . import onnx_conv  # noqa: E402,F401  (ONNX exporters of the conv/pool layers)
 
+# torch's tensor functions that a forward calls as torch.<name> (torch.flatten(x, 1), torch.cat(...)):
+# the functional ops under the same names, so `torch.` becomes `tl.` in a ported forward.
+from .functional import (  # noqa: E402,F401
+    abs, bmm, cat, chunk, clamp, exp, flatten, log, mean, permute, relu, reshape, sigmoid, softmax, split, sqrt,
+    squeeze, sum, tanh, transpose, unsqueeze, where)
+
 __version__ = "0.1.0"
 float32, float64 = "float32", "float64"
 
