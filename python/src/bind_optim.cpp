@@ -149,7 +149,8 @@ void set_groups(Optimizer& o, const py::list& groups) {
     if (pair.size() != 2) throw_value_error(o.name(), ".set_param_groups: each group must be (names, options)");
     ParamGroup g;
     for (const py::handle n : py::cast<py::iterable>(pair[0])) g.params.push_back(py::cast<std::string>(n));
-    for (auto [k, v] : py::cast<py::dict>(pair[1])) g.options.emplace_back(py::cast<std::string>(k), py::cast<double>(v));
+    for (auto [k, v] : py::cast<py::dict>(pair[1]))
+      g.options.emplace_back(py::cast<std::string>(k), py::cast<double>(v));
     out.push_back(std::move(g));
   }
   o.set_param_groups(out);

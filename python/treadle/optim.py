@@ -49,6 +49,7 @@ class Optimizer:
     ``params`` (torch's first argument) is None (every trainable parameter, one group), an iterable
     of parameters (``model.parameters()``) or of group dicts. The parameters' names are resolved when
     a Trainer is built with the optimizer (``attach``); a parameter of another model is a ValueError.
+    Parameters in no group are not updated (torch semantics).
     """
 
     def __init__(self, native, defaults, params=None):

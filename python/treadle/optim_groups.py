@@ -98,7 +98,8 @@ class ParamGroup(dict):
         return self[key]
 
     def _live(self):
-        return getattr(self._optimizer, "_native", None) is not None and self._index < self._optimizer._native.num_groups
+        native = getattr(self._optimizer, "_native", None)
+        return native is not None and self._index < native.num_groups
 
 
 def normalize_groups(owner, params, defaults):

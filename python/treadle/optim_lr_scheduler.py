@@ -25,6 +25,9 @@ from . import _core
 
 _native = _core.optim
 
+__all__ = ["LRSchedule", "LRScheduler", "ConstantLR", "StepLR", "ExponentialLR", "CosineAnnealingLR", "WarmupCosineLR",
+           "MultiStepLR", "LambdaLR", "LinearLR", "OneCycleLR", "ReduceLROnPlateau", "SequentialLR"]
+
 
 def _is_optimizer(obj):
     return hasattr(obj, "param_groups") and hasattr(obj, "defaults")

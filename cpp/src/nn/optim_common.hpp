@@ -79,7 +79,8 @@ class FusedOptimizer : public Optimizer {
     Options& current = opts_[static_cast<std::size_t>(g)];
     Options o = current;
     if (!Derived::set_option(o, key, value))
-      throw_value_error(name(), ": unknown parameter-group option '", key, "' (known: lr, ", Derived::option_names(), ")");
+      throw_value_error(name(), ": unknown parameter-group option '", key, "' (known: lr, ", Derived::option_names(),
+                        ")");
     Derived::check_options(name().c_str(), o);
     const std::vector<std::string> before = state_names();
     const Options saved = current;
