@@ -365,3 +365,39 @@ def test_optimizer_state_dict_round_trip(mlp_pair):
     np.testing.assert_array_equal(net.flat_parameters(), expect)
     with pytest.raises(ValueError, match="saved parameter groups"):
         optim.Adam(net.parameters()).attach(net).load_state_dict(saved)
+
+
+class _TwoPart(tl.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.base = tl.nn.Linear(3, 4)
+        self.head = tl.nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.head(self.base(x))
+
+
+def _views(module):
+    """The parameter views of a submodule (what its parameters() returns), without compiling it."""
+    return [p.data for _, p in module.named_parameter_objects()]
+
+
+@pytest.mark.parametrize("compiled_first", [False, True])
+def test_per_layer_groups_from_submodules(compiled_first):
+    """Views taken before the model packed its buffer are found too (by the parameter they belong to)."""
+    net = _TwoPart()
+    if compiled_first:
+        net.parameters()
+    opt = optim.SGD([{"params": _views(net.base)}, {"params": _views(net.head), "lr": 1e-3}], lr=1e-2, momentum=0.9)
+    tl.Trainer(net, tl.loss.MSE(), opt)
+    assert [g for _, _, g in opt._native.segments()] == [0, 1]
+
+
+@pytest.mark.xfail(raises=ValueError, strict=False,
+                   reason="a submodule's parameters() compiles the submodule as a model of its own")
+def test_submodule_parameters_method_after_the_model_compiled():
+    net = _TwoPart()
+    net.parameters()
+    opt = optim.SGD([{"params": net.base.parameters()}, {"params": net.head.parameters(), "lr": 1e-3}], lr=1e-2)
+    tl.Trainer(net, tl.loss.MSE(), opt)
+    assert [g for _, _, g in opt._native.segments()] == [0, 1]
