@@ -66,6 +66,13 @@ def test_new_optimizer_matches_torch(name, opts, dtype, torch_dtype):
     np.testing.assert_allclose(params, expect, **TOL[dtype])
 
 
+def test_torch_positional_arguments_and_implementation_flags(mlp_pair):
+    net, _ = mlp_pair(SIZES)
+    opt = optim.SGD(net.parameters(), 0.1, 0.9, foreach=False, fused=None, maximize=False)
+    assert opt.defaults["lr"] == 0.1 and opt.defaults["momentum"] == 0.9
+    assert optim.RMSprop(net.parameters(), 0.01, 0.9).defaults["alpha"] == 0.9
+
+
 def test_new_optimizers_have_torchs_defaults():
     for name in ("Adadelta", "Adamax", "NAdam", "RAdam"):
         ours, theirs = getattr(optim, name)().defaults, getattr(torch.optim, name)([torch.zeros(1)]).defaults
@@ -297,8 +304,9 @@ def test_a_stray_array_is_named(mlp_pair):
     (lambda ps: optim.SGD(["x"]), TypeError, "must be a parameter"),
     (lambda ps: optim.RowWiseAdagrad(ps), ValueError, "parameter groups are not supported"),
     (lambda ps: optim.SGD(ps, 0.1, 0.9, foo=1), TypeError, "unexpected argument"),
+    (lambda ps: optim.Adam(ps, maximize=True), ValueError, "maximize=True is not supported"),
 ], ids=["two-groups", "nan-lr", "inf-group-lr", "unknown-key", "bad-betas", "no-params", "empty", "mixed",
-        "one-array", "not-an-array", "rowwise", "unknown-kwarg"])
+        "one-array", "not-an-array", "rowwise", "unknown-kwarg", "maximize"])
 def test_bad_parameter_groups_are_refused(mlp_pair, make, exc, match):
     net, _ = mlp_pair(SIZES)
     with pytest.raises(exc, match=match):

@@ -200,6 +200,15 @@ def _arguments(cls_name, args, kwargs, names):
     return params, kwargs
 
 
+def _torch_implementation_flags(cls_name, kwargs):
+    """torch's choices of implementation (foreach, fused, capturable, differentiable) are accepted and
+    have nothing to choose here: the update is always one fused pass. maximize=True is refused."""
+    for key in ("foreach", "fused", "capturable", "differentiable"):
+        kwargs.pop(key, None)
+    if kwargs.pop("maximize", False):
+        raise ValueError(f"{cls_name}: maximize=True is not supported; minimise the negated objective instead")
+
+
 class _Fused(Optimizer):
     """An optimizer whose update is one compiled fused pass. Subclasses give torch's hyper-parameter
     names and defaults (`_defaults`, in torch's positional order) and the compiled factory."""
@@ -209,6 +218,7 @@ class _Fused(Optimizer):
     def __init__(self, *args, **kwargs):
         n = type(self).__name__
         params, kwargs = _arguments(n, args, dict(kwargs), list(self._defaults))
+        _torch_implementation_flags(n, kwargs)
         unknown = sorted(set(kwargs) - set(self._defaults))
         if unknown:
             raise TypeError(f"{n}: unexpected argument(s) {unknown} (known: params, {', '.join(self._defaults)})")
