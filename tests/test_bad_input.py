@@ -90,8 +90,9 @@ CASES = [
      [f"({BATCH}, {N_OUT})", f"({BATCH}, {N_OUT + 1})"], False),
     ("out_dtype", lambda s: s.net.predict(s.x, out=np.zeros((BATCH, N_OUT))), (ValueError, TypeError),
      ["float32", "float64"], False),
-    ("list_predict", lambda s: s.net.predict(s.x.tolist()), TypeError, ["numpy array", "list"], False),
-    ("list_target", lambda s: s.mse.step(s.x, s.y.tolist()), TypeError, ["numpy array", "list"], True),
+    # Rectangular nested lists are data (tests/test_lenient_inputs.py); ragged ones are refused.
+    ("ragged_list_predict", lambda s: s.net.predict([[1.0], [1.0, 2.0]]), ValueError, ["rectangular", "list"], False),
+    ("ragged_list_target", lambda s: s.mse.step(s.x, [[1.0], [2.0, 3.0]]), ValueError, ["rectangular", "list"], False),
     ("none_input", lambda s: s.net.predict(None), TypeError, ["NoneType"], False),
     ("empty_batch", lambda s: s.net.predict(_f32(0, N_IN)), ValueError, ["empty", f"(0, {N_IN})"], False),
     ("empty_batch_step", lambda s: s.mse.step(_f32(0, N_IN), _f32(0, N_OUT)), ValueError, ["empty"], True),

@@ -108,3 +108,33 @@ def test_fit_casts_other_float_data_once_with_a_warning():
     np.testing.assert_array_equal(a.flat_parameters(), b.flat_parameters())
     with pytest.raises(TypeError, match="astype"):  # step never casts
         ta.step(x64, y64)
+
+
+def test_nested_lists_are_data():
+    """A nested list of numbers is copied once into an array (floats in the model's dtype, integers
+    int64), as torch.tensor(list) would be; a list of arrays stays several inputs."""
+    net, ref = _net().eval(), _net()
+    rows = BASE[:3, :5].tolist()
+    expected = net.predict(np.asarray(rows, np.float32))
+    np.testing.assert_array_equal(net(rows), expected)
+    np.testing.assert_array_equal(net.predict(tuple(map(tuple, rows))), expected)
+    ta = tl.Trainer(_net(), tl.loss.MSE(), tl.optim.SGD(lr=0.1))
+    tb = tl.Trainer(ref, tl.loss.MSE(), tl.optim.SGD(lr=0.1))
+    assert ta.step(rows, Y[:3].tolist()) == tb.step(np.asarray(rows, np.float32), Y[:3])
+    assert ta.evaluate(rows, Y[:3].tolist()) == tb.evaluate(np.asarray(rows, np.float32), Y[:3])
+    with pytest.raises(ValueError, match="rectangular"):
+        net.predict([[1.0, 2.0], [3.0]])
+
+
+def test_trace_errors_name_the_module():
+    class Body(tl.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = tl.nn.Sequential(tl.nn.Linear(5, 8), tl.nn.ReLU(), tl.nn.Linear(7, 2))
+
+        def forward(self, x):
+            return self.layers(x)
+
+    with pytest.raises(ValueError, match=r"^module 'layers\.2' \(Linear\(in_features=7, out_features=2, bias=True\)\): "
+                                         r"linear: expected input of shape \(N, 7\), got \(12, 8\)$"):
+        Body().predict(np.ascontiguousarray(BASE[:, :5]))

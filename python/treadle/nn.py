@@ -183,7 +183,7 @@ class Module:
         # While a model is traced, each submodule records its ops under its name ("0", "encoder.fc1"),
         # so profiles and anomaly errors can say which module a node came from.
         graph, names = getattr(_tracing, "graph", None), getattr(_tracing, "names", None)
-        if graph is None and any(isinstance(x, np.ndarray) for x in inputs):
+        if graph is None and any(isinstance(x, np.ndarray) or _is_list_data(x) for x in inputs):
             # Eager inference on arrays, through the cached inference plan (predict). A training-mode
             # forward (dropout, batch statistics) runs inside a Trainer step, so train mode refuses
             # instead of silently computing the eval-mode answer.
@@ -203,10 +203,18 @@ class Module:
                                  "list or dict")
             return self.forward(*inputs, **kwargs)
         graph.push_scope(name)
+        path = getattr(_tracing, "path", None)
+        if path is not None:
+            path.append(name)
         try:
             return self.forward(*inputs, **kwargs)
+        except (ValueError, TypeError) as e:
+            _name_the_module(e, path, self)
+            raise
         finally:
             graph.pop_scope()
+            if path:
+                path.pop()
 
     def _scope_names(self):
         """id(submodule) -> its name under its parent (first name wins for a shared submodule)."""
@@ -393,12 +401,12 @@ class Module:
 
             def trace(graph, inputs):
                 root = ref()
-                saved = getattr(_tracing, "graph", None), getattr(_tracing, "names", None)
-                _tracing.graph, _tracing.names = graph, root._scope_names()
+                saved = getattr(_tracing, "graph", None), getattr(_tracing, "names", None), getattr(_tracing, "path", None)
+                _tracing.graph, _tracing.names, _tracing.path = graph, root._scope_names(), []
                 try:
                     out = root.forward(*inputs)
                 finally:
-                    _tracing.graph, _tracing.names = saved
+                    _tracing.graph, _tracing.names, _tracing.path = saved
                 return _flatten_outputs(out)
 
             object.__setattr__(self, "_model", _core.Model(trace, self.named_parameter_objects()))
@@ -414,6 +422,8 @@ class Module:
         model = self._model  # the compiled model, looked up inline: this is the batch-1 hot path
         if model is None:
             model = self._compiled()
+        if type(x) in (list, tuple) and _is_list_data(x):
+            x = _list_data(x, model.dtype, "predict")
         return model.predict(x, context, out)
 
     def memory_report(self, x_shape, training=True, dtype=None):
@@ -505,6 +515,34 @@ class Module:
         return ""
 
 
+def _name_the_module(error, path, module):
+    """Prefixes a trace-time error with the innermost module it came from, once:
+    "module 'layers.2' (Linear(in_features=7, ...)): linear: expected input of shape (N, 7), got (3, 8)"."""
+    if getattr(error, "_module_named", False) or not path or not error.args or not isinstance(error.args[0], str):
+        return
+    first = repr(module).splitlines()[0].rstrip("(")
+    error.args = (f"module '{'.'.join(path)}' ({first}): {error.args[0]}",) + error.args[1:]
+    error._module_named = True
+
+
+def _is_list_data(a):
+    """A nested list or tuple of numbers: data to copy into an array (a list of arrays is several inputs)."""
+    return isinstance(a, (list, tuple)) and bool(a) and not any(
+        isinstance(v, np.ndarray) or hasattr(v, "__array_interface__") or hasattr(v, "detach") for v in a)
+
+
+def _list_data(a, dtype, what):
+    """A nested list of numbers as an array (one documented copy): floats in the model's dtype, integers
+    (labels, indices) int64."""
+    try:
+        array = np.asarray(a)
+    except ValueError as e:  # ragged
+        raise ValueError(f"{what}: a list input must be a rectangular nested list of numbers ({e})") from None
+    if array.dtype == object or array.dtype.kind not in "biuf":
+        raise TypeError(f"{what}: a list input must be a rectangular nested list of numbers, got {array.dtype}")
+    return np.ascontiguousarray(array, dtype=dtype if array.dtype.kind in "fb" else np.int64)
+
+
 def _flatten_outputs(out):
     """A forward's result as a flat list of symbols: (y, (h, c)) -> [y, h, c]; None entries dropped."""
     if isinstance(out, (tuple, list)):
@@ -588,5 +626,6 @@ from .nn_attention import *  # noqa: E402,F401,F403
 from .nn_recurrent import *  # noqa: E402,F401,F403
 from .nn_layers import *  # noqa
 from .nn_conv import *  # noqa: E402,F401,F403
+from .nn_transformer import *  # noqa: E402,F401,F403
 # torch.nn's loss classes live in tl.loss; torch code reaches them as nn.MSELoss(), ...
 from .loss_torch import *  # noqa: E402,F401,F403

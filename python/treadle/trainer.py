@@ -6,6 +6,9 @@ import numpy as np
 
 from . import _core
 from . import loss as _loss
+from .nn import _is_list_data, _list_data
+
+_SEQUENCES = (list, tuple)  # data given as nested lists of numbers (copied once; see Trainer._listed)
 
 
 def _require(obj, attribute, name, expected):
@@ -109,6 +112,8 @@ class Trainer:
         """One training step on a batch; returns the loss (float). return_outputs=True returns a
         StepResult (loss, outputs, values) instead: the model's outputs from this very step (its
         dropout and noise; no second forward) and the named values the loss returned."""
+        if type(x) in _SEQUENCES or type(y) in _SEQUENCES:
+            x, y = self._listed(x, y, "step")
         if return_outputs:
             return _step_result(self._native.step(x, y, True))
         return self._native.step(x, y)
@@ -116,6 +121,8 @@ class Trainer:
     def compute_gradients(self, x, y, return_outputs=False):
         """Forward + loss + backward, adding into the gradients (no update); returns the loss (a
         StepResult with return_outputs=True, as `step`)."""
+        if type(x) in _SEQUENCES or type(y) in _SEQUENCES:
+            x, y = self._listed(x, y, "compute_gradients")
         if return_outputs:
             return _step_result(self._native.compute_gradients(x, y, True))
         return self._native.compute_gradients(x, y)
@@ -123,9 +130,16 @@ class Trainer:
     def evaluate(self, x, y, return_outputs=False):
         """The loss in eval mode (no dropout), touching neither gradients nor parameters (a
         StepResult with return_outputs=True, as `step`)."""
+        if type(x) in _SEQUENCES or type(y) in _SEQUENCES:
+            x, y = self._listed(x, y, "evaluate")
         if return_outputs:
             return _step_result(self._native.evaluate(x, y, True))
         return self._native.evaluate(x, y)
+
+    def _listed(self, x, y, what):
+        """Nested lists of numbers as arrays (copied once; floats in the model's dtype, integers int64)."""
+        dtype = self.model.dtype
+        return tuple(_list_data(a, dtype, what) if _is_list_data(a) else a for a in (x, y))
 
     def forward(self, x, input_grad=False):
         """Training-mode forward; keeps activations for one `backward`. Returns the output (a tuple
