@@ -256,8 +256,17 @@ def test_attention_products_follow_the_model_precision():
     results = {b: _encoder(b, "bf16", x) for b in BACKENDS}
     for backend, y16 in results.items():
         assert 1e-4 < rel_err(y16, _encoder(backend, "float32", x)) < 1e-2  # measured 9.7e-4
-    for y16 in results.values():
-        assert rel_err(y16, results["eigen"]) < 1e-5
+    # Both backends round at the same points. Their float32 sums are not bitwise equal everywhere
+    # (oneDNN's AMX kernels accumulate in another order than its AVX-512 ones and Eigen), and a
+    # 1-ulp float32 difference just below a bf16 rounding boundary flips that element's bf16 value:
+    # a few isolated outputs then differ by ~2e-4 (measured on AMX: mean 2e-6, 0.7% of elements
+    # above 1e-5; AVX-512: max 2e-7). A backend rounding at other points would move most elements by
+    # ~1e-3 (bf16 against float32: mean 8.4e-4, 96% of elements), so mean and share tell them apart.
+    ref = results["eigen"]
+    for backend, y16 in results.items():
+        diff = np.abs(y16 - ref)
+        assert diff.mean() < 2e-5 * np.abs(ref).mean(), backend
+        assert (diff > 1e-5 * np.abs(ref).max()).mean() < 0.05, backend
 
 
 def _cnn_curve(precision, backend, epochs=10):
