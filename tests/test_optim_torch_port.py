@@ -414,3 +414,17 @@ def test_submodule_parameters_method_after_the_model_compiled():
     opt = optim.SGD([{"params": net.base.parameters()}, {"params": net.head.parameters(), "lr": 1e-3}], lr=1e-2)
     tl.Trainer(net, tl.loss.MSE(), opt)
     assert [g for _, _, g in opt._native.segments()] == [0, 1]
+
+
+def test_one_group_of_every_parameter_is_the_keyword_form_bit_for_bit(mlp_pair):
+    runs = []
+    for make in (lambda net: optim.Adam(lr=1e-2, weight_decay=0.1),
+                 lambda net: optim.Adam(net.parameters(), lr=1e-2, weight_decay=0.1)):
+        net, _ = mlp_pair(SIZES)
+        opt = make(net).attach(net)
+        rng = np.random.default_rng(2)
+        for _ in range(10):
+            net.flat_gradients()[...] = rng.standard_normal(net.flat_gradients().shape)
+            opt.step()
+        runs.append(net.flat_parameters().copy())
+    np.testing.assert_array_equal(runs[0], runs[1])
