@@ -406,8 +406,6 @@ def test_per_layer_groups_from_submodules(compiled_first):
     assert [g for _, _, g in opt._native.segments()] == [0, 1]
 
 
-@pytest.mark.xfail(raises=ValueError, strict=False,
-                   reason="a submodule's parameters() compiles the submodule as a model of its own")
 def test_submodule_parameters_method_after_the_model_compiled():
     net = _TwoPart()
     net.parameters()

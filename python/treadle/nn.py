@@ -80,6 +80,7 @@ class Module:
     register_buffer) and compiles into a model on first use."""
 
     _native_buffers = ()  # names of a native layer's parameters that torch calls buffers
+    _is_child = False  # registered under another module: its parameters live in that module's model
 
     def __init__(self):
         object.__setattr__(self, "_modules", {})
@@ -115,6 +116,7 @@ class Module:
         if isinstance(value, Module):
             self._invalidate()
             self._modules[name] = value
+            object.__setattr__(value, "_is_child", True)
         object.__setattr__(self, name, value)
 
     def __getattr__(self, name):
@@ -288,14 +290,15 @@ class Module:
     def named_parameters(self):
         """name -> writable numpy view of each parameter (in the model's flat buffer once compiled).
         Indexes like a dict; iterates (name, view) pairs, as torch's named_parameters(). Buffers
-        (named_buffers) are not parameters."""
-        self._compiled()
+        (named_buffers) are not parameters. A submodule's views are into its root's flat buffer once
+        the root is compiled (a submodule is never compiled on its own for this)."""
+        self._compile_if_root()
         return _NamedParameters((n, p.data) for n, p in self._unique_parameter_objects())
 
     def named_buffers(self):
         """(name, writable numpy view) of each buffer: register_buffer's and batch norm's running
         statistics, as torch's named_buffers()."""
-        self._compiled()
+        self._compile_if_root()
         kept, dropped = self._buffer_names()
         names = set(kept + dropped)
         return iter([(n, p.data) for n, p in self._unique_objects() if n in names])
@@ -365,11 +368,18 @@ class Module:
             first.setdefault(id(p), n)
         return {n: first[id(p)] for n, p in objects}
 
+    def _compile_if_root(self):
+        if not self._is_child:
+            self._compiled()
+
     def state_dict(self):
         """Dict name -> numpy copy of each parameter and persistent buffer, with PyTorch's keys and
         layouts (a tied parameter under each of its names, as torch lists it)."""
-        state = self._compiled().state_dict()
         _, dropped = self._buffer_names()
+        if self._is_child and self.__dict__.get("_model") is None:  # values wherever they live now
+            objects = dict(self._unique_objects())
+            return {n: objects[first].data.copy() for n, first in self._aliases().items() if n not in dropped}
+        state = self._compiled().state_dict()
         return {n: state[first] for n, first in self._aliases().items() if n not in dropped}
 
     def load_state_dict(self, state, strict=True):
@@ -380,14 +390,15 @@ class Module:
         if strict and set(dropped) & set(state):
             raise ValueError(f"load_state_dict: unexpected key '{sorted(set(dropped) & set(state))[0]}' "
                              "(a non-persistent buffer is not part of the state)")
-        model = self._compiled()
         # torch's state_dict lists a tied parameter under every name: load it once, by its first name.
         # Non-persistent buffers keep their values.
         state = {k: v for k, v in state.items() if alias.get(k, k) == k and k not in dropped}
+        current = dict(self._unique_objects())
+        if self._is_child and self.__dict__.get("_model") is None:
+            return _load_into(current, {k: v for k, v in current.items() if k not in dropped}, state, strict)
         if strict:
-            current = dict(self._unique_objects())
             state.update({n: current[n].data for n in dropped if n in current})
-        model.load_state_dict(state, strict)
+        self._compiled().load_state_dict(state, strict)
 
     # -- compilation and inference ------------------------------------------------------------
     def _invalidate(self):
@@ -515,6 +526,27 @@ class Module:
         return ""
 
 
+def _load_into(objects, expected, state, strict):
+    """load_state_dict for a submodule, whose parameters may live in its root's flat buffer: every
+    key, shape and dtype is checked before anything is written."""
+    values = {k: np.asarray(v.detach().cpu().numpy() if hasattr(v, "detach") else v) for k, v in state.items()}
+    missing, unexpected = sorted(set(expected) - set(values)), sorted(set(values) - set(objects))
+    if strict and (missing or unexpected):
+        raise ValueError(f"load_state_dict: {'missing key' if missing else 'unexpected key'} "
+                         f"'{(missing or unexpected)[0]}'")
+    for name, value in values.items():
+        if name not in objects:
+            continue
+        target = objects[name].data
+        if value.shape != target.shape:
+            raise ValueError(f"load_state_dict: '{name}' has shape {value.shape}, expected {target.shape}")
+        if value.dtype.kind not in "fiu" or (value.dtype.kind != "f" and objects[name].requires_grad):
+            raise TypeError(f"load_state_dict: '{name}' has dtype {value.dtype}")
+    for name, value in values.items():
+        if name in objects:
+            objects[name].data[...] = value
+
+
 def _name_the_module(error, path, module):
     """Prefixes a trace-time error with the innermost module it came from, once:
     "module 'layers.2' (Linear(in_features=7, ...)): linear: expected input of shape (N, 7), got (3, 8)"."""
@@ -620,6 +652,7 @@ class Flatten(_NativeModule):
 
 
 from . import nn_init as init  # noqa: E402,F401 (tl.nn.init, as torch.nn.init)
+from . import nn_utils as utils  # noqa: E402,F401 (tl.nn.utils, as torch.nn.utils)
 from .nn_containers import *  # noqa: E402,F401,F403
 from .nn_activations import *  # noqa: E402,F401,F403
 from .nn_attention import *  # noqa: E402,F401,F403

@@ -331,7 +331,17 @@ def clip_grad_norm_(grads, max_norm):
     Same rule as torch.nn.utils.clip_grad_norm_ (coefficient max_norm / (norm + 1e-6), capped at 1);
     returns the norm before clipping.
     """
+    if isinstance(grads, np.ndarray):
+        _refuse_parameters(grads, "clip_grad_norm_")
     return _native.clip_grad_norm(grads, float(max_norm))
+
+
+def _refuse_parameters(array, what):
+    """A parameter view given where gradients are expected would clip the weights themselves: torch's
+    form (parameters in, their gradients clipped) is tl.nn.utils'."""
+    if isinstance(array.base, _core.Parameter):
+        raise TypeError(f"{what}: got a parameter, not a gradient buffer; for torch's form "
+                        f"{what}(model.parameters(), ...) use tl.nn.utils.{what}")
 
 
 clip_grad_norm = clip_grad_norm_
@@ -347,6 +357,7 @@ def clip_grad_value_(grads, clip_value):
     for g in arrays:
         if not isinstance(g, np.ndarray):
             raise TypeError(f"clip_grad_value_: expected numpy gradient arrays, got {type(g).__name__}")
+        _refuse_parameters(g, "clip_grad_value_")
         if not g.flags.writeable:
             raise ValueError("clip_grad_value_: the gradient array is read-only (it is clipped in place)")
         np.clip(g, -value, value, out=g)
