@@ -66,7 +66,7 @@ def test_anomaly_names_the_backward_pass():
 
 def test_anomaly_in_log_softmax_via_context():
     x_in = np.array([[np.inf, 1.0, 2.0]], np.float32)
-    net = tl.nn.Sequential(tl.nn.LogSoftmax())
+    net = tl.nn.Sequential(tl.nn.LogSoftmax(dim=1))
     ctx = tl.Context(check_numerics=True)
     with pytest.raises(ValueError, match=r"'log_softmax' in module '0' \(forward pass\) produced NaN .*shape \(1, 3\)"):
         net.predict(x_in, context=ctx)

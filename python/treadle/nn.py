@@ -5,6 +5,7 @@ treadle compiles; it is not called per step. Write it with the ops in `treadle.f
 operators +, -, * (residual and branching models are ordinary Python in forward).
 """
 import functools
+import inspect
 import math
 import numbers
 import os
@@ -89,6 +90,25 @@ class Module:
         object.__setattr__(self, "_non_persistent", set())
         object.__setattr__(self, "_model", None)
         object.__setattr__(self, "training", True)
+
+    def __init_subclass__(cls, **kwargs):
+        # treadle's own modules take torch's factory keywords on every constructor: dtype as a torch
+        # dtype, a numpy dtype or a name, and device="cpu" (a model's placement is its backend).
+        super().__init_subclass__(**kwargs)
+        own_init = cls.__dict__.get("__init__")
+        if own_init is None or not cls.__module__.startswith("treadle."):
+            return
+        takes_device = "device" in inspect.signature(own_init).parameters
+
+        @functools.wraps(own_init)
+        def torch_factory_keywords(self, *args, **kw):
+            if "dtype" in kw:
+                kw["dtype"] = _dtype_name(kw["dtype"], cls.__name__)
+            if not takes_device and "device" in kw:
+                _check_cpu(kw.pop("device"), cls.__name__)
+            own_init(self, *args, **kw)
+
+        cls.__init__ = torch_factory_keywords
 
     def train(self, mode=True):
         """Sets the mode flag of this module and every submodule (torch's train()); returns self.
@@ -526,6 +546,23 @@ class Module:
         return ""
 
 
+def _dtype_name(dtype, owner):
+    """torch.float64 -> "float64"; names and numpy dtypes pass through (the core checks them)."""
+    text = str(dtype)
+    if text.startswith("torch."):
+        name = text[len("torch."):]
+        if name not in ("float32", "float64"):
+            raise TypeError(f"{owner}: dtype must be float32 or float64, got {text}")
+        return name
+    return dtype
+
+
+def _check_cpu(device, owner):
+    if device is not None and str(device) != "cpu":
+        raise ValueError(f"{owner}: device={str(device)!r}: a module is built on the CPU; a model runs where its "
+                         "backend does (model.set_backend(\"cuda\"))")
+
+
 def _load_into(objects, expected, state, strict):
     """load_state_dict for a submodule, whose parameters may live in its root's flat buffer: every
     key, shape and dtype is checked before anything is written."""
@@ -638,9 +675,10 @@ class Linear(_NativeModule):
 
 
 class Dropout(_NativeModule):
-    """Zeroes elements with probability p in training (scaling the rest by 1/(1-p)); identity in predict."""
+    """Zeroes elements with probability p in training (scaling the rest by 1/(1-p)); identity in predict.
+    torch's inplace flag is accepted and has nothing to do (every value has its own arena slot)."""
 
-    def __init__(self, p=0.5):
+    def __init__(self, p=0.5, inplace=False):
         super().__init__(_core.Dropout(float(p)))
         self.p = p
 

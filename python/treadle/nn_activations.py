@@ -1,5 +1,9 @@
 """Activation modules (torch.nn's ReLU, GELU, Softmax, ...): each applies one native activation op."""
+import numbers
+import warnings
+
 from . import _core
+from . import functional as F
 from .nn import _NativeModule
 
 __all__ = ["ReLU", "LeakyReLU", "ELU", "GELU", "SiLU", "Tanh", "Sigmoid", "Softplus", "Softmax", "LogSoftmax"]
@@ -10,8 +14,11 @@ def _activation(name, kind, params=(), doc=""):
         values = []
         for i, (pname, default) in enumerate(params):
             values.append(float(args[i] if i < len(args) else kwargs.pop(pname, default)))
-        if kwargs:
-            raise TypeError(f"{name}: unexpected arguments {sorted(kwargs)}")
+        # torch's inplace flag (after the parameters, e.g. ReLU(True)): a plan places every value in its
+        # own arena slot, so there is nothing to save; accepted and ignored.
+        extra = list(args[len(params):]) + ([kwargs.pop("inplace")] if "inplace" in kwargs else [])
+        if kwargs or len(extra) > 1 or any(not isinstance(v, bool) for v in extra):
+            raise TypeError(f"{name}: unexpected arguments {sorted(kwargs) or extra}")
         _NativeModule.__init__(self, _core.Activation(kind, *values))
         object.__setattr__(self, "_args", dict(zip([p for p, _ in params], values)))
 
@@ -40,13 +47,36 @@ class GELU(_NativeModule):
         self.approximate = approximate
 
 
-class Softmax(_NativeModule):
-    def __init__(self, dim=-1):
-        super().__init__(_core.Activation("softmax", float(dim)))
-        self.dim = dim
+def _implicit_dim(name, ndim):
+    """torch's legacy choice when a softmax is built without dim: 0 for 0-, 1- and 3-D input, else 1."""
+    warnings.warn(f"Implicit dimension choice for {name} has been deprecated. Change the call to include dim=X "
+                  "as an argument.", UserWarning, stacklevel=4)
+    return 0 if ndim in (0, 1, 3) else 1
 
 
-class LogSoftmax(_NativeModule):
-    def __init__(self, dim=-1):
-        super().__init__(_core.Activation("log_softmax", float(dim)))
+class _Softmax(_NativeModule):
+    _kind = "softmax"
+
+    def __init__(self, dim=None):
+        if dim is not None and (isinstance(dim, bool) or not isinstance(dim, numbers.Integral)):
+            raise TypeError(f"{type(self).__name__}: dim must be an int or None, got {dim!r}")
+        super().__init__(_core.Activation(self._kind, float(-1 if dim is None else dim)))
         self.dim = dim
+
+    def forward(self, x):
+        if self.dim is None:  # decided per input rank, as torch does (with its warning)
+            return getattr(F, self._kind)(x, _implicit_dim(self._kind, x.ndim))
+        return self._native.forward(x)
+
+    def extra_repr(self):
+        return f"dim={self.dim}"
+
+
+class Softmax(_Softmax):
+    """torch.nn.Softmax(dim=None): without dim, torch's legacy implicit dim (with its warning)."""
+
+
+class LogSoftmax(_Softmax):
+    """torch.nn.LogSoftmax(dim=None): without dim, torch's legacy implicit dim (with its warning)."""
+
+    _kind = "log_softmax"

@@ -7,7 +7,7 @@ PyTorch-style arguments (an int or a tuple) into the lists the core takes.
 import numbers
 
 from . import _core
-from .nn import _NativeModule, _int_args
+from .nn import _check_cpu, _NativeModule, _int_args
 
 __all__ = [
     "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
@@ -35,8 +35,7 @@ def _dims(layer, name, value, nd, allow_none=False):
 
 
 def _check_device(layer, device):
-    if device is not None and str(device) != "cpu":
-        raise ValueError(f"{layer}: only device='cpu' is supported here, got {device!r}")
+    _check_cpu(device, layer)
 
 
 def _dtype(dtype):
