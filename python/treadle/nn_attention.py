@@ -1,8 +1,22 @@
 """Attention layers (torch.nn names and parameter layouts)."""
 from . import _core
+from . import functional as F
 from .nn import _NativeModule, _int_args
 
 __all__ = ["MultiheadAttention", "TransformerEncoderLayer"]
+
+
+def _native_activation(activation):
+    """The native layer's activation name for torch's forms: "relu", "gelu", F.relu / F.gelu, ReLU(),
+    GELU(); another callable cannot run inside the fused layer."""
+    if isinstance(activation, str):
+        return activation
+    from .nn_transformer import _activation_name  # the one mapping of torch's activation forms
+    name = _activation_name(activation)
+    if name is None:
+        raise ValueError(f"TransformerEncoderLayer: activation must be relu or gelu (a name, F.relu / F.gelu, "
+                         f"ReLU() or GELU()), got {activation!r}")
+    return name
 
 
 class MultiheadAttention(_NativeModule):
@@ -32,6 +46,12 @@ class MultiheadAttention(_NativeModule):
                 is_causal=False):
         key = query if key is None else key
         value = key if value is None else value
+        if query.ndim == 2:  # unbatched (L, E), as torch: a batch of one
+            at = 0 if self.batch_first else 1
+            query, key, value = (F.unsqueeze(t, at) for t in (query, key, value))
+            kpm = None if key_padding_mask is None else F.unsqueeze(key_padding_mask, 0)
+            out, weights = self._native.attend(query, key, value, kpm, attn_mask, is_causal, need_weights)
+            return F.squeeze(out, at), None if weights is None else F.squeeze(weights, 0)
         return self._native.attend(query, key, value, key_padding_mask, attn_mask, is_causal, need_weights)
 
     def extra_repr(self):
@@ -48,6 +68,7 @@ class TransformerEncoderLayer(_NativeModule):
     def __init__(self, d_model, nhead, dim_feedforward=2048, dropout=0.1, activation="relu", layer_norm_eps=1e-5,
                  batch_first=False, norm_first=False, bias=True, dtype="float32"):
         d_model, nhead, dim_feedforward = _int_args(self, d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward)
+        activation = _native_activation(activation)
         super().__init__(_core.TransformerEncoderLayer(d_model, nhead, dim_feedforward, float(dropout),
                                                        str(activation), float(layer_norm_eps), bool(batch_first),
                                                        bool(norm_first), bool(bias), dtype))
@@ -61,6 +82,10 @@ class TransformerEncoderLayer(_NativeModule):
         return dict(self._config)
 
     def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
+        if src.ndim == 2:  # unbatched (S, E), as torch: a batch of one
+            at = 0 if self._config["batch_first"] else 1
+            kpm = None if src_key_padding_mask is None else F.unsqueeze(src_key_padding_mask, 0)
+            return F.squeeze(self._native.encode(F.unsqueeze(src, at), src_mask, kpm, is_causal), at)
         return self._native.encode(src, src_mask, src_key_padding_mask, is_causal)
 
     def extra_repr(self):

@@ -19,6 +19,7 @@ A typical regression model keeps the last layer's final state:
             return self.fc(h[-1])
 """
 from . import _core
+from . import functional as F
 from .nn import _NativeModule, _int_args
 
 __all__ = ["RNN", "GRU", "LSTM", "RNNCell", "LSTMCell", "GRUCell"]
@@ -31,12 +32,25 @@ class _Recurrent(_NativeModule):
         super().__init__(native)
 
     def forward(self, x, hx=None, lengths=None):
+        if x.ndim == 2:  # unbatched (L, H_in), as torch: a batch of one
+            return self._unbatched(x, hx, lengths)
         if self._is_lstm:
             h0, c0 = (None, None) if hx is None else hx
             out, h_n, c_n = self._native.forward_all(x, h0, c0, lengths)
             return out, (h_n, c_n)
         out, h_n, _ = self._native.forward_all(x, hx, None, lengths)
         return out, h_n
+
+    def _unbatched(self, x, hx, lengths):
+        if lengths is not None:
+            raise ValueError(f"{type(self).__name__}: lengths needs batched input (N samples, N lengths)")
+        at = 0 if self.batch_first else 1
+
+        def each(state, fn):
+            return None if state is None else tuple(fn(h) for h in state) if isinstance(state, tuple) else fn(state)
+
+        out, state = self.forward(F.unsqueeze(x, at), each(hx, lambda h: F.unsqueeze(h, 1)))
+        return F.squeeze(out, at), each(state, lambda h: F.squeeze(h, 1))
 
     def __getattr__(self, name):
         # weight_ih_l0, bias_hh_l1_reverse, ...: writable numpy views, as torch exposes them.
