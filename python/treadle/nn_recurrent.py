@@ -45,6 +45,10 @@ class _Recurrent(_NativeModule):
         if lengths is not None:
             raise ValueError(f"{type(self).__name__}: lengths needs batched input (N samples, N lengths)")
         at = 0 if self.batch_first else 1
+        if x.shape[-1] != self.input_size:
+            layout = "N, T" if self.batch_first else "T, N"
+            raise ValueError(f"{type(self).__name__}: expected input of shape ({layout}, {self.input_size}), got "
+                             f"{tuple(x.shape)} (or (T, {self.input_size}) unbatched)")
 
         def each(state, fn):
             return None if state is None else tuple(fn(h) for h in state) if isinstance(state, tuple) else fn(state)
