@@ -71,13 +71,18 @@ def normalize(input, p=2.0, dim=1, eps=1e-12):
 
 
 def pad(input, pad, mode="constant", value=None):
-    """torch's pad tuple (last dim first: (left, right, top, bottom, ...)), constant mode: the input
-    joined with constant blocks along each padded dim; negative pads crop."""
-    if mode != "constant":
-        raise NotImplementedError(f"pad: mode {mode!r} is not supported yet (only 'constant')")
+    """torch's pad tuple (last dim first: (left, right, top, bottom, ...)). Constant mode joins
+    constant blocks along each padded dim (negative pads crop); reflect, replicate and circular join
+    slices of the input itself, so gradients flow back into the elements they copy."""
+    if mode not in ("constant", "reflect", "replicate", "circular"):
+        raise ValueError(f"pad: mode must be 'constant', 'reflect', 'replicate' or 'circular', got {mode!r}")
+    if mode != "constant" and value not in (None, 0, 0.0):
+        raise ValueError(f"pad: value is for mode 'constant', got value={value} with mode {mode!r}")
     pad = [int(p) for p in pad]
     if len(pad) % 2 or len(pad) // 2 > input.ndim:
         raise ValueError(f"pad: {pad} must have an even length of at most 2 * {input.ndim} (the input's dims)")
+    if mode != "constant":
+        return _pad_from_input(input, pad, mode)
     fill = 0.0 if value is None else float(value)
     x = input
     for k in range(len(pad) // 2):
@@ -91,6 +96,34 @@ def pad(input, pad, mode="constant", value=None):
                 ([_constant_block(x, dim, after, fill)] if after else [])
         if len(parts) > 1:
             x = _F.cat(parts, dim=dim)
+    return x
+
+
+def _pad_from_input(x, pad, mode):
+    """reflect / replicate / circular padding as slices of x joined along each padded dim."""
+    for k in range(len(pad) // 2):
+        dim, (before, after) = x.ndim - 1 - k, pad[2 * k:2 * k + 2]
+        n = x.shape[dim]
+        limit = n - 1 if mode == "reflect" else n
+        if before < 0 or after < 0 or (mode != "replicate" and max(before, after) > limit):
+            raise ValueError(f"pad: {mode} padding of ({before}, {after}) along dim {dim} of size {n} needs pads "
+                             f"in [0, {limit}]" if mode != "replicate" else f"pad: {mode} pads must be >= 0")
+        if mode == "replicate" and n == 0:
+            raise ValueError("pad: cannot replicate an empty dimension")
+
+        def one(i):
+            return _F.slice(x, dim, i, i + 1)
+
+        if mode == "reflect":  # mirror without repeating the edge: x[before], ..., x[1] | x | x[n-2], ...
+            head = [one(i) for i in range(before, 0, -1)]
+            tail = [one(n - 2 - i) for i in range(after)]
+        elif mode == "replicate":
+            head, tail = [one(0)] * before, [one(n - 1)] * after
+        else:  # circular: wraps around
+            head = [_F.slice(x, dim, n - before, n)] if before else []
+            tail = [_F.slice(x, dim, 0, after)] if after else []
+        if head or tail:
+            x = _F.cat(head + [x] + tail, dim=dim)
     return x
 
 

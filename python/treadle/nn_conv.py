@@ -7,6 +7,7 @@ PyTorch-style arguments (an int or a tuple) into the lists the core takes.
 import numbers
 
 from . import _core
+from .functional_extra import pad as _pad
 from .nn import _check_cpu, _NativeModule, _int_args
 
 __all__ = [
@@ -45,6 +46,18 @@ def _dtype(dtype):
     return name.replace("torch.", "")  # accepts torch.float64 as well as "float64" and numpy dtypes
 
 
+def _pad_tuple(padding, kernel, dilation):
+    """F.pad's tuple (last dim first) for a conv's padding: ints per dim, 'valid', or 'same' (torch's
+    split: the left side gets the smaller half)."""
+    if padding == "valid":
+        per_dim = [(0, 0)] * len(kernel)
+    elif padding == "same":
+        per_dim = [((d * (k - 1)) // 2, d * (k - 1) - (d * (k - 1)) // 2) for k, d in zip(kernel, dilation)]
+    else:
+        per_dim = [(p, p) for p in padding]
+    return [side for pair in reversed(per_dim) for side in pair]
+
+
 class _WeightedModule(_NativeModule):
     """weight / bias properties: writable numpy views of the parameters (as Linear has)."""
 
@@ -64,8 +77,9 @@ class _ConvNd(_WeightedModule):
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
                  bias=True, padding_mode="zeros", device=None, dtype=None):
         layer, nd = type(self).__name__, self._nd
-        if padding_mode != "zeros":
-            raise ValueError(f"{layer}: padding_mode={padding_mode!r} is not supported (only 'zeros')")
+        if padding_mode not in ("zeros", "reflect", "replicate", "circular"):
+            raise ValueError(f"{layer}: padding_mode must be 'zeros', 'reflect', 'replicate' or 'circular', "
+                             f"got {padding_mode!r}")
         _check_device(layer, device)
         if isinstance(padding, str):
             if padding not in ("same", "valid"):
@@ -77,12 +91,21 @@ class _ConvNd(_WeightedModule):
                    (("kernel_size", kernel_size), ("stride", stride), ("dilation", dilation)))
         in_channels, out_channels, groups = _int_args(self, in_channels=in_channels, out_channels=out_channels,
                                                       groups=groups)
-        super().__init__(_core.Conv(nd, in_channels, out_channels, k, s, pad, d, groups, bool(bias),
+        # Another padding_mode pads the input first (F.pad, torch's own construction) and convolves
+        # without padding.
+        self._mode_pad = None if padding_mode == "zeros" else _pad_tuple(pad, k, d)
+        native_pad = pad if self._mode_pad is None else [0] * nd
+        super().__init__(_core.Conv(nd, in_channels, out_channels, k, s, native_pad, d, groups, bool(bias),
                                     _dtype(dtype)))
         self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
         self.kernel_size, self.stride, self.dilation = tuple(k), tuple(s), tuple(d)
         self.padding = pad if isinstance(pad, str) else tuple(pad)
         self.padding_mode = padding_mode
+
+    def forward(self, x):
+        if self._mode_pad is not None:
+            x = _pad(x, self._mode_pad, self.padding_mode)
+        return self._native.forward(x)
 
     def config(self):
         """Constructor arguments (tl.save / tl.load rebuild the layer from them)."""
@@ -90,7 +113,8 @@ class _ConvNd(_WeightedModule):
                 "kernel_size": list(self.kernel_size), "stride": list(self.stride),
                 "padding": self.padding if isinstance(self.padding, str) else list(self.padding),
                 "dilation": list(self.dilation), "groups": int(self.groups),
-                "bias": any(n == "bias" for n, _ in self._native.named_parameters())}
+                "bias": any(n == "bias" for n, _ in self._native.named_parameters()),
+                "padding_mode": self.padding_mode}
 
     def extra_repr(self):
         text = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"

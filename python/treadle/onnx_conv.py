@@ -24,6 +24,9 @@ def _window_out(size, k, s, pb, pe, d, ceil_mode=False):
 
 def _conv(g, m, cfg, x, shape):
     nd = len(shape) - 2
+    if cfg.get("padding_mode", "zeros") != "zeros":
+        raise NotImplementedError(f"ONNX export: Conv with padding_mode={cfg['padding_mode']!r} is not supported "
+                                  "(only 'zeros')")
     k, s, d = _tuple(cfg["kernel_size"], nd), _tuple(cfg["stride"], nd), _tuple(cfg["dilation"], nd)
     if cfg["padding"] == "valid":
         begin = end = [0] * nd
