@@ -3,6 +3,9 @@ activations (relu6, hardtanh, hardsigmoid, hardswish, logsigmoid, mish, selu, ce
 tanhshrink), normalize, and constant padding. Each is compared with torch (values and gradients)
 in tests/test_functional_extra.py; being compositions, they differentiate as often as their parts.
 """
+import math
+import numbers
+
 from . import _core as _c
 
 _F = _c.functional
@@ -145,13 +148,51 @@ __all__ = ["relu6", "hardtanh", "hardsigmoid", "hardswish", "logsigmoid", "mish"
 
 def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None,  # noqa: A002
                 recompute_scale_factor=None, antialias=False):
-    """torch.nn.functional.interpolate for 4-D NCHW input, modes 'nearest' and 'bilinear': the op
-    nn.Upsample records, with the same arguments and rules."""
+    """torch.nn.functional.interpolate: modes 'nearest' (3-, 4-, 5-D), 'linear' (3-D), 'bilinear' (4-D),
+    'trilinear' (5-D) and 'area' (adaptive average pooling to the output size). 4-D nearest and
+    bilinear are the native resampling op; the other ranks run it along one pair of axes at a time with
+    the remaining axis resampled by exactly 1 (weights 1 and 0), so values and gradients are torch's."""
     if antialias:
         raise NotImplementedError("interpolate: antialias=True is not supported")
-    from .nn_layers import Upsample  # the layer's own argument checks and op
-    layer = Upsample(size, scale_factor, mode, align_corners, recompute_scale_factor)
-    return layer._native.forward(input)
+    nd = input.ndim - 2
+    ranks = {"linear": 1, "bilinear": 2, "trilinear": 3}
+    if mode not in ("nearest", "area", *ranks):
+        raise NotImplementedError(f"interpolate: mode {mode!r} is not supported (nearest, linear, bilinear, "
+                                  "trilinear, area)")
+    if nd not in (1, 2, 3) or ranks.get(mode, nd) != nd:
+        raise ValueError(f"interpolate: mode {mode!r} does not take {input.ndim}-D input")
+    if (size is None) == (scale_factor is None):
+        raise ValueError("interpolate: give exactly one of size and scale_factor")
+    if align_corners is not None and mode not in ranks:
+        raise ValueError(f"interpolate: align_corners is for the linear modes, not {mode!r}")
+    sizes, scales = _per_dim(size, nd, int), _per_dim(scale_factor, nd, float)
+    if mode == "area":
+        out = sizes or [int(math.floor(n * s)) for n, s in zip(input.shape[2:], scales)]
+        return _c.AdaptiveAvgPool(nd, out).forward(input)
+    kind = "nearest" if mode == "nearest" else "bilinear"
+
+    def resample(x, sz, sc):
+        return _c.Upsample(sz or [], sc or [], kind, align_corners, bool(recompute_scale_factor)).forward(x)
+
+    if nd == 2:
+        return resample(input, sizes, scales)
+    if nd == 1:  # (N, C, L) as (N, C, 1, L), the unit axis resampled by 1
+        y = resample(_F.unsqueeze(input, 2), sizes and [1] + sizes, scales and [1.0] + scales)
+        return _F.squeeze(y, 2)
+    n, c, d, h, w = input.shape  # (H, W) of every depth slice, then depth with H*W resampled by 1
+    y = resample(_F.reshape(input, (n, c * d, h, w)), sizes and sizes[1:], scales and scales[1:])
+    h2, w2 = y.shape[2:]
+    y = resample(_F.reshape(y, (n, c, d, h2 * w2)), sizes and [sizes[0], h2 * w2], scales and [scales[0], 1.0])
+    return _F.reshape(y, (n, c, y.shape[2], h2, w2))
+
+
+def _per_dim(value, nd, kind):
+    if value is None:
+        return None
+    values = [value] * nd if isinstance(value, numbers.Real) else list(value)
+    if len(values) != nd:
+        raise ValueError(f"interpolate: expected {nd} values (one per spatial dim), got {value!r}")
+    return [kind(v) for v in values]
 
 
 def one_hot(tensor, num_classes=-1):

@@ -13,6 +13,7 @@ and shift. They receive no gradient and only training steps write them.
 import numbers
 
 from . import _core
+from . import functional as F
 from .nn import _NativeModule, _int_args
 
 __all__ = [
@@ -177,7 +178,9 @@ class Unflatten(_NativeModule):
 
 
 class Upsample(_NativeModule):
-    """Resamples 4-D NCHW input to `size` or by `scale_factor`, mode 'nearest' or 'bilinear' (torch's rules)."""
+    """Resamples to `size` or by `scale_factor` with torch's rules: 'nearest' (3-, 4-, 5-D), 'linear'
+    (3-D), 'bilinear' (4-D), 'trilinear' (5-D), 'area' (see F.interpolate). 4-D nearest and bilinear are
+    the native op itself; the rest compose it (F.interpolate)."""
 
     def __init__(self, size=None, scale_factor=None, mode="nearest", align_corners=None, recompute_scale_factor=None):
         if (size is None) == (scale_factor is None):
@@ -190,8 +193,28 @@ class Upsample(_NativeModule):
         else:
             scales = [float(s) for s in scale_factor]
         corners = None if align_corners is None else bool(align_corners)
-        super().__init__(_core.Upsample(sizes, scales, str(mode), corners, bool(recompute_scale_factor)))
+        mode = str(mode)
+        if mode in ("linear", "trilinear", "area") or len(sizes or scales) == 3:
+            # Composed in forward; the native op checks the values (positive sizes and factors) here.
+            if mode not in ("nearest", "linear", "trilinear", "area"):
+                raise ValueError(f"Upsample: mode {mode!r} does not take 3 sizes or factors")
+            if corners is not None and mode == "area":
+                raise ValueError("Upsample: align_corners can only be set with a linear mode")
+            for v in sizes or scales:  # one value at a time: the native checks take at most two
+                _core.Upsample([v] if sizes else [], [] if sizes else [v], "nearest", None,
+                               bool(recompute_scale_factor))
+            native = _core.Upsample([1], [], "nearest", None, False)  # holds no state; forward composes
+        else:
+            native = _core.Upsample(sizes, scales, mode, corners, bool(recompute_scale_factor))
+        super().__init__(native)
         self.size, self.scale_factor, self.mode, self.align_corners = size, scale_factor, mode, align_corners
+        self.recompute_scale_factor = recompute_scale_factor
+
+    def forward(self, x):
+        if x.ndim == 4 and self.mode in ("nearest", "bilinear"):
+            return self._native.forward(x)
+        return F.interpolate(x, self.size, self.scale_factor, self.mode, self.align_corners,
+                             self.recompute_scale_factor)
 
     def extra_repr(self):
         what = f"size={self.size}" if self.size is not None else f"scale_factor={self.scale_factor}"
