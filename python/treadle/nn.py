@@ -4,6 +4,7 @@ A module's `forward` runs once per input signature, on symbolic tensors, to reco
 treadle compiles; it is not called per step. Write it with the ops in `treadle.functional` and the
 operators +, -, * (residual and branching models are ordinary Python in forward).
 """
+import contextlib
 import functools
 import inspect
 import math
@@ -15,6 +16,7 @@ import weakref
 import numpy as np
 
 from . import _core
+from .nn_inputs import _flatten_inputs, _is_list_data, _list_data, _nested_inputs, _unflatten_inputs
 from .nn_parameter import Parameter, _as_parameter, _default_float, _host_array
 
 __all__ = [
@@ -435,7 +437,7 @@ class Module:
                 saved = getattr(_tracing, "graph", None), getattr(_tracing, "names", None), getattr(_tracing, "path", None)
                 _tracing.graph, _tracing.names, _tracing.path = graph, root._scope_names(), []
                 try:
-                    out = root.forward(*inputs)
+                    out = root.forward(*_unflatten_inputs(inputs, getattr(_tracing, "structure", None)))
                 finally:
                     _tracing.graph, _tracing.names, _tracing.path = saved
                 return _flatten_outputs(out)
@@ -453,8 +455,12 @@ class Module:
         model = self._model  # the compiled model, looked up inline: this is the batch-1 hot path
         if model is None:
             model = self._compiled()
-        if type(x) in (list, tuple) and _is_list_data(x):
-            x = _list_data(x, model.dtype, "predict")
+        if type(x) in (list, tuple):
+            if _is_list_data(x):
+                x = _list_data(x, model.dtype, "predict")
+            elif _nested_inputs(x):  # forward(x, (h, c)): flat arrays in, the structure for the trace
+                with _structured(x) as flat:
+                    return model.predict(flat, context, out)
         return model.predict(x, context, out)
 
     def memory_report(self, x_shape, training=True, dtype=None):
@@ -594,22 +600,16 @@ def _name_the_module(error, path, module):
     error._module_named = True
 
 
-def _is_list_data(a):
-    """A nested list or tuple of numbers: data to copy into an array (a list of arrays is several inputs)."""
-    return isinstance(a, (list, tuple)) and bool(a) and not any(
-        isinstance(v, np.ndarray) or hasattr(v, "__array_interface__") or hasattr(v, "detach") for v in a)
-
-
-def _list_data(a, dtype, what):
-    """A nested list of numbers as an array (one documented copy): floats in the model's dtype, integers
-    (labels, indices) int64."""
+@contextlib.contextmanager
+def _structured(inputs):
+    """The flat list of `inputs`' arrays; while inside, a trace on this thread rebuilds the nesting."""
+    flat, structure = _flatten_inputs(inputs)
+    saved = getattr(_tracing, "structure", None)
+    _tracing.structure = structure
     try:
-        array = np.asarray(a)
-    except ValueError as e:  # ragged
-        raise ValueError(f"{what}: a list input must be a rectangular nested list of numbers ({e})") from None
-    if array.dtype == object or array.dtype.kind not in "biuf":
-        raise TypeError(f"{what}: a list input must be a rectangular nested list of numbers, got {array.dtype}")
-    return np.ascontiguousarray(array, dtype=dtype if array.dtype.kind in "fb" else np.int64)
+        yield flat
+    finally:
+        _tracing.structure = saved
 
 
 def _flatten_outputs(out):

@@ -6,7 +6,7 @@ import numpy as np
 
 from . import _core
 from . import loss as _loss
-from .nn import _is_list_data, _list_data
+from .nn import _is_list_data, _list_data, _nested_inputs, _structured
 
 _SEQUENCES = (list, tuple)  # data given as nested lists of numbers (copied once; see Trainer._listed)
 
@@ -113,7 +113,7 @@ class Trainer:
         StepResult (loss, outputs, values) instead: the model's outputs from this very step (its
         dropout and noise; no second forward) and the named values the loss returned."""
         if type(x) in _SEQUENCES or type(y) in _SEQUENCES:
-            x, y = self._listed(x, y, "step")
+            return self._from_sequences(self._native.step, x, y, return_outputs, "step")
         if return_outputs:
             return _step_result(self._native.step(x, y, True))
         return self._native.step(x, y)
@@ -122,7 +122,7 @@ class Trainer:
         """Forward + loss + backward, adding into the gradients (no update); returns the loss (a
         StepResult with return_outputs=True, as `step`)."""
         if type(x) in _SEQUENCES or type(y) in _SEQUENCES:
-            x, y = self._listed(x, y, "compute_gradients")
+            return self._from_sequences(self._native.compute_gradients, x, y, return_outputs, "compute_gradients")
         if return_outputs:
             return _step_result(self._native.compute_gradients(x, y, True))
         return self._native.compute_gradients(x, y)
@@ -131,19 +131,31 @@ class Trainer:
         """The loss in eval mode (no dropout), touching neither gradients nor parameters (a
         StepResult with return_outputs=True, as `step`)."""
         if type(x) in _SEQUENCES or type(y) in _SEQUENCES:
-            x, y = self._listed(x, y, "evaluate")
+            return self._from_sequences(self._native.evaluate, x, y, return_outputs, "evaluate")
         if return_outputs:
             return _step_result(self._native.evaluate(x, y, True))
         return self._native.evaluate(x, y)
 
-    def _listed(self, x, y, what):
-        """Nested lists of numbers as arrays (copied once; floats in the model's dtype, integers int64)."""
+    def _from_sequences(self, call, x, y, return_outputs, what):
+        """step/compute_gradients/evaluate when x or y is a sequence: nested lists of numbers are
+        data (copied once; floats in the model's dtype, integers int64); inputs nested in tuples
+        (forward(data, (h, c))) go in flat, and the trace rebuilds the nesting."""
         dtype = self.model.dtype
-        return tuple(_list_data(a, dtype, what) if _is_list_data(a) else a for a in (x, y))
+        x, y = (_list_data(a, dtype, what) if _is_list_data(a) else a for a in (x, y))
+        args = (True,) if return_outputs else ()
+        if type(x) in _SEQUENCES and _nested_inputs(x):
+            with _structured(x) as flat:
+                result = call(flat, y, *args)
+        else:
+            result = call(x, y, *args)
+        return _step_result(result) if return_outputs else result
 
     def forward(self, x, input_grad=False):
         """Training-mode forward; keeps activations for one `backward`. Returns the output (a tuple
         of them for a model with several outputs)."""
+        if type(x) in _SEQUENCES and _nested_inputs(x):
+            with _structured(x) as flat:
+                return self._native.forward(flat, input_grad)
         return self._native.forward(x, input_grad)
 
     def backward(self, grad_output, input_grad=False):
