@@ -48,7 +48,7 @@ static_assert(sizeof(cuda::SgdCoefficients) <= GraphConstants::kUpdateBytes);
 struct Trainer::DeviceStep {
   enum class Side : uint8_t { both, host, device };
   static constexpr int kDevice = 0;
-  explicit DeviceStep(const Optimizer& o) : hyperparameters(o.hyperparameters()), alloc(kDevice), readback(64) {}
+  DeviceStep() : alloc(kDevice), readback(64) {}
 
   // Where upload() put the step's data on the device.
   struct Slots {
@@ -90,8 +90,13 @@ struct Trainer::DeviceStep {
   // into a fresh flag, and (dynamic) the rule on the device. Returns the flag for the update.
   const int32_t* enqueue_unscale(float* grads, int64_t n, const LossScaler& host, cudaStream_t s);
 
-  // The optimizer's options, asked once (a step allocates nothing on the host).
-  const std::vector<std::pair<std::string, double>> hyperparameters;
+  // The optimizer's options, asked before each update (refresh_hyperparameters): between updates
+  // set_group_option changes them, as OneCycleLR's momentum / beta1 cycling does on the host.
+  std::vector<std::pair<std::string, double>> hyperparameters;
+  const std::vector<std::pair<std::string, double>>& refresh_hyperparameters(const Optimizer& o) {
+    hyperparameters = o.hyperparameters();
+    return hyperparameters;
+  }
   cuda::CachingDeviceAllocator alloc;
   cuda::DeviceBuffer io;  // coefficients, inputs, target: each slot 256-byte aligned
   std::size_t io_bytes = 0;
@@ -112,6 +117,7 @@ struct Trainer::DeviceStep {
     std::shared_ptr<const Plan> plan;
     std::array<const void*, 8> pointers{};
     double clip_grad_norm = 0;  // captured into the graph's kernel arguments
+    unsigned kernel_flags = 0;  // the update kernel's variant (UpdateCoefficients::kernel_flags)
     cuda::GraphExec exec;
   };
   std::vector<Graph> graphs;
@@ -264,6 +270,12 @@ struct UpdateCoefficients {
   cuda::AdamCoefficients adam_k;
   const void* data() const { return sgd ? static_cast<const void*>(&sgd_k) : &adam_k; }
   std::size_t bytes() const { return sgd ? sizeof(sgd_k) : sizeof(adam_k); }
+  // The flags that choose the update kernel, fixed in a captured graph (the values are read from the
+  // upload): set_group_option can change weight_decay from or to 0, or nesterov, between steps.
+  unsigned kernel_flags() const {
+    if (sgd) return 1u | (sgd_k.decay ? 2u : 0u) | (sgd_k.use_momentum ? 4u : 0u) | (sgd_k.nesterov ? 8u : 0u);
+    return (adam_k.coupled ? 2u : 0u) | (adam_k.amsgrad ? 4u : 0u);
+  }
 };
 
 UpdateCoefficients update_coefficients(const Optimizer& o, const Hyperparameters& hp, double lr, int64_t t) {
@@ -328,11 +340,24 @@ bool Trainer::on_device() const { return model_->backend() == "cuda"; }
 void Trainer::check_device_support(const char* who) const {
   const std::string name = optimizer_->name();
   const bool has_update = name == "SGD" || name == "Adam" || name == "AdamW";
-  // After the first device step the optimizer (fixed for a trainer) was checked already.
-  if (!has_update || (!device_ && optimizer_->hyperparameters().empty()))
+  // Adadelta, Adamax, NAdam, RAdam, RMSprop, Adagrad, ... are refused here by name.
+  if (!has_update)
     throw_value_error(who, ": optimizer ", name, " has no update on the device (backend 'cuda', ",
                       device_name(cuda::kTrainDevice), "); the device trainer runs SGD, Adam and AdamW (amsgrad ",
                       "included): use one of those, or a CPU backend");
+  // The device update applies one set of options at one lr to the whole flat buffer: parameter
+  // groups (per-group options, parameters left out) are refused, checked every step since groups
+  // can be set on a live trainer's optimizer.
+  if (!optimizer_->param_groups().empty())
+    throw_value_error(who, ": optimizer ", name, " has ", optimizer_->param_groups().size(), " parameter group",
+                      optimizer_->param_groups().size() == 1 ? "" : "s", " (set_param_groups, torch's param_groups); ",
+                      "the device update (backend 'cuda', ", device_name(cuda::kTrainDevice), ") runs one set of ",
+                      "options over every parameter: create the optimizer without groups (its options as keywords), ",
+                      "or use a CPU backend");
+  // Asked again before each update (DeviceStep::refresh_hyperparameters); checked here once.
+  if (!device_ && optimizer_->hyperparameters().empty())
+    throw_value_error(who, ": optimizer ", name, " reports no options for the device update (backend 'cuda', ",
+                      device_name(cuda::kTrainDevice), ")");
   if (model_->dtype() != DType::f32)
     throw_type_error(who, ": backend 'cuda' trains float32 models on ", device_name(cuda::kTrainDevice), ", got ",
                      dtype_name(model_->dtype()));
@@ -360,7 +385,7 @@ uint64_t Trainer::device_allocations() const {
 Trainer::DeviceStep& Trainer::device_step() {
   if (!device_) {
     require_cuda_device(cuda::kTrainDevice);  // a ValueError naming the device, before any CUDA call
-    device_.reset(new DeviceStep(*optimizer_));
+    device_.reset(new DeviceStep());
   }
   return *device_;
 }
@@ -424,8 +449,10 @@ void Trainer::device_update() {
   if (options_.clip_grad_norm > 0) d.clip(static_cast<float*>(mb.grads), n, options_.clip_grad_norm, s);
   d.ready_state(*optimizer_, s);
   const int64_t t = optimizer_->step_count() + 1;
-  // The schedule's rate before this update, as the host's optimizer_->step(..., current_lr(), ...).
-  const UpdateCoefficients k = update_coefficients(*optimizer_, d.hyperparameters, current_lr(), t);
+  // The schedule's rate before this update, as the host's optimizer_->step(params, grads,
+  // schedule_.get(), exec) gives its one group: schedule_->lr_at(step_count(), lr()) = current_lr().
+  const UpdateCoefficients k =
+      update_coefficients(*optimizer_, d.refresh_hyperparameters(*optimizer_), current_lr(), t);
   enqueue_update(k, nullptr, p, g, {d.state_ptr(0), d.state_ptr(1), d.state_ptr(2)}, n, s);
   optimizer_->set_step_count(t);
   d.state_at = DeviceStep::Side::device;
@@ -491,7 +518,7 @@ double Trainer::device_graph_step(Inputs xs, const Tensor& y) {
   DeviceStep& d = device_step();
   auto it = std::find_if(d.graphs.begin(), d.graphs.end(), [&](const DeviceStep::Graph& g) { return g.plan == p; });
   if (it == d.graphs.end()) {
-    d.graphs.push_back(DeviceStep::Graph{p, {}, 0, {}});
+    d.graphs.push_back(DeviceStep::Graph{p, {}, 0, 0, {}});
     return finish_with_update(run_device_loss_plan(*p, xs, y, PlanMode::train_loss), "Trainer.step");
   }
   cuda::DeviceGuard guard(DeviceStep::kDevice);
@@ -500,7 +527,8 @@ double Trainer::device_graph_step(Inputs xs, const Tensor& y) {
   d.ready_state(*optimizer_, s);
   if (scaler_) d.sync_scaling(*scaler_, s);
   const int64_t t = optimizer_->step_count() + 1;
-  const UpdateCoefficients k = update_coefficients(*optimizer_, d.hyperparameters, current_lr(), t);
+  const UpdateCoefficients k =
+      update_coefficients(*optimizer_, d.refresh_hyperparameters(*optimizer_), current_lr(), t);
   // The counter this step stands for, whether it captures or replays: one per step, as launched.
   GraphConstants constants{};
   std::memcpy(constants.update, k.data(), k.bytes());
@@ -514,7 +542,8 @@ double Trainer::device_graph_step(Inputs xs, const Tensor& y) {
   const std::array<const void*, 8> pointers = {ctx_.device_arena(p->arena_bytes()), mb.params, mb.grads, d.io.data(),
                                              d.state_ptr(0), d.state_ptr(1), d.state_ptr(2), d.scaling.data()};
   DeviceStep::Graph& graph = *it;
-  if (!graph.exec.valid() || graph.pointers != pointers || graph.clip_grad_norm != options_.clip_grad_norm) {
+  if (!graph.exec.valid() || graph.pointers != pointers || graph.clip_grad_norm != options_.clip_grad_norm ||
+      graph.kernel_flags != k.kernel_flags()) {
     d.capture(graph, *p, ctx_, b, mb, static_cast<char*>(slots.coefficients) + offsetof(GraphConstants, rng),
               constants.rng.counter, scaler_.get(), options_, model_->num_trainable(), s, [&](const int32_t* skip) {
                 enqueue_update(k, slots.coefficients, static_cast<float*>(mb.params),
@@ -522,6 +551,7 @@ double Trainer::device_graph_step(Inputs xs, const Tensor& y) {
                                model_->num_trainable(), s, skip);
               });
     graph.pointers = pointers;
+    graph.kernel_flags = k.kernel_flags();
   }
   graph.exec.launch(s);
   d.state_at = DeviceStep::Side::device;
