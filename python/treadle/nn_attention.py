@@ -1,7 +1,7 @@
 """Attention layers (torch.nn names and parameter layouts)."""
 from . import _core
 from . import functional as F
-from .nn import _NativeModule, _int_args
+from .nn import _check_cpu, _NativeModule, _int_args
 
 __all__ = ["MultiheadAttention", "TransformerEncoderLayer"]
 
@@ -30,7 +30,20 @@ class MultiheadAttention(_NativeModule):
     fused inference path returns zeros there instead. Keep at least one key per query unmasked.
     """
 
-    def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, batch_first=False, dtype="float32"):
+    def __new__(cls, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
+                kdim=None, vdim=None, batch_first=False, device=None, dtype=None):
+        if cls is MultiheadAttention and (add_bias_kv or add_zero_attn or kdim not in (None, embed_dim)
+                                          or vdim not in (None, embed_dim)):
+            # torch's rarer options: the composed layer (nn_attention_composed), same names and forward.
+            from .nn_attention_composed import ComposedMultiheadAttention
+            return ComposedMultiheadAttention(embed_dim, num_heads, dropout, bias, add_bias_kv, add_zero_attn,
+                                              kdim, vdim, batch_first, device=device, dtype=dtype)
+        return super().__new__(cls)
+
+    def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
+                 kdim=None, vdim=None, batch_first=False, device=None, dtype=None):
+        _check_cpu(device, "MultiheadAttention")
+        dtype = dtype or "float32"
         embed_dim, num_heads = _int_args(self, embed_dim=embed_dim, num_heads=num_heads)
         super().__init__(_core.MultiheadAttention(embed_dim, num_heads, float(dropout), bool(bias),
                                                   bool(batch_first), dtype))
