@@ -427,3 +427,23 @@ def test_one_group_of_every_parameter_is_the_keyword_form_bit_for_bit(mlp_pair):
             opt.step()
         runs.append(net.flat_parameters().copy())
     np.testing.assert_array_equal(runs[0], runs[1])
+
+
+def test_one_group_of_every_parameter_is_uniform_options():
+    """torch's Adam(model.parameters()) is one set of options over the whole buffer (what a device
+    update can run); a split into groups, or a group that leaves parameters out, is not. Option changes
+    are counted, so a mirror of them (the device trainer) asks again only after a change."""
+    def bound(make):
+        net = tl.nn.Sequential(tl.nn.Linear(3, 4), tl.nn.Tanh(), tl.nn.Linear(4, 2))
+        opt = make(net)
+        tl.Trainer(net, tl.loss.MSE(), opt)
+        return opt._native
+
+    assert bound(lambda n: optim.Adam(lr=1e-3)).uniform_options
+    assert bound(lambda n: optim.Adam(n.parameters(), lr=1e-3)).uniform_options
+    assert not bound(lambda n: optim.Adam([{"params": n[0].parameters()}, {"params": n[2].parameters()}])).uniform_options
+    assert not bound(lambda n: optim.Adam(n[0].parameters(), lr=1e-3)).uniform_options
+    native = bound(lambda n: optim.SGD(n.parameters(), lr=0.1, momentum=0.9))
+    before = native.options_version
+    native.set_group_option(0, "momentum", 0.5)
+    assert native.options_version == before + 1

@@ -179,6 +179,9 @@ void bind_optimizer_class(py::module_& om) {
       .def("group_lr", &Optimizer::group_lr, py::arg("group"))
       .def("set_group_lr", &Optimizer::set_group_lr, py::arg("group"), py::arg("lr"))
       .def("set_group_option", &Optimizer::set_group_option, py::arg("group"), py::arg("key"), py::arg("value"))
+      .def_property_readonly("uniform_options", &Optimizer::uniform_options,
+                             "One set of options over every trainable parameter (no groups, or one group of all).")
+      .def_property_readonly("options_version", &Optimizer::options_version)
       .def("segments", [](const Optimizer& o) { return o.segments(); },
            "The (begin, end, group) element ranges an update walks (after bind).")
       .def("state", &state_dict_of, "Copies of the state buffers by name.")

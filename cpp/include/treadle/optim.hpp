@@ -75,6 +75,12 @@ class TREADLE_API Optimizer {
   // parameter without a gradient). An empty list means one group of every parameter.
   void set_param_groups(const std::vector<ParamGroup>& groups);
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
+  // One set of options over every trainable parameter: no groups, or one group holding them all
+  // (what torch's `Adam(model.parameters())` gives). Known after bind.
+  bool uniform_options() const { return groups_.empty() || one_full_group_; }
+  // Counts changes of the options other than lr (set_param_groups, set_group_option), so a caller
+  // that mirrors them (the device trainer) asks again only when they changed.
+  uint64_t options_version() const { return options_version_; }
   int num_groups() const { return static_cast<int>(lrs_.size()); }
   double group_lr(int g) const;
   void set_group_lr(int g, double lr);
@@ -135,6 +141,8 @@ class TREADLE_API Optimizer {
   std::vector<double> lrs_;        // per group
   std::vector<double> step_lrs_;   // per group, for the update in progress
   std::vector<ParamGroup> groups_;
+  bool one_full_group_ = false;     // set at bind (build_segments)
+  uint64_t options_version_ = 0;
   int64_t t_ = 0;
   bool bound_ = false;
   DType dtype_ = DType::f32;

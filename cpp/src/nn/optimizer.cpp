@@ -129,6 +129,7 @@ void Optimizer::set_group_option(int g, const std::string& key, double value) {
   group_lr(g);  // checks g
   if (!std::isfinite(value)) throw_value_error(name(), ": invalid ", key, " value: ", value, " (must be finite)");
   change_group_option(g, key, value);
+  ++options_version_;
   if (!groups_.empty()) {
     auto& opts = groups_[static_cast<std::size_t>(g)].options;
     auto it = std::find_if(opts.begin(), opts.end(), [&](const auto& kv) { return kv.first == key; });
@@ -157,6 +158,7 @@ void Optimizer::set_param_groups(const std::vector<ParamGroup>& groups) {
   }
   configure_groups(groups);  // checks keys and values; throws before anything below changes
   groups_ = groups;
+  ++options_version_;
   if (lrs.empty()) lrs.push_back(lrs_[0]);
   lrs_ = lrs;
   step_lrs_ = lrs;
@@ -170,6 +172,7 @@ void Optimizer::set_param_groups(const std::vector<ParamGroup>& groups) {
 // group is updated with them: its gradient is zero). Without groups, the whole buffer is one run.
 void Optimizer::build_segments() {
   segments_.clear();
+  one_full_group_ = false;
   if (groups_.empty()) {
     segments_.push_back({0, total_, 0});
     return;
@@ -190,6 +193,9 @@ void Optimizer::build_segments() {
       segments_.push_back({s->offset, s->offset + s->numel, g});
     prev = g;
   }
+  one_full_group_ = groups_.size() == 1 && std::all_of(slots.begin(), slots.end(), [&](const ParamSlot* s) {
+                      return group_of.count(s->name) != 0;
+                    });
 }
 
 void Optimizer::bind(const std::vector<ParamSlot>& layout, int64_t total, DType dtype) {

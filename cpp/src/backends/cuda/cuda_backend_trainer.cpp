@@ -90,11 +90,15 @@ struct Trainer::DeviceStep {
   // into a fresh flag, and (dynamic) the rule on the device. Returns the flag for the update.
   const int32_t* enqueue_unscale(float* grads, int64_t n, const LossScaler& host, cudaStream_t s);
 
-  // The optimizer's options, asked before each update (refresh_hyperparameters): between updates
-  // set_group_option changes them, as OneCycleLR's momentum / beta1 cycling does on the host.
+  // The optimizer's options, asked again only when they changed (set_group_option between updates,
+  // as OneCycleLR's momentum / beta1 cycling does on the host): a step allocates nothing on the host.
   std::vector<std::pair<std::string, double>> hyperparameters;
+  uint64_t hyperparameters_version = ~uint64_t{0};
   const std::vector<std::pair<std::string, double>>& refresh_hyperparameters(const Optimizer& o) {
-    hyperparameters = o.hyperparameters();
+    if (hyperparameters_version != o.options_version()) {
+      hyperparameters = o.hyperparameters();
+      hyperparameters_version = o.options_version();
+    }
     return hyperparameters;
   }
   cuda::CachingDeviceAllocator alloc;
@@ -347,8 +351,9 @@ void Trainer::check_device_support(const char* who) const {
                       "included): use one of those, or a CPU backend");
   // The device update applies one set of options at one lr to the whole flat buffer: parameter
   // groups (per-group options, parameters left out) are refused, checked every step since groups
-  // can be set on a live trainer's optimizer.
-  if (!optimizer_->param_groups().empty())
+  // can be set on a live trainer's optimizer. One group of every parameter (torch's
+  // Adam(model.parameters())) is one set of options.
+  if (!optimizer_->uniform_options())
     throw_value_error(who, ": optimizer ", name, " has ", optimizer_->param_groups().size(), " parameter group",
                       optimizer_->param_groups().size() == 1 ? "" : "s", " (set_param_groups, torch's param_groups); ",
                       "the device update (backend 'cuda', ", device_name(cuda::kTrainDevice), ") runs one set of ",
