@@ -225,6 +225,12 @@ void bind_core(py::module_& m) {
       .def_property_readonly("training", &Graph::training)
       .def("parameter", &Graph::add_parameter, py::arg("parameter"),
            "The symbol of a parameter (registered with the graph once; a tied parameter is its target).")
+      .def("constant",
+           [](Graph& g, const Shape& shape, double value, const std::string& dtype) {
+             return g.apply1("constant", {}, {{"shape", shape}, {"value", value}, {"dtype", dtype}});
+           },
+           py::arg("shape"), py::arg("value"), py::arg("dtype"),
+           "A tensor of `shape` filled with `value` (torch.zeros / ones / full inside a forward).")
       .def("push_scope", &Graph::push_scope)
       .def("pop_scope", &Graph::pop_scope);
   bind_symbol(m);

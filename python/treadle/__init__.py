@@ -28,8 +28,11 @@ from .functional import (  # noqa: E402,F401
     abs, bmm, cat, chunk, clamp, exp, flatten, log, mean, permute, relu, reshape, sigmoid, softmax, split, sqrt,
     squeeze, sum, tanh, transpose, unsqueeze, where)
 
+from .tensors import full, ones, zeros  # noqa: E402,F401 (torch.zeros ... in __init__ and in forward)
+
 __version__ = "0.1.0"
 float32, float64 = "float32", "float64"
+double, float = float64, float32  # noqa: A001 (torch.double, torch.float as dtype names)
 
 
 def info():

@@ -283,12 +283,17 @@ class Module(_ParameterState):
 
             def trace(graph, inputs):
                 root = ref()
-                saved = getattr(_tracing, "graph", None), getattr(_tracing, "names", None), getattr(_tracing, "path", None)
-                _tracing.graph, _tracing.names, _tracing.path = graph, root._scope_names(), []
+                keys = ("graph", "names", "path", "dtype")
+                saved = [getattr(_tracing, k, None) for k in keys]
+                # dtype: of constants a forward creates (tl.zeros) unless it names one
+                values = (graph, root._scope_names(), [], root._model.dtype if root._model is not None else None)
+                for k, v in zip(keys, values):
+                    setattr(_tracing, k, v)
                 try:
                     out = root.forward(*_unflatten_inputs(inputs, getattr(_tracing, "structure", None)))
                 finally:
-                    _tracing.graph, _tracing.names, _tracing.path = saved
+                    for k, v in zip(keys, saved):
+                        setattr(_tracing, k, v)
                 return _flatten_outputs(out)
 
             object.__setattr__(self, "_model", _core.Model(trace, self.named_parameter_objects()))
