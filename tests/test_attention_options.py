@@ -62,3 +62,16 @@ def test_plain_options_stay_native_and_bad_sizes_are_named():
         tl.nn.MultiheadAttention(7, 2, kdim=3)
     with pytest.raises(ValueError, match="set_backend"):
         tl.nn.MultiheadAttention(E, H, add_zero_attn=True, device="cuda")
+
+
+def test_fused_layer_names_per_head_weights():
+    class Net(tl.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = tl.nn.MultiheadAttention(E, H)
+
+        def forward(self, x):
+            return self.attn(x, x, x, average_attn_weights=False)[1]
+
+    with pytest.raises(NotImplementedError, match="average_attn_weights=False"):
+        Net().eval()(np.zeros((L, N, E), np.float32))

@@ -56,7 +56,10 @@ class MultiheadAttention(_NativeModule):
                 "batch_first": bool(self.batch_first)}
 
     def forward(self, query, key=None, value=None, key_padding_mask=None, need_weights=True, attn_mask=None,
-                is_causal=False):
+                is_causal=False, average_attn_weights=True):
+        if need_weights and not average_attn_weights:
+            raise NotImplementedError("MultiheadAttention: per-head weights (average_attn_weights=False) come from "
+                                      "the composed layer only (e.g. built with kdim/vdim); the fused layer averages")
         key = query if key is None else key
         value = key if value is None else value
         if query.ndim == 2:  # unbatched (L, E), as torch: a batch of one
