@@ -137,7 +137,9 @@ def test_a_failing_rank_fails_every_rank_and_nobody_updates(world_size_ok, tmp_p
     assert messages[1] == messages[0] and messages[2] == messages[0]
     m = messages[0]
     # The text after "failed: " is the core's own message (tested elsewhere); here, who failed and why.
-    assert m["bad_shape"].startswith("DataParallel.step: rank 1 failed: linear: ") and "(3, 4)" in m["bad_shape"]
+    # The module that refused the input is named first, as in every trace-time error.
+    assert m["bad_shape"].startswith("DataParallel.step: rank 1 failed: module '0' (Linear(") and \
+        "): linear: " in m["bad_shape"] and "(3, 4)" in m["bad_shape"]
     assert m["bad_lengths"] == "DataParallel.step: rank 2 failed: x has 3 samples but y has 2"
     assert m["two_ranks"].startswith("DataParallel.step: rank 0 failed (and 1 more rank): TypeError: model: ")
     assert "float32" in m["two_ranks"]
@@ -205,7 +207,7 @@ def test_argument_errors():
         dp.allreduce_gradients(-1, 0.0)
     with pytest.raises(ValueError, match="the global batch is empty"):
         dp.step(np.zeros((0, cases.IN)), np.zeros((0, cases.OUT)))
-    with pytest.raises(ValueError, match=r"DataParallel.step: rank 0 failed: linear: expected input of shape"):
+    with pytest.raises(ValueError, match=r"DataParallel.step: rank 0 failed: module '0' \(Linear\(.*\)\): linear: expected input of shape"):
         dp.step(np.zeros((2, 3)), np.zeros((2, cases.OUT)))
     assert dp.steps == 0 and trainer.steps == 0  # the failed steps updated nothing
 

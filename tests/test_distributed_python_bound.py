@@ -126,7 +126,8 @@ def test_attributes_and_batchnorm(parity):
             assert report["native"][name] == dict(steps=4, divergence=0.0, transport="mpi", timed=True)
         for mode in ("root", "average", "local"):
             bn = report["native"][f"bn_{mode}"]
-            assert bn["failure"].startswith("DataParallel.step: rank 1 failed: linear: ") and bn["unchanged"]
+            assert bn["failure"].startswith("DataParallel.step: rank 1 failed: module '0' (Linear(") and \
+                "): linear: " in bn["failure"] and bn["unchanged"]
             assert (bn["divergence"] == 0.0) == (mode != "local")
 
 
@@ -134,7 +135,8 @@ def test_errors_are_those_of_the_python_class(parity):
     _, reports = parity
     assert reports[0]["native"]["failures"] == reports[1]["native"]["failures"]
     f = reports[0]["native"]["failures"]
-    assert f["bad_shape"] == "DataParallel.step: rank 1 failed: linear: expected input of shape (N, 5), got (3, 4)"
+    assert f["bad_shape"] == ("DataParallel.step: rank 1 failed: module '0' (Linear(in_features=5, out_features=8, "
+                              "bias=True)): linear: expected input of shape (N, 5), got (3, 4)")
     assert f["bad_lengths"] == "DataParallel.step: rank 1 failed: x has 3 samples but y has 2"
     assert f["both_ranks"].startswith("DataParallel.step: rank 0 failed (and 1 more rank): TypeError: model: ")
     assert f["host_error"] == "DataParallel.allreduce_gradients: rank 1 failed: RuntimeError: solver diverged"
