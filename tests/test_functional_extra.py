@@ -106,3 +106,47 @@ def test_one_hot_is_torchs_on_data():
         F.one_hot(y, 3)
     with pytest.raises(TypeError, match="integer"):
         F.one_hot(y.astype(float))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_one_hot_in_a_loss_is_torchs(dtype):
+    """Inside a traced loss: 0/1 in the model's dtype (torch: int64 then .float()), e.g. a hand-written
+    cross entropy; loss and gradients equal torch's."""
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(4, 5).to(getattr(torch, dtype))
+    net = tl.nn.Sequential(tl.nn.Linear(4, 5)).to(dtype)
+    tl.io.from_torch(torch.nn.Sequential(ref), net)
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((6, 4)).astype(dtype), rng.integers(0, 5, 6)
+
+    def loss(out, target):
+        return -(F.log_softmax(out, -1) * F.one_hot(target, 5, dtype=dtype)).sum() / 6
+
+    trainer = tl.Trainer(net, loss, tl.optim.SGD(lr=0.0))
+    ours = trainer.compute_gradients(x, y)
+    logits = ref(torch.tensor(x))
+    theirs = -(TF.log_softmax(logits, -1) * TF.one_hot(torch.tensor(y), 5).to(logits.dtype)).sum() / 6
+    theirs.backward()
+    tol = 1e-5 if dtype == "float32" else 1e-12
+    assert ours == pytest.approx(theirs.item(), rel=tol)
+    np.testing.assert_allclose(net.named_gradients()["0.weight"], ref.weight.grad.numpy(), rtol=tol, atol=tol)
+
+
+def test_one_hot_in_a_forward_takes_the_model_dtype_and_checks_its_range():
+    class Net(tl.nn.Module):
+        def forward(self, labels):
+            return F.one_hot(labels, 4)
+
+    out = Net().eval()(np.array([[0, 3], [2, 1]]))
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out, TF.one_hot(torch.tensor([[0, 3], [2, 1]]), 4).numpy())
+    with pytest.raises(ValueError, match=r"one_hot: class value 4 is out of range \[0, 4\)"):
+        Net().eval()(np.array([1, 4]))
+
+    class NoClasses(tl.nn.Module):
+        def forward(self, labels):
+            return F.one_hot(labels)
+
+    with pytest.raises(ValueError, match="num_classes must be given"):
+        NoClasses().eval()(np.array([1, 2]))
+

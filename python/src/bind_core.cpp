@@ -105,6 +105,9 @@ void bind_functional(py::module_& m) {
   f.def("linear", [](Value x, Value w, std::optional<Value> b) { return ops::linear(x, w, b ? *b : Value()); },
         py::arg("x"), py::arg("weight"), py::arg("bias") = py::none());
   f.def("matmul", &ops::matmul, py::arg("a"), py::arg("b"), py::arg("trans_a") = false, py::arg("trans_b") = false);
+  f.def("_one_hot", [](Value indices, int64_t num_classes, const std::string& dtype) {
+    return ops::one_hot(indices, num_classes, dtype_from_name(dtype));
+  }, py::arg("indices"), py::arg("num_classes"), py::arg("dtype"));
   f.def("bmm", &ops::bmm, py::arg("a"), py::arg("b"), py::arg("trans_a") = false, py::arg("trans_b") = false,
         "(B, M, K) @ (B, K, N), as torch.bmm.");
   f.def("add", &ops::add);

@@ -195,14 +195,20 @@ def _per_dim(value, nd, kind):
     return [kind(v) for v in values]
 
 
-def one_hot(tensor, num_classes=-1):
-    """torch.nn.functional.one_hot on an integer numpy array (data preparation): int64 of shape
-    tensor.shape + (num_classes,); num_classes=-1 takes max + 1. Inside a traced forward, index a
-    learned table with nn.Embedding instead (a one-hot product is an embedding lookup)."""
+def one_hot(tensor, num_classes=-1, dtype=None):
+    """torch.nn.functional.one_hot. On an integer numpy array (data preparation): int64 of shape
+    tensor.shape + (num_classes,), num_classes=-1 taking max + 1, as torch. On an integer symbol inside
+    a traced forward or loss: 0/1 in the model's float dtype (or `dtype`), where torch gives int64 that
+    code then converts with .float(); num_classes must be given (a plan's shapes are fixed), and a class
+    value out of range is a ValueError when the step runs."""
     import numpy as np
     if isinstance(tensor, _c.Symbol):
-        raise TypeError("one_hot: takes an integer array, not a symbol: one-hot encode the data before the "
-                        "model, or use nn.Embedding inside it (a one-hot vector times a matrix is a row lookup)")
+        if num_classes is None or int(num_classes) <= 0:
+            raise ValueError("one_hot: inside a forward, num_classes must be given (a plan's shapes are fixed)")
+        from .nn import _dtype_name, _tracing
+        name = np.dtype(_dtype_name(dtype, "one_hot")).name if dtype is not None else \
+            (getattr(_tracing, "dtype", None) or "float32")
+        return _F._one_hot(tensor, int(num_classes), name)
     labels = np.asarray(tensor.detach().cpu().numpy() if hasattr(tensor, "detach") else tensor)
     if labels.dtype.kind not in "iu":
         raise TypeError(f"one_hot: expected an integer array, got dtype {labels.dtype}")

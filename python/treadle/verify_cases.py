@@ -356,6 +356,8 @@ for cmp in ("gt", "lt", "ge", "le", "eq", "ne"):  # 0/1 masks, no gradient; ties
          wrt=(), grad_outputs=())
 case("where", "float condition", lambda r: [normal(r, (3, 4)), normal(r, (3, 4)), np.round(r.random((3, 4)))],
      wrt=(0, 1))
+case("one_hot", "5 classes", lambda r: [indices(r, (3, 4), 5)], {"num_classes": 5, "dtype": "float64"}, wrt=(),
+     grad_outputs=())
 case("gather", "dim 1", lambda r: [normal(r, (3, 5)), indices(r, (3, 2), 5)], {"dim": 1}, wrt=(0,))
 case("gather", "dim 0, repeated indices", lambda r: [normal(r, (4, 3)), indices(r, (6, 3), 4)], {"dim": 0}, wrt=(0,))
 case("gather_backward", "dim 1 into (3, 5)", lambda r: [normal(r, (3, 2)), indices(r, (3, 2), 5)],

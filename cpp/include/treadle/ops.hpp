@@ -81,6 +81,8 @@ TREADLE_API std::vector<Value> grad(const std::vector<Value>& outputs, const std
 // broadcasts its three operands; gather() is torch.gather (index of input's rank, int64).
 TREADLE_API Value compare(const std::string& op, Value a, Value b);
 TREADLE_API Value where(Value cond, Value a, Value b);
+// indices.shape + (num_classes,) of 0/1 in dtype (torch's one_hot, in the model's float dtype).
+TREADLE_API Value one_hot(Value indices, int64_t num_classes, DType dtype);
 TREADLE_API Value gather(Value input, int dim, Value index);
 
 // Regularisation: identity when the graph is not training.

@@ -53,6 +53,22 @@ std::vector<Value> grad_where(const GradContext& c) {
   return g;
 }
 
+// (indices) -> indices.shape + (num_classes,) of 0/1 in `dtype`; torch.nn.functional.one_hot with the
+// float dtype a model computes in. Integer input: nothing to differentiate.
+std::vector<TensorMeta> infer_one_hot(const std::vector<TensorMeta>& in, Attrs& attrs) {
+  check_num_inputs("one_hot", in, 1);
+  if (in[0].dtype != DType::i64 && in[0].dtype != DType::i32)
+    throw_type_error("one_hot: class values must be int64 (or int32), got ", dtype_name(in[0].dtype));
+  const int64_t classes = attrs.i("num_classes");
+  if (classes <= 0) throw_value_error("one_hot: num_classes must be positive, got ", classes);
+  const DType dtype = dtype_from_name(attrs.s("dtype"));
+  if (dtype != DType::f32 && dtype != DType::f64)
+    throw_type_error("one_hot: dtype must be float32 or float64, got ", attrs.s("dtype"));
+  Shape shape = in[0].shape;
+  shape.push_back(classes);
+  return {{shape, dtype}};
+}
+
 void check_index_dtype(const std::string& op, const TensorMeta& index) {
   if (index.dtype != DType::i64 && index.dtype != DType::i32)
     throw_type_error(op, ": index must be int64 (or int32), got ", dtype_name(index.dtype));
@@ -130,6 +146,8 @@ void register_select_ops(OpRegistry& r) {
            .grad = [](const GradContext&) { return std::vector<Value>(2); }});  // piecewise constant
   }
   r.add({.name = "where", .infer = infer_where, .grad = grad_where});
+  r.add({.name = "one_hot", .infer = infer_one_hot,
+         .grad = [](const GradContext&) { return std::vector<Value>(1); }});  // integer input
   r.add({.name = "gather", .infer = infer_gather, .grad = grad_gather});
   r.add({.name = "gather_backward", .infer = infer_gather_backward, .grad = grad_gather_backward});
 }
@@ -141,6 +159,12 @@ Value compare(const std::string& op, Value a, Value b) {
     throw_value_error("compare: '", op, "' is not a comparison (gt, lt, ge, le, eq, ne)");
   if (!a.defined() || !b.defined()) throw_value_error(op, ": an operand is an undefined value");
   return a.graph().apply1(op, {a, b});
+}
+
+Value one_hot(Value indices, int64_t num_classes, DType dtype) {
+  if (!indices.defined()) throw_value_error("one_hot: indices is an undefined value");
+  return indices.graph().apply1("one_hot", {indices}, {{"num_classes", num_classes},
+                                                       {"dtype", std::string(dtype_name(dtype))}});
 }
 
 Value where(Value cond, Value a, Value b) {

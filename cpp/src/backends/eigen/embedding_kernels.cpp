@@ -75,7 +75,30 @@ void embedding_backward_kernel(const KernelArgs& a) {
 
 }  // namespace
 
+// one_hot: each index row of num_classes zeros with a 1 at the index, checked like an embedding lookup.
+template <typename I>
+void one_hot_kernel(const KernelArgs& a) {
+  const int64_t classes = a.attrs().i("num_classes"), n = a.in[0].numel;
+  const I* idx = a.in[0].ptr<I>();
+  for (int64_t i = 0; i < n; ++i)
+    if (idx[i] < 0 || idx[i] >= classes) {
+      const std::string where = a.node.scope.empty() ? "" : " (module '" + a.node.scope + "')";
+      throw_value_error("one_hot", where, ": class value ", static_cast<int64_t>(idx[i]), " is out of range [0, ",
+                        classes, ") (position ", i, " of indices of shape ", shape_str(*a.in[0].shape), ")");
+    }
+  auto fill = [&](auto* y) {
+    std::fill(y, y + n * classes, 0);
+    for (int64_t i = 0; i < n; ++i) y[i * classes + static_cast<int64_t>(idx[i])] = 1;
+  };
+  if (a.out[0].dtype == DType::f64)
+    fill(a.out[0].ptr<double>());
+  else
+    fill(a.out[0].ptr<float>());
+}
+
 void register_eigen_embedding(KernelTable& t) {
+  t.add("one_hot", DType::i64, &one_hot_kernel<int64_t>);
+  t.add("one_hot", DType::i32, &one_hot_kernel<int32_t>);
   TREADLE_EIGEN_REGISTER_FLOATS(t, "embedding", embedding_kernel);
   TREADLE_EIGEN_REGISTER_FLOATS(t, "embedding_backward", embedding_backward_kernel);
 }
