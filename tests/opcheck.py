@@ -185,3 +185,12 @@ def param_grads(net):
     """A module's accumulated gradients by parameter name, as views of its flat gradient buffer."""
     flat = net.flat_gradients()
     return {n: flat[o:o + int(np.prod(s))].reshape(s) for n, s, o in net._compiled().layout}
+
+
+def assert_grads_like_torch(net, ref, prefix="", rtol=1e-10, atol=1e-12):
+    """Each gradient of torch module `ref` (after its backward) equals `net`'s gradient of the same
+    parameter (named with `prefix` when ref is a submodule of net)."""
+    grads = net.named_gradients()
+    for name, p in ref.named_parameters():
+        np.testing.assert_allclose(grads[prefix + name], p.grad.numpy(), rtol=rtol, atol=atol, err_msg=name)
+    return grads

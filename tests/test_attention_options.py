@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import treadle as tl
+from opcheck import assert_grads_like_torch
 
 E, H, L, S, N = 8, 2, 3, 5, 2
 OPTIONS = [{"kdim": 3, "vdim": 6}, {"add_bias_kv": True}, {"add_zero_attn": True},
@@ -51,9 +52,7 @@ def test_options_match_torch(kw, batch_first, average):
     trainer = tl.Trainer(net, lambda outs, y: (outs[0] * y).sum(), tl.optim.SGD(lr=0.0))
     trainer.compute_gradients([q, k, v, kpm, mask], seed)
     (t_out * torch.tensor(seed)).sum().backward()
-    grads = net.named_gradients()
-    for name, p in ref.named_parameters():
-        np.testing.assert_allclose(grads["attn." + name], p.grad.numpy(), rtol=1e-10, atol=1e-12, err_msg=name)
+    assert_grads_like_torch(net, ref, prefix="attn.")
 
 
 def test_plain_options_stay_native_and_bad_sizes_are_named():

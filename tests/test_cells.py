@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import treadle as tl
+from opcheck import assert_grads_like_torch
 
 I, H, T, B = 3, 5, 4, 6
 
@@ -64,9 +65,7 @@ def test_loop_matches_torch(kind, kw):
     trainer = tl.Trainer(net, tl.loss.MSE(), tl.optim.SGD(lr=0.0))
     trainer.compute_gradients(x, y)
     torch.nn.functional.mse_loss(ref(torch.tensor(x)), torch.tensor(y)).backward()
-    grads = net.named_gradients()
-    for name, p in ref.named_parameters():
-        np.testing.assert_allclose(grads[name], p.grad.numpy(), rtol=1e-10, atol=1e-12, err_msg=name)
+    assert_grads_like_torch(net, ref)
 
 
 @pytest.mark.parametrize("kind", ["RNNCell", "LSTMCell", "GRUCell"])

@@ -6,6 +6,7 @@ import torch
 
 import treadle as tl
 import treadle.functional as F
+from opcheck import assert_grads_like_torch
 
 CASES = [((2, 3, 6), (2, 1)), ((2, 3, 6), (0, 3)), ((2, 2, 5, 6), (1, 2, 2, 0)), ((1, 2, 4, 5), (3, 3, 1, 1))]
 
@@ -65,9 +66,7 @@ def test_conv_padding_mode_is_torchs(mode, nd, padding):
     trainer = tl.Trainer(net, lambda out, y: (out * y).sum(), tl.optim.SGD(lr=0.0))
     trainer.compute_gradients(x, seed)
     (ref * torch.tensor(seed)).sum().backward()
-    grads = net.named_gradients()
-    for name, p in conv_t.named_parameters():
-        np.testing.assert_allclose(grads["0." + name], p.grad.numpy(), rtol=1e-11, atol=1e-12, err_msg=name)
+    assert_grads_like_torch(net, conv_t, prefix="0.", rtol=1e-11)
     assert net[0].config()["padding_mode"] == mode
 
 

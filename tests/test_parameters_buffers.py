@@ -7,6 +7,7 @@ import torch
 
 import treadle as tl
 import treadle.functional as F
+from opcheck import assert_grads_like_torch
 
 T, V, D = 6, 11, 8
 
@@ -67,6 +68,17 @@ def _treadle_ce(out, y):
     return F.cross_entropy(F.reshape(out, (-1, V)), y)
 
 
+def _steps_like_torch(trainer, ref, opt, x, y, steps):
+    """`steps` training steps of both frameworks on the same batch; the losses agree at each."""
+    for _ in range(steps):
+        ours = trainer.step(x, y)
+        opt.zero_grad()
+        loss = _ce(ref(torch.tensor(x)), y)
+        loss.backward()
+        opt.step()
+        assert ours == pytest.approx(loss.item(), rel=1e-9)
+
+
 def test_names_and_state_dict_are_torchs():
     net, ref = _pair()
     assert [n for n, _ in net.named_parameters()] == [n for n, _ in ref.named_parameters()]
@@ -87,10 +99,8 @@ def test_outputs_and_gradients_match_torch():
     trainer = tl.Trainer(net, _treadle_ce, tl.optim.SGD(lr=0.0))
     trainer.compute_gradients(x, y)
     _ce(ref(torch.tensor(x)), y).backward()
-    grads = net.named_gradients()
+    grads = assert_grads_like_torch(net, ref)  # the tied weight's gradient sums both uses
     assert set(grads) == {n for n, _ in ref.named_parameters()}
-    for name, p in ref.named_parameters():  # the tied weight's gradient sums both uses
-        np.testing.assert_allclose(grads[name], p.grad.numpy(), rtol=1e-10, atol=1e-12, err_msg=name)
 
 
 def test_training_follows_torch_and_keeps_the_tie():
@@ -98,13 +108,7 @@ def test_training_follows_torch_and_keeps_the_tie():
     x, y = _data()
     trainer = tl.Trainer(net, _treadle_ce, tl.optim.Adam(lr=1e-2))
     opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
-    for _ in range(20):
-        ours = trainer.step(x, y)
-        opt.zero_grad()
-        loss = _ce(ref(torch.tensor(x)), y)
-        loss.backward()
-        opt.step()
-        assert ours == pytest.approx(loss.item(), rel=1e-9)
+    _steps_like_torch(trainer, ref, opt, x, y, 20)
     np.testing.assert_allclose(net.decoder.weight, ref.decoder.weight.detach().numpy(), rtol=1e-9, atol=1e-11)
     assert np.shares_memory(net.decoder.weight, net.embed.weight)
     np.testing.assert_array_equal(net.pos, ref.pos.numpy())  # buffers are not trained
@@ -142,13 +146,7 @@ def test_requires_grad_freezes_like_torch():
     before = net.fc.weight.copy()
     trainer = tl.Trainer(net, _treadle_ce, tl.optim.SGD(lr=0.1, momentum=0.9))
     opt = torch.optim.SGD([p for p in ref.parameters() if p.requires_grad], lr=0.1, momentum=0.9)
-    for _ in range(5):
-        ours = trainer.step(x, y)
-        opt.zero_grad()
-        loss = _ce(ref(torch.tensor(x)), y)
-        loss.backward()
-        opt.step()
-        assert ours == pytest.approx(loss.item(), rel=1e-9)
+    _steps_like_torch(trainer, ref, opt, x, y, 5)
     np.testing.assert_array_equal(net.fc.weight, before)
     np.testing.assert_allclose(net.gain, ref.gain.detach().numpy(), rtol=1e-10)
     net.fc.requires_grad_(True)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import treadle as tl
+from opcheck import assert_grads_like_torch
 
 STEPS, BATCH = 12, 3
 
@@ -81,9 +82,7 @@ def test_outputs_with_future_and_gradients_match_torch():
     trainer = tl.Trainer(net, tl.nn.MSELoss(), tl.optim.SGD(lr=0.0))
     trainer.compute_gradients(x, y)
     torch.nn.MSELoss()(ref(torch.tensor(x)), torch.tensor(y)).backward()
-    grads = net.named_gradients()
-    for name, p in ref.named_parameters():
-        np.testing.assert_allclose(grads[name], p.grad.numpy(), rtol=1e-9, atol=1e-12, err_msg=name)
+    assert_grads_like_torch(net, ref, rtol=1e-9)
 
 
 def test_lbfgs_training_matches_torch():

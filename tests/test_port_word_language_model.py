@@ -10,6 +10,7 @@ import torch.nn.functional as TF
 
 import treadle as tl
 import treadle.functional as F
+from opcheck import assert_grads_like_torch
 
 NTOKEN, NINP, NLAYERS, T, B = 13, 8, 2, 6, 3
 
@@ -97,9 +98,7 @@ def test_outputs_state_and_gradients_match_torch(rnn_type):
     trainer = tl.Trainer(net, _loss, tl.optim.SGD(net.parameters(), lr=0.0))
     trainer.compute_gradients([x, hidden], y)
     TF.nll_loss(theirs, torch.tensor(y)).backward()
-    grads = net.named_gradients()
-    for name, p in ref.named_parameters():
-        np.testing.assert_allclose(grads[name], p.grad.numpy(), rtol=1e-10, atol=1e-12, err_msg=name)
+    assert_grads_like_torch(net, ref)
 
 
 def test_the_examples_training_loop_matches_torch():

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as TF
 
 import treadle as tl
+from opcheck import assert_grads_like_torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,9 +74,7 @@ def test_gradients_and_loss_curve_match_torch():
 
     trainer.compute_gradients(x[:8], y[:8])
     TF.nll_loss(ref(torch.tensor(x[:8])), torch.tensor(y[:8])).backward()
-    grads = net.named_gradients()
-    for name, p in ref.named_parameters():
-        np.testing.assert_allclose(grads[name], p.grad.numpy(), rtol=1e-9, atol=1e-12, err_msg=name)
+    assert_grads_like_torch(net, ref, rtol=1e-9)
 
     for step in range(50):
         batch = slice(8 * (step % 8), 8 * (step % 8) + 8)

@@ -7,6 +7,7 @@ import torch
 
 import treadle as tl
 import treadle.functional as F
+from opcheck import assert_grads_like_torch
 
 L, E = 5, 4
 
@@ -32,9 +33,7 @@ def _compare(tmod, mod, inputs, run_t, run_tl):
     trainer = tl.Trainer(net, lambda out, y: (out * y).sum(), tl.optim.SGD(lr=0.0))
     trainer.compute_gradients(list(inputs) if len(inputs) > 1 else inputs[0], seed)
     (t_out * torch.tensor(seed)).sum().backward()
-    grads = net.named_gradients()
-    for name, p in tmod.named_parameters():
-        np.testing.assert_allclose(grads["m." + name], p.grad.numpy(), rtol=1e-10, atol=1e-12, err_msg=name)
+    assert_grads_like_torch(net, tmod, prefix="m.")
 
 
 @pytest.mark.parametrize("kind", ["RNN", "GRU", "LSTM"])
