@@ -43,7 +43,7 @@ module treadle
   public :: treadle_trainer_evaluate, treadle_trainer_zero_grad, treadle_trainer_forward
   public :: treadle_trainer_backward, treadle_trainer_update, treadle_trainer_get_gradients
   public :: treadle_model_set_backend, treadle_model_set_precision, treadle_model_set_deterministic
-  public :: treadle_model_set_fusion
+  public :: treadle_model_set_fusion, treadle_verify
 
   ! The kind of an integer(c_int64_t) array (class indices), next to TREADLE_F32/F64; -1: unknown.
   integer(c_int), parameter :: KIND_I64 = 2, KIND_UNKNOWN = -1
@@ -234,6 +234,30 @@ contains
     integer(c_int) :: status
     status = c_treadle_model_set_backend(model%handle, c_string(backend))
   end function treadle_model_set_backend
+
+  ! The installation check (treadle_verify in treadle.h): every op on every backend and dtype this
+  ! machine runs, the matrix printed to standard output. failures: the number of failed checks (0:
+  ! all passed). quick: finite differences on 6 elements per input; ops, backends: comma-separated
+  ! filters (absent: all); json_path: also write the report as JSON.
+  function treadle_verify(failures, quick, ops, backends, json_path) result(status)
+    integer(c_int64_t), intent(out) :: failures
+    logical, intent(in), optional :: quick
+    character(len=*), intent(in), optional :: ops, backends, json_path
+    integer(c_int) :: status, quick_flag
+    quick_flag = 0
+    if (present(quick)) then
+      if (quick) quick_flag = 1
+    end if
+    status = c_treadle_verify(quick_flag, c_string(text_or_blank(ops)), c_string(text_or_blank(backends)), &
+                              0_c_int64_t, c_string(text_or_blank(json_path)), 1_c_int, failures)
+  end function treadle_verify
+
+  function text_or_blank(text) result(out)
+    character(len=*), intent(in), optional :: text
+    character(len=:), allocatable :: out
+    out = ''
+    if (present(text)) out = text
+  end function text_or_blank
 
   ! precision of the matrix products: "float32" or "bf16" (float32 models only).
   function treadle_model_set_precision(model, precision) result(status)

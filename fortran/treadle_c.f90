@@ -25,7 +25,7 @@ module treadle_c
   public :: c_treadle_trainer_evaluate, c_treadle_trainer_zero_grad, c_treadle_trainer_forward
   public :: c_treadle_trainer_backward, c_treadle_trainer_update, c_treadle_trainer_get_gradients, c_strlen
   public :: c_treadle_model_set_backend, c_treadle_model_set_precision, c_treadle_model_set_deterministic
-  public :: c_treadle_model_set_fusion
+  public :: c_treadle_model_set_fusion, c_treadle_verify
 
   interface
     function c_treadle_last_error() result(message) bind(C, name="treadle_last_error")
@@ -67,6 +67,18 @@ module treadle_c
       character(kind=c_char), dimension(*), intent(in) :: path
       integer(c_int) :: status
     end function c_treadle_model_load_weights
+
+    ! The installation check: ops and backends comma-separated (c_null_char alone: all), json_path
+    ! c_null_char alone for no file; failures receives the number of failed checks.
+    function c_treadle_verify(quick, ops, backends, seed, json_path, print, failures) result(status) &
+        bind(C, name="treadle_verify")
+      import :: c_char, c_int, c_int64_t
+      integer(c_int), value :: quick, print
+      character(kind=c_char), dimension(*), intent(in) :: ops, backends, json_path
+      integer(c_int64_t), value :: seed
+      integer(c_int64_t), intent(out) :: failures
+      integer(c_int) :: status
+    end function c_treadle_verify
 
     function c_treadle_model_save(model, path) result(status) bind(C, name="treadle_model_save")
       import :: c_char, c_int, c_ptr

@@ -6,6 +6,7 @@ executor, typed errors). Twice: Eigen only, and with the oneDNN backend as the d
 The build reuses ccache: the temporary directory sits under <repo>/build, at the depth of the usual
 build/dev, and CCACHE_BASEDIR is the repository root, so objects compiled for a dev build are hits.
 """
+import json
 import os
 import shutil
 import subprocess
@@ -65,9 +66,9 @@ def test_core_exe(request):
             if "Eigen" in proc.stdout + proc.stderr:
                 pytest.skip("CMake did not find Eigen 3.4: " + (proc.stderr.strip().splitlines() or [""])[-1])
             pytest.fail("cmake configure failed:\n" + proc.stdout[-3000:] + proc.stderr[-3000:])
-        proc = _run(["cmake", "--build", build, "--target", "test_core", "-j", str(min(2, os.cpu_count() or 1))],
-                    env, 900)
-        assert proc.returncode == 0, "building test_core failed:\n" + proc.stdout[-5000:] + proc.stderr[-5000:]
+        proc = _run(["cmake", "--build", build, "--target", "test_core", "test_verify", "treadle-verify", "-j",
+                     str(min(2, os.cpu_count() or 1))], env, 900)
+        assert proc.returncode == 0, "building the C++ tests failed:\n" + proc.stdout[-5000:] + proc.stderr[-5000:]
         exe = os.path.join(build, "cpp", "tests", "test_core")
         assert os.access(exe, os.X_OK), f"no executable at {exe}"
         yield exe
@@ -93,3 +94,28 @@ def test_cpp_group(test_core_exe, group):
 def test_unknown_group_is_an_error(test_core_exe):
     proc = _run([test_core_exe, "no_such_group"], None, 30)
     assert proc.returncode == 2 and "unknown test group 'no_such_group'" in proc.stderr
+
+
+def _sibling(test_core_exe, *path):
+    """Another program of the same C++ build (test_verify, treadle-verify)."""
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(test_core_exe))), *path)
+
+
+def test_cpp_verify(test_core_exe):
+    """treadle::verify from C++: passes here, covers every forward op, names a kernel made wrong."""
+    proc = _run([_sibling(test_core_exe, "cpp", "tests", "test_verify")], None, 300)
+    report = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "PASSED: 0 failure(s)" in report, report[-4000:]
+    assert "a wrong eigen float32 linear gradient fails verify, named" in report
+
+
+def test_treadle_verify_program(test_core_exe, tmp_path):
+    exe = _sibling(test_core_exe, "cpp", "treadle-verify")
+    out = tmp_path / "verify.json"
+    proc = _run([exe, "--quick", "--json", str(out)], None, 300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "checks passed" in proc.stdout and "finite differences" in proc.stdout
+    report = json.loads(out.read_text())
+    assert report["failures"] == [] and report["quick"] and len(report["rows"]) > 100
+    bad = _run([exe, "--ops", "nope"], None, 60)
+    assert bad.returncode == 2 and "no case for ['nope']" in bad.stderr, bad.stderr

@@ -101,7 +101,7 @@ def treadle_prefix(tmp_path_factory):
     else:
         build = tmp_path_factory.mktemp("core_build")
         cmake("-S", ROOT, "-B", build, "-DCMAKE_BUILD_TYPE=Release", *cmake_generator_args())
-    cmake("--build", build, "--target", "treadle", "-j", "2")
+    cmake("--build", build, "--target", "treadle", "treadle-verify", "-j", "2")
     prefix = tmp_path_factory.mktemp("treadle_prefix")
     cmake("--install", build, "--prefix", prefix)
     return prefix
@@ -117,6 +117,15 @@ def test_installed_package_holds_only_the_public_api(treadle_prefix):
     generated = (treadle_prefix / "include" / "treadle" / "build_config.hpp").read_text()
     assert generated.startswith("#pragma once") and "TREADLE_WITH_CUDA" in generated, generated
     assert not list(treadle_prefix.rglob("Eigen*")), "Eigen is private to treadle and must not be installed"
+
+
+def test_installed_verify_program_checks_the_installed_library(treadle_prefix):
+    """<prefix>/bin/treadle-verify finds the installed libtreadle by itself (no LD_LIBRARY_PATH) and passes."""
+    exe = treadle_prefix / "bin" / "treadle-verify"
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    proc = subprocess.run([str(exe), "--quick"], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "checks passed" in proc.stdout and "threads:" in proc.stdout
 
 
 @pytest.fixture(scope="module")

@@ -1,16 +1,17 @@
 """`python -m treadle verify`: the installation check passes here, covers every forward op, checks
 each backend's own kernels (not an Eigen fallback), and fails, naming op, backend and dtype, when a
-kernel is wrong (injected below by wrapping the op runner verify calls)."""
+kernel is wrong (injected below through the check's test-only tamper hook)."""
 import json
+import re
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 import treadle as tl
 from treadle import verify
-from treadle.verify_cases import CASES, FORWARD_OPS_WITHOUT_CASES
+
+CASES = verify.cases()
 
 
 def test_verify_passes_and_reports_its_matrix(tmp_path):
@@ -30,9 +31,10 @@ def test_verify_passes_and_reports_its_matrix(tmp_path):
 
 def test_every_forward_op_has_a_case():
     forward = {op for op in tl.backend_ops("eigen") if not op.endswith("_backward")}
-    covered = {c.op for c in CASES}
-    assert forward - covered == set(FORWARD_OPS_WITHOUT_CASES), forward - covered
-    assert len({c.name for c in CASES}) == len(CASES)
+    covered = {op for _name, op in CASES}
+    assert forward - covered == set(verify.uncovered_ops()), forward - covered
+    assert covered <= set(tl.backend_ops("eigen")), covered - set(tl.backend_ops("eigen"))
+    assert len({name for name, _op in CASES}) == len(CASES)
 
 
 @pytest.mark.skipif("onednn" not in tl.backends(), reason="treadle was built without oneDNN")
@@ -54,22 +56,17 @@ def test_the_onednn_column_checks_onednn_kernels_not_a_fallback():
     assert checked >= 30, (checked, declined)
 
 
-def _faulty_run_op(op, backend, dtype, factor=1.001, output=False):
-    """The op runner with one kernel made wrong: `op` on `backend` in `dtype` returns its first input
+def _faulty(op, backend, dtype, factor=1.001, output=False):
+    """A tamper hook making one kernel wrong: `op` on `backend` in `dtype` returns its first input
     gradient (or its first output) scaled by `factor`."""
-    real = tl._core.run_op
+    def tamper(name, run_backend, run_dtype, outputs, input_grads):
+        if (name, run_backend, run_dtype) != (op, backend, dtype):
+            return
+        target = outputs if output else input_grads
+        if target and target[0] is not None:
+            target[0] *= factor
 
-    def run_op(name, inputs, attrs, grad_outputs=None, run_backend="", training=True, seed=0, *rest):
-        result = list(real(name, inputs, attrs, grad_outputs, run_backend, training, seed, *rest))
-        floating = [x for x in inputs if np.asarray(x).dtype.kind == "f"]
-        if name == op and run_backend == backend and floating and floating[0].dtype == np.dtype(dtype):
-            if output:
-                result[0] = [result[0][0] * factor] + list(result[0][1:])
-            elif grad_outputs is not None and result[1][0] is not None:
-                result[1] = [result[1][0] * factor] + list(result[1][1:])
-        return tuple(result)
-
-    return run_op
+    return tamper
 
 
 @pytest.mark.parametrize("op,backend,dtype,column,output", [
@@ -79,21 +76,19 @@ def _faulty_run_op(op, backend, dtype, factor=1.001, output=False):
     ("layer_norm", "onednn", "float32", "onednn float32", False),
     ("matmul", "onednn", "float32", "onednn float32", True),
 ])
-def test_a_wrong_kernel_fails_verify_naming_op_backend_and_dtype(monkeypatch, op, backend, dtype, column, output):
+def test_a_wrong_kernel_fails_verify_naming_op_backend_and_dtype(op, backend, dtype, column, output):
     if backend not in verify.usable_backends():
         pytest.skip(f"{backend} is not built")
-    monkeypatch.setattr(tl._core, "run_op", _faulty_run_op(op, backend, dtype, output=output))
-    report = verify.run(ops=[op], backends=[backend])
+    report = verify.run(ops=[op], backends=[backend], tamper=_faulty(op, backend, dtype, output=output))
     failed = {(f["op"], f["check"], f["backend"], f["dtype"]) for f in report["failures"]}
     assert (op, column, backend, dtype) in failed, report["failures"]
     assert all(f["op"] == op for f in report["failures"])
 
 
-def test_a_wrong_kernel_makes_the_command_exit_nonzero(monkeypatch, capsys):
-    monkeypatch.setattr(tl._core, "run_op", _faulty_run_op("tanh", "eigen", "float32", factor=1.01))
+def test_a_wrong_kernel_makes_the_command_exit_nonzero(capsys):
     parser = __import__("argparse").ArgumentParser()
     verify.add_arguments(parser)
-    assert verify.main(parser.parse_args(["--ops", "tanh"])) == 1
+    assert verify.main(parser.parse_args(["--ops", "tanh"]), tamper=_faulty("tanh", "eigen", "float32", factor=1.01)) == 1
     out = capsys.readouterr().out
     assert "FAILED" in out and "tanh" in out and "[eigen float32]" in out
 
@@ -109,3 +104,34 @@ def test_bad_filters_are_named(args, message):
 def test_quick_runs_fewer_finite_differences_and_still_passes():
     quick = verify.run(quick=True, ops=["linear", "conv", "lstm_layer"])
     assert quick["failures"] == [] and quick["quick"]
+
+
+_C_API_CHILD = r"""
+import ctypes, json, sys
+import treadle  # loads libtreadle: the C API is the same library
+
+path = next(line.split()[-1] for line in open("/proc/self/maps") if "/libtreadle.so" in line)
+lib = ctypes.CDLL(path)
+lib.treadle_last_error.restype = ctypes.c_char_p
+failures = ctypes.c_int64(7)
+rc = lib.treadle_verify(1, b"linear, tanh", None, ctypes.c_uint64(3), sys.argv[1].encode(), 1, ctypes.byref(failures))
+print(json.dumps({"rc": rc, "failures": failures.value}))
+rc = lib.treadle_verify(0, b"nope", None, ctypes.c_uint64(0), None, 0, ctypes.byref(failures))
+print(json.dumps({"rc": rc, "failures": failures.value, "error": lib.treadle_last_error().decode()}))
+rc = lib.treadle_verify(0, None, None, ctypes.c_uint64(0), None, 0, None)
+print(json.dumps({"rc": rc, "error": lib.treadle_last_error().decode()}))
+"""
+
+
+def test_c_api_treadle_verify(tmp_path):
+    """treadle_verify() from C (through ctypes, in a child): filters, JSON, printing, errors by status."""
+    out = tmp_path / "verify.json"
+    proc = subprocess.run([sys.executable, "-c", _C_API_CHILD, str(out)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"rc"')]
+    assert lines[0] == {"rc": 0, "failures": 0}
+    assert re.search(r"^all \d+ checks passed", proc.stdout, re.MULTILINE), proc.stdout  # printed
+    report = json.loads(out.read_text())
+    assert {r["op"] for r in report["rows"]} == {"linear", "tanh"} and report["failures"] == []
+    assert lines[1]["rc"] == 1 and lines[1]["failures"] == -1 and "no case for ['nope']" in lines[1]["error"]
+    assert lines[2] == {"rc": 4, "error": "treadle_verify: failures is NULL"}

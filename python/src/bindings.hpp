@@ -47,5 +47,6 @@ void bind_layers(py::module_& m);
 void bind_serialize(py::module_& m);
 void bind_conv(py::module_& m);
 void bind_dispatch(py::module_& m);
+void bind_verify(py::module_& m);
 
 }  // namespace treadle::py_bind

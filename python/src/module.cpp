@@ -18,4 +18,5 @@ PYBIND11_MODULE(_core, m) {
   treadle::py_bind::bind_serialize(m);
   treadle::py_bind::bind_conv(m);
   treadle::py_bind::bind_dispatch(m);
+  treadle::py_bind::bind_verify(m);
 }

@@ -113,7 +113,7 @@ class TREADLE_API Optimizer {
  protected:
   virtual std::vector<std::string> state_names() const = 0;
   // Elements of state buffer i (layout_ and total_ are set when this is asked); default: total_.
-  virtual int64_t state_numel(int i) const { return total_; }
+  virtual int64_t state_numel(int /*i*/) const { return total_; }
   // After zero-allocation (e.g. AdaGrad's initial accumulator, per-slot tables, scratch space).
   virtual void initialize_state() {}
   // Each group's options from its overrides (empty `groups`: one group of the defaults). Throws

@@ -121,6 +121,17 @@ TREADLE_C_API int treadle_trainer_update(treadle_trainer* trainer);
 /* The flat gradient buffer (same layout and count as the parameters). */
 TREADLE_C_API int treadle_trainer_get_gradients(treadle_trainer* trainer, void* buffer, int64_t count);
 
+/* -- verification ---------------------------------------------------------------------------- */
+/* The installation check (treadle/verify.hpp), as `python -m treadle verify` runs it: every op of the
+ * catalog on every backend and dtype this build has and this machine runs, against the float64
+ * reference and central differences, on fresh random inputs. quick != 0: central differences on 6
+ * elements per input instead of all. ops, backends: comma-separated filters (NULL or "": all).
+ * json_path: also writes the report there as JSON (NULL: no file). print != 0: writes the matrix and
+ * the verdict to stdout. *failures receives the number of failed checks (0: everything passed).
+ * TREADLE_ERROR_VALUE names an op without a case or a backend this build lacks. */
+TREADLE_C_API int treadle_verify(int quick, const char* ops, const char* backends, uint64_t seed, const char* json_path,
+                                 int print, int64_t* failures);
+
 #ifdef __cplusplus
 }
 #endif

@@ -19,3 +19,4 @@
 #include "treadle/serialize.hpp"
 #include "treadle/tensor.hpp"
 #include "treadle/trainer.hpp"
+#include "treadle/verify.hpp"

@@ -2,8 +2,11 @@
 // exception into a status code and a thread-local message, so nothing ever unwinds into C.
 #include "treadle/treadle.h"
 
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <new>
 #include <string>
 #include <system_error>
@@ -97,6 +100,21 @@ DType to_dtype(treadle_dtype d) {
   if (d == TREADLE_F32) return DType::f32;
   if (d == TREADLE_F64) return DType::f64;
   throw ArgumentError("dtype must be TREADLE_F32 or TREADLE_F64, got " + std::to_string(static_cast<int>(d)));
+}
+
+std::vector<std::string> comma_list(const char* text) {
+  std::vector<std::string> items;
+  std::string item;
+  for (const char* c = text ? text : ""; ; ++c) {
+    if (*c == ',' || *c == '\0') {
+      if (!item.empty()) items.push_back(item);
+      item.clear();
+      if (*c == '\0') break;
+    } else if (*c != ' ') {
+      item += *c;
+    }
+  }
+  return items;
 }
 
 Tensor target(treadle_trainer& t, const void* y, int ndim, const int64_t* shape) {
@@ -304,6 +322,28 @@ int treadle_trainer_update(treadle_trainer* trainer) {
 int treadle_trainer_get_gradients(treadle_trainer* trainer, void* buffer, int64_t count) {
   return guarded("treadle_trainer_get_gradients", [&] {
     copy_out(need(trainer, "trainer").model->flat_gradients(), buffer, count, "buffer");
+  });
+}
+
+int treadle_verify(int quick, const char* ops, const char* backends, uint64_t seed, const char* json_path, int print,
+                   int64_t* failures) {
+  return guarded("treadle_verify", [&] {
+    need(failures, "failures") = -1;
+    VerifyOptions options;
+    options.quick = quick != 0, options.ops = comma_list(ops), options.backends = comma_list(backends);
+    options.seed = seed;
+    const VerifyReport report = verify(options);
+    if (json_path && *json_path) {
+      std::ofstream file(json_path);
+      file << report.json();
+      if (!file.flush())
+        throw std::system_error(errno, std::generic_category(), std::string("cannot write ") + json_path);
+    }
+    if (print) {
+      std::fputs(report.text().c_str(), stdout);
+      std::fflush(stdout);
+    }
+    *failures = static_cast<int64_t>(report.failures.size());
   });
 }
 

@@ -20,6 +20,7 @@ program wrapper_check
   call check_class_indices()
   call check_sections()
   call check_plan_settings()
+  call check_verify()
   if (failures > 0) error stop 1
   print '(a)', 'all checks done'
 
@@ -114,6 +115,16 @@ contains
     call treadle_model_free(model)
     call treadle_model_free(model64)
   end subroutine check_plan_settings
+
+  ! The installation check from Fortran: one op, quick; an unknown op is a value error, named.
+  subroutine check_verify()
+    integer(c_int64_t) :: failed
+    status = treadle_verify(failed, quick=.true., ops='linear')
+    call expect(status == TREADLE_OK .and. failed == 0, 'verify linear passes')
+    status = treadle_verify(failed, ops='no_such_op')
+    call expect(status == TREADLE_ERROR_VALUE .and. index(treadle_error_message(), 'no_such_op') > 0, &
+                'verify names an op without a case', treadle_error_message())
+  end subroutine check_verify
 
   logical function c_associated_version()
     use, intrinsic :: iso_c_binding, only: c_associated
