@@ -1,5 +1,5 @@
-"""F.interpolate / nn.Upsample beyond 4-D nearest and bilinear: 3-D nearest and linear, 5-D nearest and
-trilinear, area at every rank; values and input gradients against torch in float64."""
+"""F.interpolate / nn.Upsample beyond 4-D nearest and bilinear: 3-D nearest, nearest-exact and linear, 5-D
+nearest, nearest-exact and trilinear, 4-D nearest-exact and bicubic, area at every rank; values and input gradients against torch in float64."""
 import numpy as np
 import pytest
 import torch
@@ -17,6 +17,11 @@ CASES = [
     ((1, 2, 3, 4, 5), "trilinear", {"scale_factor": 1.5, "recompute_scale_factor": True}),
     ((2, 3, 9), "area", {"size": 4}), ((2, 2, 6, 8), "area", {"scale_factor": 0.5}),
     ((1, 2, 6, 5, 7), "area", {"size": (3, 2, 4)}),
+    ((2, 3, 7), "nearest-exact", {"size": 11}), ((2, 3, 7), "nearest-exact", {"scale_factor": 0.6}),
+    ((2, 2, 5, 6), "nearest-exact", {"scale_factor": (1.5, 0.7)}),
+    ((1, 2, 3, 4, 5), "nearest-exact", {"size": (5, 3, 7)}),
+    ((2, 2, 4, 5), "bicubic", {"size": (7, 3)}), ((2, 2, 4, 5), "bicubic", {"scale_factor": 1.5, "align_corners": True}),
+    ((2, 2, 4, 5), "bicubic", {"scale_factor": 1.7, "recompute_scale_factor": True}),
 ]
 
 
@@ -45,8 +50,15 @@ def test_interpolate_is_torchs(shape, mode, kw):
 
 
 def test_modes_and_ranks_are_checked():
-    with pytest.raises(ValueError, match="mode must be 'nearest' or 'bilinear', got 'bicubic'"):
-        tl.nn.Upsample(scale_factor=2, mode="bicubic")
+    with pytest.raises(ValueError, match="mode 'bicubic' does not take 3 sizes or factors"):
+        tl.nn.Upsample(scale_factor=(2, 2, 2), mode="bicubic")
+
+    class Cubic(tl.nn.Module):
+        def forward(self, x):
+            return F.interpolate(x, scale_factor=2, mode="bicubic")
+
+    with pytest.raises(ValueError, match="'bicubic' does not take 5-D input"):
+        Cubic().eval()(np.zeros((1, 1, 2, 2, 2), np.float32))
     with pytest.raises(ValueError, match="positive"):
         tl.nn.Upsample(size=(2, 0, 3), mode="trilinear")
 

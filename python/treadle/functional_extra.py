@@ -148,28 +148,29 @@ __all__ = ["relu6", "hardtanh", "hardsigmoid", "hardswish", "logsigmoid", "mish"
 
 def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None,  # noqa: A002
                 recompute_scale_factor=None, antialias=False):
-    """torch.nn.functional.interpolate: modes 'nearest' (3-, 4-, 5-D), 'linear' (3-D), 'bilinear' (4-D),
-    'trilinear' (5-D) and 'area' (adaptive average pooling to the output size). 4-D nearest and
-    bilinear are the native resampling op; the other ranks run it along one pair of axes at a time with
-    the remaining axis resampled by exactly 1 (weights 1 and 0), so values and gradients are torch's."""
+    """torch.nn.functional.interpolate: modes 'nearest' and 'nearest-exact' (3-, 4-, 5-D), 'linear'
+    (3-D), 'bilinear' and 'bicubic' (4-D), 'trilinear' (5-D) and 'area' (adaptive average pooling to
+    the output size). 4-D input is the native resampling op itself; the other ranks run it along one
+    pair of axes at a time with the remaining axis resampled by exactly 1 (weights 1 and 0), so values
+    and gradients are torch's."""
     if antialias:
         raise NotImplementedError("interpolate: antialias=True is not supported")
     nd = input.ndim - 2
-    ranks = {"linear": 1, "bilinear": 2, "trilinear": 3}
-    if mode not in ("nearest", "area", *ranks):
-        raise NotImplementedError(f"interpolate: mode {mode!r} is not supported (nearest, linear, bilinear, "
-                                  "trilinear, area)")
+    ranks = {"linear": 1, "bilinear": 2, "bicubic": 2, "trilinear": 3}
+    if mode not in ("nearest", "nearest-exact", "area", *ranks):
+        raise NotImplementedError(f"interpolate: mode {mode!r} is not supported (nearest, nearest-exact, linear, "
+                                  "bilinear, bicubic, trilinear, area)")
     if nd not in (1, 2, 3) or ranks.get(mode, nd) != nd:
         raise ValueError(f"interpolate: mode {mode!r} does not take {input.ndim}-D input")
     if (size is None) == (scale_factor is None):
         raise ValueError("interpolate: give exactly one of size and scale_factor")
     if align_corners is not None and mode not in ranks:
-        raise ValueError(f"interpolate: align_corners is for the linear modes, not {mode!r}")
+        raise ValueError(f"interpolate: align_corners is for the linear and cubic modes, not {mode!r}")
     sizes, scales = _per_dim(size, nd, int), _per_dim(scale_factor, nd, float)
     if mode == "area":
         out = sizes or [int(math.floor(n * s)) for n, s in zip(input.shape[2:], scales)]
         return _c.AdaptiveAvgPool(nd, out).forward(input)
-    kind = "nearest" if mode == "nearest" else "bilinear"
+    kind = mode if mode in ("nearest", "nearest-exact", "bicubic") else "bilinear"
 
     def resample(x, sz, sc):
         return _c.Upsample(sz or [], sc or [], kind, align_corners, bool(recompute_scale_factor)).forward(x)

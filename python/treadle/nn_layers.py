@@ -178,9 +178,9 @@ class Unflatten(_NativeModule):
 
 
 class Upsample(_NativeModule):
-    """Resamples to `size` or by `scale_factor` with torch's rules: 'nearest' (3-, 4-, 5-D), 'linear'
-    (3-D), 'bilinear' (4-D), 'trilinear' (5-D), 'area' (see F.interpolate). 4-D nearest and bilinear are
-    the native op itself; the rest compose it (F.interpolate)."""
+    """Resamples to `size` or by `scale_factor` with torch's rules: 'nearest' and 'nearest-exact' (3-,
+    4-, 5-D), 'linear' (3-D), 'bilinear' and 'bicubic' (4-D), 'trilinear' (5-D), 'area' (see
+    F.interpolate). 4-D input is the native op itself; the rest compose it (F.interpolate)."""
 
     def __init__(self, size=None, scale_factor=None, mode="nearest", align_corners=None, recompute_scale_factor=None):
         if (size is None) == (scale_factor is None):
@@ -196,7 +196,7 @@ class Upsample(_NativeModule):
         mode = str(mode)
         if mode in ("linear", "trilinear", "area") or len(sizes or scales) == 3:
             # Composed in forward; the native op checks the values (positive sizes and factors) here.
-            if mode not in ("nearest", "linear", "trilinear", "area"):
+            if mode not in ("nearest", "nearest-exact", "linear", "trilinear", "area"):
                 raise ValueError(f"Upsample: mode {mode!r} does not take 3 sizes or factors")
             if corners is not None and mode == "area":
                 raise ValueError("Upsample: align_corners can only be set with a linear mode")
@@ -211,7 +211,7 @@ class Upsample(_NativeModule):
         self.recompute_scale_factor = recompute_scale_factor
 
     def forward(self, x):
-        if x.ndim == 4 and self.mode in ("nearest", "bilinear"):
+        if x.ndim == 4 and self.mode in ("nearest", "nearest-exact", "bilinear", "bicubic"):
             return self._native.forward(x)
         return F.interpolate(x, self.size, self.scale_factor, self.mode, self.align_corners,
                              self.recompute_scale_factor)

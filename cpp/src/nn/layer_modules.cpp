@@ -226,8 +226,9 @@ Upsample::Upsample(Shape size, std::vector<double> scale_factor, std::string mod
       scale_(std::move(scale_factor)),
       mode_(std::move(mode)),
       recompute_(recompute_scale_factor) {
-  if (mode_ != "nearest" && mode_ != "bilinear")
-    throw_value_error("Upsample: mode must be 'nearest' or 'bilinear', got '", mode_, "'");
+  if (mode_ != "nearest" && mode_ != "nearest-exact" && mode_ != "bilinear" && mode_ != "bicubic")
+    throw_value_error("Upsample: mode must be 'nearest', 'nearest-exact', 'bilinear' or 'bicubic' for 4-D input, got '",
+                      mode_, "'");
   if (size_.empty() == scale_.empty()) throw_value_error("Upsample: give exactly one of size and scale_factor");
   if (size_.size() > 2 || scale_.size() > 2)
     throw_value_error("Upsample: size and scale_factor take 1 or 2 values (H, W) for 4-D input");
@@ -237,8 +238,8 @@ Upsample::Upsample(Shape size, std::vector<double> scale_factor, std::string mod
     if (!(s > 0)) throw_value_error("Upsample: scale_factor must be positive, got ", s);
   if (recompute_ && scale_.empty())
     throw_value_error("Upsample: recompute_scale_factor needs a scale_factor, not a size");
-  if (align_corners && mode_ == "nearest")
-    throw_value_error("Upsample: align_corners can only be set with mode 'bilinear'");
+  if (align_corners && (mode_ == "nearest" || mode_ == "nearest-exact"))
+    throw_value_error("Upsample: align_corners can only be set with mode 'bilinear' or 'bicubic'");
   align_corners_ = align_corners.value_or(false);
   if (size_.size() == 1) size_.push_back(size_[0]);
   if (scale_.size() == 1) scale_.push_back(scale_[0]);

@@ -1,4 +1,4 @@
-// Small layers' ops: 2-D upsampling (nearest, bilinear) with its adjoint as the gradient, and the
+// Small layers' ops: 2-D upsampling (nearest, nearest-exact, bilinear, bicubic) with its adjoint as the gradient, and the
 // per-output transform for bounded regression targets.
 #include "core/op_registry.hpp"
 #include "treadle/error.hpp"
@@ -7,16 +7,17 @@
 namespace treadle {
 namespace {
 
-// Shared attribute checks: size (H_out, W_out) > 0, mode, align_corners only for bilinear, scales >= 0.
+// Shared attribute checks: size (H_out, W_out) > 0, mode, align_corners only for bilinear and bicubic,
+// scales >= 0.
 void check_upsample_attrs(const std::string& op, const Attrs& attrs) {
   const Shape& size = attrs.ints("size");
   if (size.size() != 2 || size[0] <= 0 || size[1] <= 0)
     throw_value_error(op, ": size must be 2 positive integers (H_out, W_out), got ", shape_str(size));
   const std::string& mode = attrs.s("mode");
-  if (mode != "nearest" && mode != "bilinear")
-    throw_value_error(op, ": mode must be 'nearest' or 'bilinear', got '", mode, "'");
-  if (mode == "nearest" && attrs.i_or("align_corners", 0))
-    throw_value_error(op, ": align_corners applies to mode 'bilinear' only");
+  if (mode != "nearest" && mode != "nearest-exact" && mode != "bilinear" && mode != "bicubic")
+    throw_value_error(op, ": mode must be 'nearest', 'nearest-exact', 'bilinear' or 'bicubic', got '", mode, "'");
+  if ((mode == "nearest" || mode == "nearest-exact") && attrs.i_or("align_corners", 0))
+    throw_value_error(op, ": align_corners applies to modes 'bilinear' and 'bicubic' only");
   for (const char* s : {"scale_h", "scale_w"})
     if (attrs.f_or(s, 0.0) < 0) throw_value_error(op, ": ", s, " must be >= 0, got ", attrs.f(s));
 }
@@ -109,12 +110,12 @@ void register_misc_ops(OpRegistry& r) {
          .grad = grad_upsample,
          .workspace = [](const std::vector<TensorMeta>&, const Attrs& a) {
            // source taps per row/column; the sizes fit memory (Graph::apply refused larger outputs)
-           return (static_cast<std::size_t>(a.ints("size")[0]) + static_cast<std::size_t>(a.ints("size")[1])) * 32;
+           return (static_cast<std::size_t>(a.ints("size")[0]) + static_cast<std::size_t>(a.ints("size")[1])) * 64;
          }});
   r.add({.name = "upsample2d_backward",
          .infer = infer_upsample_backward,
          .workspace = [](const std::vector<TensorMeta>&, const Attrs& a) {
-           return (static_cast<std::size_t>(a.ints("size")[0]) + static_cast<std::size_t>(a.ints("size")[1])) * 32;
+           return (static_cast<std::size_t>(a.ints("size")[0]) + static_cast<std::size_t>(a.ints("size")[1])) * 64;
          }});
   r.add({.name = "output_transform", .infer = infer_output_transform, .grad = grad_output_transform});
   r.add({.name = "output_transform_backward",

@@ -182,6 +182,11 @@ void pooling(Catalog& c) {
         {{"size", V{6, 7}}, {"mode", "bilinear"}, {"align_corners", int64_t{0}}, {"scale_h", 1.5}, {"scale_w", 1.5}});
   c.add("upsample2d", "bilinear align_corners", floats({{1, 2, 2, 3}}),
         {{"size", V{3, 5}}, {"mode", "bilinear"}, {"align_corners", int64_t{1}}});
+  c.add("upsample2d", "nearest-exact x1.5", floats({{1, 2, 3, 4}}),
+        {{"size", V{4, 6}}, {"mode", "nearest-exact"}, {"align_corners", int64_t{0}}, {"scale_h", 1.5}, {"scale_w", 1.5}});
+  c.add("upsample2d", "bicubic to a size", floats({{1, 1, 3, 4}}), {{"size", V{5, 6}}, {"mode", "bicubic"}});
+  c.add("upsample2d", "bicubic align_corners down", floats({{1, 2, 4, 5}}),
+        {{"size", V{3, 3}}, {"mode", "bicubic"}, {"align_corners", int64_t{1}}});
 }
 
 // x, then the affine weight (around 1) and bias, each optional.

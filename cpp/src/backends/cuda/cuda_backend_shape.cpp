@@ -188,7 +188,12 @@ void adaptive_backward_kernel(const KernelArgs& a) {
 }
 
 // ---- upsample2d: x (N, C, H, W) -> (N, C, size); the backward's x is its output. The taps live in
-// the workspace.
+// the workspace. The device kernels compute nearest and bilinear; nearest-exact and bicubic run on Eigen.
+bool accepts_upsample(const Graph& g, const Node& node) {
+  const std::string& mode = node.attrs.s("mode");
+  return float32_node(g, node) && (mode == "nearest" || mode == "bilinear");
+}
+
 PreparedNode prepare_upsample(const Graph& g, const Node& node) {
   const bool backward = op_name(node) == "upsample2d_backward";
   const Shape& x = shape_of(g, backward ? node.outputs[0] : node.inputs[0]);
@@ -258,8 +263,8 @@ std::vector<OpEntry> shape_op_entries() {
       {"embedding_backward", accepts_embedding, prepare_embedding_backward, embedding_backward_kernel},
       {"adaptive_avg_pool", float32_node, prepare_adaptive, adaptive_kernel},
       {"adaptive_avg_pool_backward", float32_node, prepare_adaptive, adaptive_backward_kernel},
-      {"upsample2d", float32_node, prepare_upsample, upsample_kernel},
-      {"upsample2d_backward", float32_node, prepare_upsample, upsample_backward_kernel},
+      {"upsample2d", accepts_upsample, prepare_upsample, upsample_kernel},
+      {"upsample2d_backward", accepts_upsample, prepare_upsample, upsample_backward_kernel},
       {"output_transform", accepts_output_transform, prepare_output_transform, output_transform_kernel},
       {"output_transform_backward", accepts_output_transform, prepare_output_transform,
        output_transform_backward_kernel},

@@ -1,6 +1,6 @@
-// Reference kernels for upsampling and the output transform. Upsampling maps output to input
-// coordinates exactly as torch's CPU kernels do (same scale rules and rounding), so results match
-// to rounding; the backward is the adjoint (scatter of the same taps), parallel over (N, C) planes.
+// Reference kernels for upsampling and the output transform. Upsampling (nearest, nearest-exact,
+// bilinear, bicubic) maps output to input coordinates exactly as torch's CPU kernels do (same scale
+// rules and rounding), so results match to rounding; the backward is the adjoint (scatter of the same taps), parallel over (N, C) planes.
 #include <algorithm>
 #include <cmath>
 
@@ -13,56 +13,111 @@ namespace {
 using eigen::kElementGrain;
 using eigen::parallel_chunks;
 
-// Where one output row/column reads: input indices i0, i1 with weights w0, w1 (nearest: w1 = 0).
+// Where one output row/column reads: input indices i[k] with weights w[k] (nearest: one tap, w = 1;
+// bilinear: two; bicubic: four, clamped to the edge as torch's upsample_get_value_bounded does).
 struct Tap {
-  int64_t i0, i1;
-  double w0, w1;
+  int64_t i[4];
+  double w[4];
 };
-static_assert(sizeof(Tap) == 32, "the op's workspace rule assumes 32-byte taps");
+static_assert(sizeof(Tap) == 64, "the op's workspace rule assumes 64-byte taps");
+
+enum class Mode { nearest, nearest_exact, bilinear, bicubic };
+
+Mode mode_of(const Attrs& attrs) {
+  const std::string& m = attrs.s("mode");
+  if (m == "bilinear") return Mode::bilinear;
+  if (m == "bicubic") return Mode::bicubic;
+  return m == "nearest-exact" ? Mode::nearest_exact : Mode::nearest;
+}
+
+Tap single(int64_t src) { return {{src, src, src, src}, {1.0, 0.0, 0.0, 0.0}}; }
+
+// torch's compute_scales_value: the user's factor inverted, else the size ratio.
+template <typename T>
+T scale_value(int64_t in, int64_t out, double user_scale) {
+  return user_scale > 0 ? static_cast<T>(1.0 / user_scale) : static_cast<T>(in) / static_cast<T>(out);
+}
 
 // torch's nearest_idx: the scale in float, floor, clamp.
 Tap nearest_tap(int64_t dst, int64_t in, int64_t out, double user_scale) {
-  int64_t src;
-  if (out == in) {
-    src = dst;
-  } else if (out == 2 * in) {
-    src = dst >> 1;
-  } else {
-    const float scale = user_scale > 0 ? static_cast<float>(1.0 / user_scale) : static_cast<float>(in) / out;
-    src = std::min(static_cast<int64_t>(std::floor(static_cast<float>(dst) * scale)), in - 1);
-  }
-  return {src, src, 1.0, 0.0};
+  if (out == in) return single(dst);
+  if (out == 2 * in) return single(dst >> 1);
+  const float scale = scale_value<float>(in, out, user_scale);
+  return single(std::min(static_cast<int64_t>(std::floor(static_cast<float>(dst) * scale)), in - 1));
+}
+
+// torch's nearest_exact_idx: the source pixel whose centre is nearest, floorf((dst + 0.5) * scale).
+Tap nearest_exact_tap(int64_t dst, int64_t in, int64_t out, double user_scale) {
+  const float scale = scale_value<float>(in, out, user_scale);
+  return single(std::min(static_cast<int64_t>(std::floor(static_cast<float>((static_cast<double>(dst) + 0.5) * scale))),
+                         in - 1));
 }
 
 // torch's area_pixel_compute_scale / source_index / guard_index_and_lambda, in the kernel's dtype T.
 // A dimension whose size is unchanged maps each index onto itself whatever the scale factor, with
 // the zero-weight tap on the same index (torch's rules: a NaN/Inf neighbour does not leak in).
 template <typename T>
+T pixel_scale(int64_t in, int64_t out, bool align_corners, double user_scale) {
+  if (align_corners) return out > 1 ? static_cast<T>(in - 1) / static_cast<T>(out - 1) : T(0);
+  return scale_value<T>(in, out, user_scale);
+}
+
+template <typename T>
 Tap linear_tap(int64_t dst, int64_t in, int64_t out, bool align_corners, double user_scale) {
-  if (in == out) return {dst, dst, 1.0, 0.0};
-  T scale;
-  if (align_corners)
-    scale = out > 1 ? static_cast<T>(in - 1) / static_cast<T>(out - 1) : T(0);
-  else
-    scale = user_scale > 0 ? static_cast<T>(1.0 / user_scale) : static_cast<T>(in) / static_cast<T>(out);
+  if (in == out) return single(dst);
+  const T scale = pixel_scale<T>(in, out, align_corners, user_scale);
   T src = align_corners ? scale * static_cast<T>(dst) : scale * (static_cast<T>(dst) + T(0.5)) - T(0.5);
   if (!align_corners && src < T(0)) src = T(0);
   const int64_t i0 = std::min(static_cast<int64_t>(std::floor(src)), in - 1);
   const T lambda = std::min(std::max(src - static_cast<T>(i0), T(0)), T(1));
-  return {i0, i0 + (i0 < in - 1 ? 1 : 0), static_cast<double>(T(1) - lambda), static_cast<double>(lambda)};
+  const int64_t i1 = i0 + (i0 < in - 1 ? 1 : 0);
+  return {{i0, i1, i1, i1}, {static_cast<double>(T(1) - lambda), static_cast<double>(lambda), 0.0, 0.0}};
+}
+
+// torch's bicubic rule: the source index may be negative (no clamp before the floor, taken in float as
+// torch's floorf does), Keys' cubic convolution with A = -0.75 on the four neighbours, edges clamped.
+template <typename T>
+Tap cubic_tap(int64_t dst, int64_t in, int64_t out, bool align_corners, double user_scale) {
+  const T scale = pixel_scale<T>(in, out, align_corners, user_scale);
+  const T src = align_corners ? scale * static_cast<T>(dst) : scale * (static_cast<T>(dst) + T(0.5)) - T(0.5);
+  const int64_t i0 = std::min(static_cast<int64_t>(std::floor(static_cast<float>(src))), in - 1);
+  const T t = std::min(std::max(src - static_cast<T>(i0), T(0)), T(1));
+  const T a = T(-0.75);
+  const auto near = [a](T x) { return ((a + 2) * x - (a + 3)) * x * x + 1; };          // |x| <= 1
+  const auto far = [a](T x) { return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a; };     // 1 < |x| < 2
+  const T w[4] = {far(t + 1), near(t), near(1 - t), far(2 - t)};
+  Tap tap;
+  for (int k = 0; k < 4; ++k) {
+    tap.i[k] = std::min(std::max<int64_t>(i0 - 1 + k, 0), in - 1);
+    tap.w[k] = static_cast<double>(w[k]);
+  }
+  return tap;
 }
 
 // Fills taps for rows (oh entries) then columns (ow entries) into the workspace.
 template <typename T>
 Tap* make_taps(const KernelArgs& a, int64_t h, int64_t w, int64_t oh, int64_t ow) {
-  const bool bilinear = a.attrs().s("mode") == "bilinear", ac = a.attrs().i_or("align_corners", 0) != 0;
+  const Mode mode = mode_of(a.attrs());
+  const bool ac = a.attrs().i_or("align_corners", 0) != 0;
   const double sh = a.attrs().f_or("scale_h", 0.0), sw = a.attrs().f_or("scale_w", 0.0);
+  const auto tap = [&](int64_t dst, int64_t in, int64_t out, double user_scale) {
+    switch (mode) {
+      case Mode::bilinear: return linear_tap<T>(dst, in, out, ac, user_scale);
+      case Mode::bicubic: return cubic_tap<T>(dst, in, out, ac, user_scale);
+      case Mode::nearest_exact: return nearest_exact_tap(dst, in, out, user_scale);
+      case Mode::nearest: break;
+    }
+    return nearest_tap(dst, in, out, user_scale);
+  };
   Tap* taps = static_cast<Tap*>(a.workspace);
-  for (int64_t i = 0; i < oh; ++i) taps[i] = bilinear ? linear_tap<T>(i, h, oh, ac, sh) : nearest_tap(i, h, oh, sh);
-  for (int64_t j = 0; j < ow; ++j)
-    taps[oh + j] = bilinear ? linear_tap<T>(j, w, ow, ac, sw) : nearest_tap(j, w, ow, sw);
+  const bool same = mode == Mode::bicubic && h == oh && w == ow;  // torch copies a same-size bicubic input
+  for (int64_t i = 0; i < oh; ++i) taps[i] = same ? single(i) : tap(i, h, oh, sh);
+  for (int64_t j = 0; j < ow; ++j) taps[oh + j] = same ? single(j) : tap(j, w, ow, sw);
   return taps;
 }
+
+// Taps per row/column: 1 for the nearest modes, 2 bilinear, 4 bicubic.
+int taps_of(Mode mode) { return mode == Mode::bicubic ? 4 : mode == Mode::bilinear ? 2 : 1; }
 
 template <typename T>
 void upsample_kernel(const KernelArgs& a) {
@@ -71,7 +126,7 @@ void upsample_kernel(const KernelArgs& a) {
   const Tap* taps = make_taps<T>(a, h, w, oh, ow);
   const Tap* cols = taps + oh;
   // Nearest copies (as torch does): a weighted sum would turn Inf into NaN through its 0 * Inf tap.
-  const bool nearest = a.attrs().s("mode") != "bilinear";
+  const int n = taps_of(mode_of(a.attrs()));
   const T* x = a.in[0].ptr<T>();
   T* y = a.out[0].ptr<T>();
   parallel_chunks(a.exec, planes, std::max<int64_t>(1, kElementGrain / (oh * ow)), [&](int64_t p0, int64_t p1) {
@@ -80,16 +135,21 @@ void upsample_kernel(const KernelArgs& a) {
       T* yp = y + p * oh * ow;
       for (int64_t i = 0; i < oh; ++i) {
         const Tap& r = taps[i];
-        const T *x0 = xp + r.i0 * w, *x1 = xp + r.i1 * w;
-        const T rw0 = static_cast<T>(r.w0), rw1 = static_cast<T>(r.w1);
-        if (nearest) {
-          for (int64_t j = 0; j < ow; ++j) yp[i * ow + j] = x0[cols[j].i0];
+        if (n == 1) {
+          const T* x0 = xp + r.i[0] * w;
+          for (int64_t j = 0; j < ow; ++j) yp[i * ow + j] = x0[cols[j].i[0]];
           continue;
         }
-        for (int64_t j = 0; j < ow; ++j) {
+        for (int64_t j = 0; j < ow; ++j) {  // along the row first, then across rows (torch's order)
           const Tap& c = cols[j];
-          const T cw0 = static_cast<T>(c.w0), cw1 = static_cast<T>(c.w1);
-          yp[i * ow + j] = rw0 * (cw0 * x0[c.i0] + cw1 * x0[c.i1]) + rw1 * (cw0 * x1[c.i0] + cw1 * x1[c.i1]);
+          T sum = 0;
+          for (int u = 0; u < n; ++u) {
+            const T* xr = xp + r.i[u] * w;
+            T along = 0;
+            for (int v = 0; v < n; ++v) along += static_cast<T>(c.w[v]) * xr[c.i[v]];
+            sum += static_cast<T>(r.w[u]) * along;
+          }
+          yp[i * ow + j] = sum;
         }
       }
     }
@@ -102,7 +162,7 @@ void upsample_backward_kernel(const KernelArgs& a) {
   const int64_t oh = a.in[0].dim(2), ow = a.in[0].dim(3);
   const Tap* taps = make_taps<T>(a, h, w, oh, ow);
   const Tap* cols = taps + oh;
-  const bool nearest = a.attrs().s("mode") != "bilinear";  // a plain scatter, as in the forward
+  const int n = taps_of(mode_of(a.attrs()));  // nearest: a plain scatter, as in the forward
   const T* dy = a.in[0].ptr<T>();
   T* dx = a.out[0].ptr<T>();
   parallel_chunks(a.exec, planes, std::max<int64_t>(1, kElementGrain / (oh * ow)), [&](int64_t p0, int64_t p1) {
@@ -112,18 +172,18 @@ void upsample_backward_kernel(const KernelArgs& a) {
       std::fill(dxp, dxp + h * w, T(0));
       for (int64_t i = 0; i < oh; ++i) {
         const Tap& r = taps[i];
-        T *d0 = dxp + r.i0 * w, *d1 = dxp + r.i1 * w;
-        if (nearest) {
-          for (int64_t j = 0; j < ow; ++j) d0[cols[j].i0] += dyp[i * ow + j];
+        if (n == 1) {
+          T* d0 = dxp + r.i[0] * w;
+          for (int64_t j = 0; j < ow; ++j) d0[cols[j].i[0]] += dyp[i * ow + j];
           continue;
         }
         for (int64_t j = 0; j < ow; ++j) {
           const Tap& c = cols[j];
           const double g = dyp[i * ow + j];
-          d0[c.i0] += static_cast<T>(r.w0 * c.w0 * g);
-          d0[c.i1] += static_cast<T>(r.w0 * c.w1 * g);
-          d1[c.i0] += static_cast<T>(r.w1 * c.w0 * g);
-          d1[c.i1] += static_cast<T>(r.w1 * c.w1 * g);
+          for (int u = 0; u < n; ++u) {
+            T* dr = dxp + r.i[u] * w;
+            for (int v = 0; v < n; ++v) dr[c.i[v]] += static_cast<T>(r.w[u] * c.w[v] * g);
+          }
         }
       }
     }
