@@ -42,11 +42,14 @@ void bind_norm_modules(py::module_& m) {
 
 void bind_other_modules(py::module_& m) {
   ModuleClass<nn::Embedding>(m, "Embedding")
-      .def(py::init([](int64_t num, int64_t dim, std::optional<int64_t> padding_idx, const py::object& dtype) {
-             return std::make_shared<nn::Embedding>(num, dim, padding_idx, dtype_from_py(dtype));
+      .def(py::init([](int64_t num, int64_t dim, std::optional<int64_t> padding_idx, const py::object& dtype,
+                       std::optional<double> max_norm, double norm_type, bool scale_grad_by_freq) {
+             return std::make_shared<nn::Embedding>(num, dim, padding_idx, dtype_from_py(dtype),
+                                                    ops::EmbeddingOptions{max_norm, norm_type, scale_grad_by_freq});
            }),
            py::arg("num_embeddings"), py::arg("embedding_dim"), py::arg("padding_idx") = py::none(),
-           py::arg("dtype") = "float32")
+           py::arg("dtype") = "float32", py::arg("max_norm") = py::none(), py::arg("norm_type") = 2.0,
+           py::arg("scale_grad_by_freq") = false)
       .def_property_readonly("padding_idx", &nn::Embedding::padding_idx);
   ModuleClass<nn::Unflatten>(m, "Unflatten")
       .def(py::init<int, Shape>(), py::arg("dim"), py::arg("unflattened_size"));
@@ -96,12 +99,14 @@ void bind_functional_layers(py::module_& m) {
         py::arg("x"), py::arg("num_groups"), py::arg("weight") = py::none(), py::arg("bias") = py::none(),
         py::arg("eps") = 1e-5);
   f.def("embedding",
-        [](Value indices, Value weight, std::optional<int64_t> padding_idx) {
+        [](Value indices, Value weight, std::optional<int64_t> padding_idx, std::optional<double> max_norm,
+           double norm_type, bool scale_grad_by_freq, bool /*sparse: the gradient is dense, the values torch's*/) {
           int64_t p = padding_idx.value_or(-1);
           if (padding_idx && p < 0) p += weight.dim(0);
-          return ops::embedding(indices, weight, p);
+          return ops::embedding(indices, weight, p, {max_norm, norm_type, scale_grad_by_freq});
         },
-        py::arg("input"), py::arg("weight"), py::arg("padding_idx") = py::none());
+        py::arg("input"), py::arg("weight"), py::arg("padding_idx") = py::none(), py::arg("max_norm") = py::none(),
+        py::arg("norm_type") = 2.0, py::arg("scale_grad_by_freq") = false, py::arg("sparse") = false);
 }
 
 }  // namespace

@@ -12,6 +12,8 @@ and shift. They receive no gradient and only training steps write them.
 """
 import numbers
 
+import numpy as np
+
 from . import _core
 from . import functional as F
 from .nn import _NativeModule, _int_args
@@ -147,19 +149,56 @@ class Embedding(_WithParams):
 
     weight ~ N(0, 1) with the padding_idx row zeroed; that row receives no gradient. Indices outside
     [0, num_embeddings) raise ValueError naming the index. Models taking indices accept int64 input.
+    torch's options: max_norm / norm_type rescale each looked-up row whose norm exceeds max_norm to
+    max_norm / (norm + 1e-7), in place in weight on a training step as torch does (a prediction scales
+    the rows it returns and leaves weight unchanged: predictions never write parameters);
+    scale_grad_by_freq divides each index's gradient by its count in the batch; sparse=True gives the
+    same gradient values, stored dense; _weight initialises weight with a copy of an array and _freeze
+    freezes it (as from_pretrained does).
     """
 
-    def __init__(self, num_embeddings, embedding_dim, padding_idx=None, dtype=None):
+    def __init__(self, num_embeddings, embedding_dim, padding_idx=None, max_norm=None, norm_type=2.0,
+                 scale_grad_by_freq=False, sparse=False, _weight=None, _freeze=False, dtype=None):
         num_embeddings, embedding_dim = _int_args(self, num_embeddings=num_embeddings, embedding_dim=embedding_dim)
         if padding_idx is not None:
             padding_idx = _int_args(self, padding_idx=padding_idx)
-        super().__init__(_core.Embedding(num_embeddings, embedding_dim, padding_idx, _dtype(dtype)))
+        super().__init__(_core.Embedding(num_embeddings, embedding_dim, padding_idx, _dtype(dtype),
+                                         None if max_norm is None else float(max_norm), float(norm_type),
+                                         bool(scale_grad_by_freq)))
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         self.padding_idx = None if padding_idx is None else self._native.padding_idx
+        self.max_norm, self.norm_type = max_norm, float(norm_type)
+        self.scale_grad_by_freq, self.sparse = bool(scale_grad_by_freq), bool(sparse)
+        if _weight is not None:
+            weight = np.asarray(_weight.detach().cpu().numpy() if hasattr(_weight, "detach") else _weight)
+            if weight.shape != (num_embeddings, embedding_dim):
+                raise ValueError(f"Embedding: _weight of shape {weight.shape} does not match num_embeddings and "
+                                 f"embedding_dim ({num_embeddings}, {embedding_dim})")
+            self.weight[...] = weight
+        if _freeze:
+            self.requires_grad_(False)
+
+    @classmethod
+    def from_pretrained(cls, embeddings, freeze=True, padding_idx=None, max_norm=None, norm_type=2.0,
+                        scale_grad_by_freq=False, sparse=False):
+        """torch's Embedding.from_pretrained: a layer whose weight is a copy of the 2-D `embeddings`
+        (numpy or torch), frozen unless freeze=False; the padding row is kept as given."""
+        weight = np.asarray(embeddings.detach().cpu().numpy() if hasattr(embeddings, "detach") else embeddings)
+        if weight.ndim != 2:
+            raise ValueError(f"Embedding.from_pretrained: embeddings must be 2-D, got shape {weight.shape}")
+        dtype = weight.dtype if weight.dtype in (np.float32, np.float64) else np.float32
+        return cls(weight.shape[0], weight.shape[1], padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse,
+                   _weight=weight, _freeze=freeze, dtype=dtype)
 
     def extra_repr(self):
-        pad = "" if self.padding_idx is None else f", padding_idx={self.padding_idx}"
-        return f"{self.num_embeddings}, {self.embedding_dim}{pad}"
+        extra = "" if self.padding_idx is None else f", padding_idx={self.padding_idx}"
+        if self.max_norm is not None:
+            extra += f", max_norm={self.max_norm}" + ("" if self.norm_type == 2.0 else f", norm_type={self.norm_type}")
+        if self.scale_grad_by_freq:
+            extra += ", scale_grad_by_freq=True"
+        if self.sparse:
+            extra += ", sparse=True"
+        return f"{self.num_embeddings}, {self.embedding_dim}{extra}"
 
 
 class Unflatten(_NativeModule):

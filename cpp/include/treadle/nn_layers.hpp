@@ -34,6 +34,18 @@ TREADLE_API Value batch_norm(Value x, Value running_mean, Value running_var, Val
 // Rows of weight (num_embeddings, dim) picked by integer indices of any shape -> indices.shape + (dim,).
 // No gradient reaches the row padding_idx (< 0: none). Out-of-range indices raise ValueError.
 TREADLE_API Value embedding(Value indices, Value weight, int64_t padding_idx = -1);
+// torch's options beyond the lookup. max_norm: each looked-up row whose norm_type-norm (p > 0, or
+// infinity) exceeds it is scaled to max_norm / (norm + 1e-7); in a training plan the rows of weight
+// are rescaled in place before the lookup, as torch's embedding_renorm_ does (the gradient is the
+// lookup's), while a plan that serves predictions scales the rows it returns and leaves weight as it
+// is (such plans never write parameters). scale_grad_by_freq: each index's gradient is divided by
+// how often it occurs in the batch.
+struct EmbeddingOptions {
+  std::optional<double> max_norm;
+  double norm_type = 2.0;
+  bool scale_grad_by_freq = false;
+};
+TREADLE_API Value embedding(Value indices, Value weight, int64_t padding_idx, const EmbeddingOptions& options);
 // 4-D NCHW resampling to `size` (H_out, W_out), mode "nearest" or "bilinear". scale_h/scale_w are the
 // user's scale factors (0: derived from the sizes), used for the coordinate mapping as torch does.
 TREADLE_API Value upsample(Value x, const Shape& size, const std::string& mode, bool align_corners = false,
@@ -111,14 +123,17 @@ class TREADLE_API BatchNorm : public Module {
 class TREADLE_API Embedding : public Module {
  public:
   // Weight ~ N(0, 1) with the padding row zeroed, as torch. padding_idx may be negative (from the end).
+  // options: torch's max_norm, norm_type and scale_grad_by_freq (ops::EmbeddingOptions).
   Embedding(int64_t num_embeddings, int64_t embedding_dim, std::optional<int64_t> padding_idx = std::nullopt,
-            DType dtype = DType::f32);
+            DType dtype = DType::f32, ops::EmbeddingOptions options = {});
   Value forward(Value indices) override;
   std::string type_name() const override { return "Embedding"; }
   int64_t padding_idx() const { return padding_; }
+  const ops::EmbeddingOptions& options() const { return options_; }
 
  private:
   int64_t num_, dim_, padding_ = -1;
+  ops::EmbeddingOptions options_;
   std::shared_ptr<Parameter> weight_;
 };
 

@@ -160,9 +160,13 @@ Value BatchNorm::forward(Value x) {
                          momentum_.value_or(-1.0), eps_);
 }
 
-Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, std::optional<int64_t> padding_idx, DType dtype)
-    : num_(num_embeddings), dim_(embedding_dim) {
+Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, std::optional<int64_t> padding_idx, DType dtype,
+                     ops::EmbeddingOptions options)
+    : num_(num_embeddings), dim_(embedding_dim), options_(options) {
   check_dtype("Embedding", dtype);
+  if (options_.max_norm && !(std::isfinite(*options_.max_norm) && *options_.max_norm >= 0))
+    throw_value_error("Embedding: max_norm must be finite and >= 0, got ", *options_.max_norm);
+  if (!(options_.norm_type > 0)) throw_value_error("Embedding: norm_type must be positive (or inf), got ", options_.norm_type);
   if (num_embeddings <= 0 || embedding_dim <= 0)
     throw_value_error("Embedding: num_embeddings and embedding_dim must be positive, got (", num_embeddings, ", ",
                       embedding_dim, ")");
@@ -190,7 +194,7 @@ Value Embedding::forward(Value indices) {
   if (!is_integer(indices.dtype()))
     throw_type_error("Embedding: expected integer indices (int64), got ", dtype_name(indices.dtype()), " of shape ",
                      shape_str(indices.shape()));
-  return ops::embedding(indices, indices.graph().add_parameter(weight_), padding_);
+  return ops::embedding(indices, indices.graph().add_parameter(weight_), padding_, options_);
 }
 
 Unflatten::Unflatten(int dim, Shape sizes) : dim_(dim), sizes_(std::move(sizes)) {

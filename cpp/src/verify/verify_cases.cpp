@@ -231,6 +231,14 @@ void normalisation(Catalog& c) {
         {.wrt = Ints{0}});
   c.add("embedding", "1-d indices with repeats", [](Rng& r) { return Inputs{normal(r, {4, 2}), indices(r, {6}, 3)}; },
         {}, {.wrt = Ints{0}});
+  // (scale_grad_by_freq has no case: its gradient is torch's rescaled one, not the forward's derivative,
+  // so central differences cannot check it; tests/test_embedding_options.py compares it with torch.)
+  // Rows scaled to max_norm where their norm exceeds it (prediction plans; no gradient): norms near 1
+  // against max_norm 1, both sides, in the 2-norm, the 1-norm and the largest magnitude.
+  for (double p : {2.0, 1.0, double(INFINITY)})
+    c.add("row_renorm", "norm_type " + std::string(std::isinf(p) ? "inf" : std::to_string(int(p))),
+          floats({{4, 3}}, std::isinf(p) ? 0.9 : 0.6 / p), {{"max_norm", 1.0}, {"norm_type", p}},
+          {.wrt = Ints{}, .grad_outputs = Ints{}});
 }
 
 // Inputs x, h0, (c0), w_ih, w_hh, (b_ih, b_hh), (lengths); outputs y, h_n, (c_n), then (gru, lstm) a
@@ -409,7 +417,10 @@ const std::vector<std::pair<std::string, std::string>>& uncovered_ops() {
   static const std::vector<std::pair<std::string, std::string>> ops{
       {"batch_norm_update_stats",
        "no outputs: it updates its running-statistics inputs in place (training plans only), which run_op's copies "
-       "of the inputs do not show"}};
+       "of the inputs do not show"},
+      {"embedding_renorm",
+       "no outputs: it rescales the looked-up rows of its weight input in place (training plans only); "
+       "row_renorm, its prediction-plan twin, has cases"}};
   return ops;
 }
 

@@ -142,7 +142,8 @@ void bmm_kernel(const KernelArgs& a) {
 bool accepts_embedding(const Graph& g, const Node& node) {
   const DType idx = g.info(node.inputs[1]).dtype;
   return float32_node(g, node) && (idx == DType::i64 || idx == DType::i32) &&
-         shape_numel(shape_of(g, node.inputs[1])) <= INT32_MAX;  // the gradient's sort counts in int
+         shape_numel(shape_of(g, node.inputs[1])) <= INT32_MAX &&  // the gradient's sort counts in int
+         !node.attrs.i_or("scale_grad_by_freq", 0);                // Eigen divides by the index counts
 }
 
 void embedding_kernel(const KernelArgs& a) {
