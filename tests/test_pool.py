@@ -264,8 +264,7 @@ def test_bad_arguments():
         tl.nn.MaxPool2d(3, padding=2)
     with pytest.raises(ValueError, match=r"AvgPool2d: divisor_override must be positive"):
         tl.nn.AvgPool2d(2, divisor_override=0)
-    with pytest.raises(ValueError, match="return_indices"):
-        tl.nn.MaxPool2d(2, return_indices=True)
+    assert tl.nn.MaxPool2d(2, return_indices=True).return_indices  # supported: tests/test_max_unpool.py
     with pytest.raises(ValueError, match=r"AdaptiveAvgPool2d: output_size must be an int or a tuple of 2 ints"):
         tl.nn.AdaptiveAvgPool2d((1, 2, 3))
     with pytest.raises(ValueError, match=r"avg_pool2d: kernel_size must be >= 1"):

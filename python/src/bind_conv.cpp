@@ -98,13 +98,49 @@ Value conv_transpose_nd(int nd, Value x, Value w, std::optional<Value> b, const 
                              to_dims(output_padding, fn, "output_padding"), to_dims(dilation, fn, "dilation"), groups);
 }
 
-Value max_pool_nd(int nd, Value x, const py::object& k, const py::object& stride, const py::object& padding,
-                  const py::object& dilation, bool ceil_mode) {
+// The pooled values, or (values, indices) with return_indices.
+py::object max_pool_nd(int nd, Value x, const py::object& k, const py::object& stride, const py::object& padding,
+                       const py::object& dilation, bool ceil_mode, bool return_indices) {
   const std::string fn = "max_pool" + std::to_string(nd) + "d";
   check_rank(fn, x, nd);
   Shape s = stride.is_none() ? Shape{} : to_dims(stride, fn, "stride");
-  return ops::max_pool(x, to_dims(k, fn, "kernel_size"), s, to_dims(padding, fn, "padding"),
-                       to_dims(dilation, fn, "dilation"), ceil_mode);
+  auto [y, indices] = ops::max_pool_with_indices(x, to_dims(k, fn, "kernel_size"), s, to_dims(padding, fn, "padding"),
+                                                 to_dims(dilation, fn, "dilation"), ceil_mode);
+  return return_indices ? py::object(py::make_tuple(y, indices)) : py::cast(y);
+}
+
+// An int or nd ints, as nd values.
+Shape per_dim(const py::handle& v, int nd, const std::string& fn, const char* name) {
+  Shape d = to_dims(v, fn, name);
+  if (d.size() == 1) d.assign(nd, d[0]);
+  if (static_cast<int>(d.size()) != nd) throw_value_error(fn, ": ", name, " must have 1 or ", nd, " values, got ", d.size());
+  return d;
+}
+
+// torch's max_unpool{1,2,3}d: the output size (N, C, *size) defaults to (in - 1) * stride - 2 * padding +
+// kernel_size per dim; a given output_size (nd values, or with N and C first) must lie strictly within
+// stride of that default, as torch checks.
+Value max_unpool_nd(int nd, Value x, Value indices, const py::object& k, const py::object& stride,
+                    const py::object& padding, const py::object& output_size) {
+  const std::string fn = "max_unpool" + std::to_string(nd) + "d";
+  check_rank(fn, x, nd);
+  const Shape kernel = per_dim(k, nd, fn, "kernel_size");
+  const Shape s = stride.is_none() ? kernel : per_dim(stride, nd, fn, "stride");
+  const Shape p = per_dim(padding, nd, fn, "padding");
+  Shape out(nd);
+  for (int i = 0; i < nd; ++i) out[i] = (x.dim(2 + i) - 1) * s[i] - 2 * p[i] + kernel[i];
+  if (!output_size.is_none()) {
+    Shape given = output_size.cast<Shape>();
+    if (static_cast<int>(given.size()) == nd + 2) given.erase(given.begin(), given.begin() + 2);
+    if (static_cast<int>(given.size()) != nd)
+      throw_value_error(fn, ": output_size must have ", nd, " or ", nd + 2, " values, got ", shape_str(given));
+    for (int i = 0; i < nd; ++i)
+      if (given[i] <= out[i] - s[i] || given[i] >= out[i] + s[i])
+        throw_value_error(fn, ": output_size ", shape_str(given), " is invalid for input of shape ", shape_str(x.shape()),
+                          " (dim ", i, " must be between ", out[i] - s[i] + 1, " and ", out[i] + s[i] - 1, ")");
+    out = given;
+  }
+  return ops::max_unpool(x, indices, out);
 }
 
 Value avg_pool_nd(int nd, Value x, const py::object& k, const py::object& stride, const py::object& padding,
@@ -150,11 +186,17 @@ void bind_conv_functional(py::module_& m) {
           py::arg("input"), py::arg("weight"), py::arg("bias") = py::none(), py::arg("stride") = 1,
           py::arg("padding") = 0, py::arg("output_padding") = 0, py::arg("groups") = 1, py::arg("dilation") = 1);
     f.def(("max_pool" + sfx).c_str(),
-          [nd](Value x, py::object k, py::object s, py::object p, py::object d, bool ceil_mode) {
-            return max_pool_nd(nd, x, k, s, p, d, ceil_mode);
+          [nd](Value x, py::object k, py::object s, py::object p, py::object d, bool ceil_mode, bool return_indices) {
+            return max_pool_nd(nd, x, k, s, p, d, ceil_mode, return_indices);
           },
           py::arg("input"), py::arg("kernel_size"), py::arg("stride") = py::none(), py::arg("padding") = 0,
-          py::arg("dilation") = 1, py::arg("ceil_mode") = false);
+          py::arg("dilation") = 1, py::arg("ceil_mode") = false, py::arg("return_indices") = false);
+    f.def(("max_unpool" + sfx).c_str(),
+          [nd](Value x, Value indices, py::object k, py::object s, py::object p, py::object output_size) {
+            return max_unpool_nd(nd, x, indices, k, s, p, output_size);
+          },
+          py::arg("input"), py::arg("indices"), py::arg("kernel_size"), py::arg("stride") = py::none(),
+          py::arg("padding") = 0, py::arg("output_size") = py::none());
     f.def(("avg_pool" + sfx).c_str(),
           [nd](Value x, py::object k, py::object s, py::object p, bool ceil_mode, bool include_pad,
                std::optional<int64_t> divisor) { return avg_pool_nd(nd, x, k, s, p, ceil_mode, include_pad, divisor); },

@@ -8,13 +8,14 @@ import numbers
 
 from . import _core
 from .functional_extra import pad as _pad
-from .nn import _check_cpu, _NativeModule, _int_args
+from .nn import Module, _check_cpu, _NativeModule, _int_args
 
 __all__ = [
     "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
-    "MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d",
+    "MaxPool1d", "MaxPool2d", "MaxPool3d", "MaxUnpool1d", "MaxUnpool2d", "MaxUnpool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d",
     "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "GlobalAvgPool2d",
 ]
+_F = _core.functional
 
 
 def _dims(layer, name, value, nd, allow_none=False):
@@ -205,22 +206,80 @@ class _MaxPoolNd(_NativeModule):
 
     def __init__(self, kernel_size, stride=None, padding=0, dilation=1, return_indices=False, ceil_mode=False):
         layer, nd = type(self).__name__, self._nd
-        if return_indices:
-            raise ValueError(f"{layer}: return_indices=True is not supported (the indices stay inside the graph)")
         k = _dims(layer, "kernel_size", kernel_size, nd)
         s = [] if stride is None else _dims(layer, "stride", stride, nd)
         p, d = _dims(layer, "padding", padding, nd), _dims(layer, "dilation", dilation, nd)
         super().__init__(_core.MaxPool(nd, k, s, p, d, bool(ceil_mode)))
         self.kernel_size, self.stride = kernel_size, kernel_size if stride is None else stride
         self.padding, self.dilation, self.ceil_mode = padding, dilation, ceil_mode
+        self.return_indices = bool(return_indices)
+        self._args = (k, s or k, p, d, bool(ceil_mode))
+
+    def forward(self, x):
+        """The pooled values; with return_indices, (values, int64 indices of each maximum within its
+        flattened input plane), the indices MaxUnpool takes (they carry no gradient)."""
+        if not self.return_indices:
+            return self._native.forward(x)
+        return _unbatched(x, self._nd, lambda xb: getattr(_F, f"max_pool{self._nd}d")(
+            xb, *self._args[:4], ceil_mode=self._args[4], return_indices=True))
 
     def config(self):
         return {"kernel_size": self.kernel_size, "stride": self.stride, "padding": self.padding,
-                "dilation": self.dilation, "ceil_mode": bool(self.ceil_mode)}
+                "dilation": self.dilation, "return_indices": self.return_indices, "ceil_mode": bool(self.ceil_mode)}
 
     def extra_repr(self):
         return (f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
                 f"dilation={self.dilation}, ceil_mode={self.ceil_mode}")
+
+
+def _unbatched(x, nd, fn):
+    """fn on a batched (N, C, *spatial) input; an unbatched (C, *spatial) one runs as a batch of one
+    (torch's rule), each result losing the batch axis again."""
+    if x.ndim != nd + 1:
+        return fn(x)
+    out = fn(_F.unsqueeze(x, 0))
+    return tuple(_F.squeeze(o, 0) for o in out) if isinstance(out, tuple) else _F.squeeze(out, 0)
+
+
+class _MaxUnpoolNd(Module):
+    """torch's MaxUnpool: the values of a max pooling written back at their indices, zeros elsewhere;
+    forward(input, indices, output_size=None). The output size defaults to (in - 1) * stride - 2 *
+    padding + kernel_size per spatial dim (output_size picks another within stride of it). Where
+    overlapping windows chose one element twice, it is written once. The gradient gathers at the
+    indices."""
+    _nd = 2
+
+    def __init__(self, kernel_size, stride=None, padding=0):
+        super().__init__()
+        layer, nd = type(self).__name__, self._nd
+        self._args = (_dims(layer, "kernel_size", kernel_size, nd),
+                      None if stride is None else _dims(layer, "stride", stride, nd), _dims(layer, "padding", padding, nd))
+        self.kernel_size, self.stride, self.padding = kernel_size, kernel_size if stride is None else stride, padding
+
+    def forward(self, input, indices, output_size=None):  # noqa: A002 (torch's name)
+        size = None if output_size is None else [int(v) for v in output_size]
+        fn = getattr(_F, f"max_unpool{self._nd}d")
+        if input.ndim == self._nd + 1:  # unbatched (C, *spatial)
+            return _F.squeeze(fn(_F.unsqueeze(input, 0), _F.unsqueeze(indices, 0), *self._args, output_size=size), 0)
+        return fn(input, indices, *self._args, output_size=size)
+
+    def config(self):
+        return {"kernel_size": self.kernel_size, "stride": self.stride, "padding": self.padding}
+
+    def extra_repr(self):
+        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+
+
+class MaxUnpool1d(_MaxUnpoolNd):
+    _nd = 1
+
+
+class MaxUnpool2d(_MaxUnpoolNd):
+    _nd = 2
+
+
+class MaxUnpool3d(_MaxUnpoolNd):
+    _nd = 3
 
 
 class MaxPool1d(_MaxPoolNd):

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "treadle/module.hpp"
 
@@ -24,6 +25,11 @@ TREADLE_API Value conv_transpose(Value x, Value weight, Value bias, const Shape&
 // An empty stride means stride = kernel_size.
 TREADLE_API Value max_pool(Value x, const Shape& kernel_size, const Shape& stride = {}, const Shape& padding = {0},
                            const Shape& dilation = {1}, bool ceil_mode = false);
+// The same, with the int64 index of each window's maximum within its flattened input plane (torch's
+// return_indices=True: what max_unpool takes). The indices carry no gradient.
+TREADLE_API std::pair<Value, Value> max_pool_with_indices(Value x, const Shape& kernel_size, const Shape& stride = {},
+                                                          const Shape& padding = {0}, const Shape& dilation = {1},
+                                                          bool ceil_mode = false);
 // Average pooling with PyTorch's divisor rules; divisor_override 0 means none.
 TREADLE_API Value avg_pool(Value x, const Shape& kernel_size, const Shape& stride = {}, const Shape& padding = {0},
                            bool ceil_mode = false, bool count_include_pad = true, int64_t divisor_override = 0);

@@ -84,6 +84,9 @@ TREADLE_API Value where(Value cond, Value a, Value b);
 // indices.shape + (num_classes,) of 0/1 in dtype (torch's one_hot, in the model's float dtype).
 TREADLE_API Value one_hot(Value indices, int64_t num_classes, DType dtype);
 TREADLE_API Value gather(Value input, int dim, Value index);
+// torch's max_unpool: x (N, C, *spatial) and max_pool's indices (into each input plane of
+// output_size, flattened) -> zeros of (N, C, *output_size) with x written at the indices.
+TREADLE_API Value max_unpool(Value x, Value indices, const Shape& output_size);
 
 // Regularisation: identity when the graph is not training.
 TREADLE_API Value dropout(Value x, double p);

@@ -234,9 +234,15 @@ namespace ops {
 
 Value max_pool(Value x, const Shape& kernel_size, const Shape& stride, const Shape& padding, const Shape& dilation,
                bool ceil_mode) {
+  return max_pool_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode).first;
+}
+
+std::pair<Value, Value> max_pool_with_indices(Value x, const Shape& kernel_size, const Shape& stride,
+                                              const Shape& padding, const Shape& dilation, bool ceil_mode) {
   Attrs a{{"kernel_size", kernel_size}, {"stride", stride}, {"padding", padding}, {"dilation", dilation},
           {"ceil_mode", int64_t{ceil_mode}}};
-  return x.graph().apply("max_pool", {x}, a).at(0);
+  std::vector<Value> out = x.graph().apply("max_pool", {x}, a);
+  return {out.at(0), out.at(1)};
 }
 
 Value avg_pool(Value x, const Shape& kernel_size, const Shape& stride, const Shape& padding, bool ceil_mode,

@@ -1,5 +1,6 @@
 // Selection: where(cond, a, b), the comparisons that make its masks (gt, lt, ge, le, eq, ne), and
-// gather along a dimension with its scatter-add gradient (torch.gather / take_along_dim), the piece
+// max_unpool (max pooling's indices written back into planes, gradient a gather), gather along a
+// dimension with its scatter-add gradient (torch.gather / take_along_dim), the piece
 // NLL and class-weighted losses are built from.
 //
 // treadle has no bool dtype: a comparison gives 1 or 0 in its operands' dtype, and where() takes
@@ -118,6 +119,27 @@ std::vector<Value> grad_gather_backward(const GradContext& c) {
   return {c.graph.apply1("gather", {c.grad_outputs[0], c.inputs[1]}, {{"dim", c.node.attrs.i("dim")}}), Value()};
 }
 
+// max_unpool(x (N, C, L_in), indices (N, C, L_in)) with attribute length: zeros of (N, C, length) with
+// out[n, c, indices[n, c, i]] = x[n, c, i] (torch's max_unpool on flattened planes: a repeated index,
+// which only overlapping pooling windows give and which then carries one input element's value, is
+// written, not added). The gradient gathers dy at the indices.
+std::vector<TensorMeta> infer_max_unpool(const std::vector<TensorMeta>& in, Attrs& attrs) {
+  check_num_inputs("max_unpool", in, 2);
+  check_floating("max_unpool", in[0]);
+  check_index_dtype("max_unpool", in[1]);
+  if (in[0].shape.size() != 3 || in[1].shape != in[0].shape)
+    throw_value_error("max_unpool: expected input and indices of one shape (N, C, L), got ", shape_str(in[0].shape),
+                      " and ", shape_str(in[1].shape));
+  const int64_t length = attrs.i("length");
+  if (length <= 0) throw_value_error("max_unpool: output length must be positive, got ", length);
+  return {{{in[0].shape[0], in[0].shape[1], length}, in[0].dtype}};
+}
+
+std::vector<Value> grad_max_unpool(const GradContext& c) {
+  if (!c.needs_grad.at(0) || !c.grad_outputs.at(0).defined()) return {Value(), Value()};
+  return {c.graph.apply1("gather", {c.grad_outputs[0], c.inputs[1]}, {{"dim", int64_t{2}}}), Value()};
+}
+
 Value constant_of(Graph& g, const Shape& shape, double value, DType dtype) {
   return g.apply1("constant", {}, {{"shape", shape}, {"value", value}, {"dtype", std::string(dtype_name(dtype))}});
 }
@@ -150,6 +172,7 @@ void register_select_ops(OpRegistry& r) {
          .grad = [](const GradContext&) { return std::vector<Value>(1); }});  // integer input
   r.add({.name = "gather", .infer = infer_gather, .grad = grad_gather});
   r.add({.name = "gather_backward", .infer = infer_gather_backward, .grad = grad_gather_backward});
+  r.add({.name = "max_unpool", .infer = infer_max_unpool, .grad = grad_max_unpool});
 }
 
 namespace ops {
@@ -176,6 +199,25 @@ Value where(Value cond, Value a, Value b) {
 Value gather(Value input, int dim, Value index) {
   if (!input.defined() || !index.defined()) throw_value_error("gather: an operand is an undefined value");
   return input.graph().apply1("gather", {input, index}, {{"dim", int64_t{dim}}});
+}
+
+Value max_unpool(Value x, Value indices, const Shape& output_size) {
+  if (!x.defined() || !indices.defined()) throw_value_error("max_unpool: an operand is an undefined value");
+  const Shape& xs = x.shape();
+  const int nd = static_cast<int>(output_size.size());
+  if (nd < 1 || nd > 3 || static_cast<int>(xs.size()) != nd + 2)
+    throw_value_error("max_unpool: expected input (N, C, *spatial) with ", nd, " spatial dims for output size ",
+                      shape_str(output_size), ", got ", shape_str(xs));
+  if (indices.shape() != xs)
+    throw_value_error("max_unpool: indices of shape ", shape_str(indices.shape()), " do not match input of shape ",
+                      shape_str(xs));
+  int64_t in_len = 1, out_len = 1;
+  for (int i = 0; i < nd; ++i) in_len *= xs[2 + i], out_len *= output_size[i];
+  const Shape flat{xs[0], xs[1], in_len};
+  Value y = x.graph().apply1("max_unpool", {reshape(x, flat), reshape(indices, flat)}, {{"length", out_len}});
+  Shape out{xs[0], xs[1]};
+  out.insert(out.end(), output_size.begin(), output_size.end());
+  return reshape(y, out);
 }
 
 }  // namespace ops

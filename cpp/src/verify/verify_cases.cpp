@@ -384,6 +384,17 @@ void selection(Catalog& c) {
         {.wrt = Ints{0, 1}});
   c.add("one_hot", "5 classes", [](Rng& r) { return Inputs{indices(r, {3, 4}, 5)}; },
         {{"num_classes", int64_t{5}}, {"dtype", "float64"}}, outputs_only);
+  // max_unpool: a permutation's first 6 of 10 slots per plane (distinct, as non-overlapping pooling gives).
+  c.add("max_unpool", "distinct indices into 10",
+        [](Rng& r) {
+          Tensor idx({2, 3, 6}, DType::i64);
+          for (int64_t p = 0; p < 6; ++p) {
+            const Tensor perm = distinct(r, {10}, 1.0);
+            for (int64_t i = 0; i < 6; ++i) idx.data_as<int64_t>()[p * 6 + i] = static_cast<int64_t>(perm.data_as<double>()[i] + 5);
+          }
+          return Inputs{normal(r, {2, 3, 6}), idx};
+        },
+        {{"length", int64_t{10}}}, {.wrt = Ints{0}});
   const Options table_only{.wrt = Ints{0}};
   c.add("gather", "dim 1", [](Rng& r) { return Inputs{normal(r, {3, 5}), indices(r, {3, 2}, 5)}; },
         {{"dim", int64_t{1}}}, table_only);

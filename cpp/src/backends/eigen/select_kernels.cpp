@@ -1,4 +1,6 @@
-// Eigen kernels for where and gather / gather_backward (torch.gather and its scatter-add gradient).
+// Eigen kernels for where, gather / gather_backward (torch.gather and its scatter-add gradient) and
+// max_unpool.
+#include <algorithm>
 #include <array>
 
 #include "backends/eigen/eigen_backend.hpp"
@@ -91,6 +93,31 @@ void gather_backward_kernel(const KernelArgs& a) {
   gather_backward_typed<T, int32_t>(a);
 }
 
+// Per plane: zeros, then each value written at its index (in input order; a repeated index carries
+// one input element's value, so the order does not change the result). Indices are checked first.
+template <typename T, typename I>
+void max_unpool_typed(const KernelArgs& a) {
+  const int64_t planes = a.in[0].dim(0) * a.in[0].dim(1), in_len = a.in[0].dim(2), out_len = a.out[0].dim(2);
+  const T* x = a.in[0].ptr<T>();
+  const I* idx = a.in[1].ptr<I>();
+  T* y = a.out[0].ptr<T>();
+  for (int64_t i = 0; i < planes * in_len; ++i) checked_index("max_unpool", idx[i], out_len);
+  parallel_chunks(a.exec, planes, std::max<int64_t>(1, kElementGrain / std::max<int64_t>(1, out_len)),
+                  [&](int64_t p0, int64_t p1) {
+                    for (int64_t p = p0; p < p1; ++p) {
+                      T* yp = y + p * out_len;
+                      std::fill(yp, yp + out_len, T(0));
+                      for (int64_t i = 0; i < in_len; ++i) yp[static_cast<int64_t>(idx[p * in_len + i])] = x[p * in_len + i];
+                    }
+                  });
+}
+
+template <typename T>
+void max_unpool_kernel(const KernelArgs& a) {
+  if (a.in[1].dtype == DType::i64) return max_unpool_typed<T, int64_t>(a);
+  max_unpool_typed<T, int32_t>(a);
+}
+
 }  // namespace
 }  // namespace eigen
 
@@ -100,6 +127,7 @@ void register_eigen_select(KernelTable& t) {
   t.add("where", DType::i64, &where_kernel<int64_t>);  // e.g. labels with the ignored ones replaced
   TREADLE_EIGEN_REGISTER_FLOATS(t, "gather", gather_kernel);
   TREADLE_EIGEN_REGISTER_FLOATS(t, "gather_backward", gather_backward_kernel);
+  TREADLE_EIGEN_REGISTER_FLOATS(t, "max_unpool", max_unpool_kernel);
 }
 
 }  // namespace treadle
