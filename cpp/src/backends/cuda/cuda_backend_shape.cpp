@@ -143,7 +143,7 @@ bool accepts_embedding(const Graph& g, const Node& node) {
   const DType idx = g.info(node.inputs[1]).dtype;
   return float32_node(g, node) && (idx == DType::i64 || idx == DType::i32) &&
          shape_numel(shape_of(g, node.inputs[1])) <= INT32_MAX &&  // the gradient's sort counts in int
-         !node.attrs.i_or("scale_grad_by_freq", 0);                // Eigen divides by the index counts
+         !node.attrs.i_or("scale_grad_by_freq", 0);                // no device kernel divides by the counts
 }
 
 void embedding_kernel(const KernelArgs& a) {
@@ -189,7 +189,7 @@ void adaptive_backward_kernel(const KernelArgs& a) {
 }
 
 // ---- upsample2d: x (N, C, H, W) -> (N, C, size); the backward's x is its output. The taps live in
-// the workspace. The device kernels compute nearest and bilinear; nearest-exact and bicubic run on Eigen.
+// the workspace. The device kernels compute nearest and bilinear; a device plan refuses the other modes.
 bool accepts_upsample(const Graph& g, const Node& node) {
   const std::string& mode = node.attrs.s("mode");
   return float32_node(g, node) && (mode == "nearest" || mode == "bilinear");
