@@ -91,6 +91,8 @@ def _register_builtins():
     register_layer(nn.Dropout, lambda m: {"p": float(m.p)})
     register_layer(nn.Flatten, _flatten_config)
     register_layer(nn.Identity, lambda m: {})
+    from .nn_lstm_projected import ProjectedLSTM  # tl.nn.LSTM(proj_size > 0) builds it
+    register_layer(ProjectedLSTM)
 
 
 

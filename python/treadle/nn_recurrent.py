@@ -144,12 +144,23 @@ class GRU(_Recurrent):
 
 
 class LSTM(_Recurrent):
-    """Long short-term memory; gates (i, f, g, o). forward returns (output, (h_n, c_n))."""
+    """Long short-term memory; gates (i, f, g, o). forward returns (output, (h_n, c_n)). With
+    proj_size > 0 the layer is torch's LSTMP, composed step by step (nn_lstm_projected)."""
 
     _is_lstm = True
 
+    def __new__(cls, input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
+                bidirectional=False, proj_size=0, device=None, dtype="float32"):
+        if cls is LSTM and proj_size:
+            from .nn_lstm_projected import ProjectedLSTM
+            return ProjectedLSTM(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
+                                 proj_size, device=device, dtype=dtype)
+        return super().__new__(cls)
+
     def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
-                 bidirectional=False, dtype="float32"):
+                 bidirectional=False, proj_size=0, dtype="float32"):
+        if proj_size:
+            raise ValueError(f"{type(self).__name__}: proj_size is built by tl.nn.LSTM itself (a composed layer)")
         input_size, hidden_size, num_layers = _int_args(self, input_size=input_size, hidden_size=hidden_size,
                                                         num_layers=num_layers)
         super().__init__(_core.LSTM(input_size, hidden_size, num_layers, bool(bias), bool(batch_first),
