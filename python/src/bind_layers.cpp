@@ -26,18 +26,20 @@ void bind_norm_modules(py::module_& m) {
            py::arg("normalized_shape"), py::arg("eps") = py::none(), py::arg("elementwise_affine") = true,
            py::arg("dtype") = "float32");
   ModuleClass<nn::GroupNorm>(m, "GroupNorm")
-      .def(py::init([](int64_t groups, int64_t channels, double eps, bool affine, const py::object& dtype) {
-             return std::make_shared<nn::GroupNorm>(groups, channels, eps, affine, dtype_from_py(dtype));
+      .def(py::init([](int64_t groups, int64_t channels, double eps, bool affine, const py::object& dtype, bool bias) {
+             return std::make_shared<nn::GroupNorm>(groups, channels, eps, affine, dtype_from_py(dtype), bias);
            }),
            py::arg("num_groups"), py::arg("num_channels"), py::arg("eps") = 1e-5, py::arg("affine") = true,
-           py::arg("dtype") = "float32");
+           py::arg("dtype") = "float32", py::arg("bias") = true);
   ModuleClass<nn::BatchNorm>(m, "BatchNorm")
       .def(py::init([](int dims, int64_t features, double eps, std::optional<double> momentum, bool affine,
-                       bool track, const py::object& dtype) {
-             return std::make_shared<nn::BatchNorm>(dims, features, eps, momentum, affine, track, dtype_from_py(dtype));
+                       bool track, const py::object& dtype, bool bias) {
+             return std::make_shared<nn::BatchNorm>(dims, features, eps, momentum, affine, track, dtype_from_py(dtype),
+                                                    bias);
            }),
            py::arg("spatial_dims"), py::arg("num_features"), py::arg("eps") = 1e-5, py::arg("momentum") = 0.1,
-           py::arg("affine") = true, py::arg("track_running_stats") = true, py::arg("dtype") = "float32");
+           py::arg("affine") = true, py::arg("track_running_stats") = true, py::arg("dtype") = "float32",
+           py::arg("bias") = true);
 }
 
 void bind_other_modules(py::module_& m) {

@@ -110,7 +110,7 @@ def _register_catalog():
         "RMSNorm": lambda m: {"normalized_shape": list(m.normalized_shape), "eps": m.eps,
                               "elementwise_affine": bool(m.elementwise_affine)},
         "GroupNorm": lambda m: {"num_groups": int(m.num_groups), "num_channels": int(m.num_channels), "eps": m.eps,
-                                "affine": bool(m.affine)},
+                                "affine": bool(m.affine), "bias": has(m, "bias") or not m.affine},
         "Embedding": lambda m: {"num_embeddings": int(m.num_embeddings), "embedding_dim": int(m.embedding_dim),
                                 "padding_idx": m.padding_idx, "max_norm": m.max_norm, "norm_type": m.norm_type,
                                 "scale_grad_by_freq": m.scale_grad_by_freq, "sparse": m.sparse},
@@ -119,7 +119,8 @@ def _register_catalog():
                                       "activations": list(m.activations)},
     }
     batch_norm = lambda m: {"num_features": int(m.num_features), "eps": m.eps, "momentum": m.momentum,  # noqa: E731
-                            "affine": bool(m.affine), "track_running_stats": bool(m.track_running_stats)}
+                            "affine": bool(m.affine), "track_running_stats": bool(m.track_running_stats),
+                            "bias": has(m, "bias") or not m.affine}
     configs.update({f"BatchNorm{d}d": batch_norm for d in (1, 2, 3)})
     for name, config in configs.items():
         cls = getattr(nn, name, None)

@@ -89,9 +89,9 @@ class RMSNorm(_WithParams):
 class GroupNorm(_WithParams):
     """Input (N, C, *): statistics per sample over groups of C / num_groups channels; per-channel affine."""
 
-    def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, dtype=None):
+    def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, dtype=None, *, bias=True):
         num_groups, num_channels = _int_args(self, num_groups=num_groups, num_channels=num_channels)
-        super().__init__(_core.GroupNorm(num_groups, num_channels, float(eps), bool(affine), _dtype(dtype)))
+        super().__init__(_core.GroupNorm(num_groups, num_channels, float(eps), bool(affine), _dtype(dtype), bool(bias)))
         self.num_groups, self.num_channels, self.eps, self.affine = num_groups, num_channels, eps, affine
 
     def extra_repr(self):
@@ -102,11 +102,12 @@ class _BatchNorm(_WithParams):
     _dims = 0
     _native_buffers = ("running_mean", "running_var", "num_batches_tracked")
 
-    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True, dtype=None):
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True, dtype=None, *,
+                 bias=True):
         num_features = _int_args(self, num_features=num_features)
         super().__init__(_core.BatchNorm(self._dims, num_features, float(eps),
                                          None if momentum is None else float(momentum), bool(affine),
-                                         bool(track_running_stats), _dtype(dtype)))
+                                         bool(track_running_stats), _dtype(dtype), bool(bias)))
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.affine, self.track_running_stats = affine, track_running_stats
 

@@ -91,7 +91,9 @@ class TREADLE_API RMSNorm : public Module {
 
 class TREADLE_API GroupNorm : public Module {
  public:
-  GroupNorm(int64_t num_groups, int64_t num_channels, double eps = 1e-5, bool affine = true, DType dtype = DType::f32);
+  // bias=false (torch's keyword): an affine weight without a bias.
+  GroupNorm(int64_t num_groups, int64_t num_channels, double eps = 1e-5, bool affine = true, DType dtype = DType::f32,
+            bool bias = true);
   Value forward(Value x) override;
   std::string type_name() const override { return "GroupNorm"; }
 
@@ -107,7 +109,7 @@ class TREADLE_API GroupNorm : public Module {
 class TREADLE_API BatchNorm : public Module {
  public:
   BatchNorm(int spatial_dims, int64_t num_features, double eps = 1e-5, std::optional<double> momentum = 0.1,
-            bool affine = true, bool track_running_stats = true, DType dtype = DType::f32);
+            bool affine = true, bool track_running_stats = true, DType dtype = DType::f32, bool bias = true);
   Value forward(Value x) override;
   std::string type_name() const override { return "BatchNorm" + std::to_string(dims_) + "d"; }
 

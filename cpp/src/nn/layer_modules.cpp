@@ -82,7 +82,7 @@ Value RMSNorm::forward(Value x) {
   return ops::rms_norm(x, static_cast<int>(shape_.size()), param(x, weight_), eps_.value_or(-1.0));
 }
 
-GroupNorm::GroupNorm(int64_t num_groups, int64_t num_channels, double eps, bool affine, DType dtype)
+GroupNorm::GroupNorm(int64_t num_groups, int64_t num_channels, double eps, bool affine, DType dtype, bool bias)
     : groups_(num_groups), channels_(num_channels), eps_(eps) {
   check_dtype("GroupNorm", dtype);
   if (num_groups <= 0 || num_channels <= 0)
@@ -93,20 +93,31 @@ GroupNorm::GroupNorm(int64_t num_groups, int64_t num_channels, double eps, bool 
   if (!(eps >= 0)) throw_value_error("GroupNorm: eps must be >= 0, got ", eps);
   if (affine) {
     weight_ = filled({num_channels}, dtype, 1.0);
-    bias_ = filled({num_channels}, dtype, 0.0);
     register_parameter("weight", weight_);
-    register_parameter("bias", bias_);
+    if (bias) {
+      bias_ = filled({num_channels}, dtype, 0.0);
+      register_parameter("bias", bias_);
+    }
   }
 }
+
+namespace {
+// The bias the norm ops take with their weight: the parameter, or zeros when the layer has a weight
+// and no bias (torch's bias=False; adding 0 changes no value), or none without a weight.
+Value bias_or_zeros(Value x, const std::shared_ptr<Parameter>& weight, const std::shared_ptr<Parameter>& bias) {
+  if (bias) return x.graph().add_parameter(bias);
+  return weight ? ops::full_like(x.graph().add_parameter(weight), 0.0) : Value();
+}
+}  // namespace
 
 Value GroupNorm::forward(Value x) {
   if (x.ndim() < 2 || x.dim(1) != channels_)
     throw_value_error("GroupNorm: expected input of shape (N, ", channels_, ", *), got ", shape_str(x.shape()));
-  return ops::group_norm(x, groups_, param(x, weight_), param(x, bias_), eps_);
+  return ops::group_norm(x, groups_, param(x, weight_), bias_or_zeros(x, weight_, bias_), eps_);
 }
 
 BatchNorm::BatchNorm(int spatial_dims, int64_t num_features, double eps, std::optional<double> momentum, bool affine,
-                     bool track_running_stats, DType dtype)
+                     bool track_running_stats, DType dtype, bool bias)
     : dims_(spatial_dims), features_(num_features), eps_(eps), momentum_(momentum) {
   const std::string name = type_name();
   if (spatial_dims < 1 || spatial_dims > 3) throw_value_error("BatchNorm: spatial_dims must be 1, 2 or 3");
@@ -117,9 +128,11 @@ BatchNorm::BatchNorm(int spatial_dims, int64_t num_features, double eps, std::op
     throw_value_error(name, ": momentum must be in [0, 1] (or None), got ", *momentum);
   if (affine) {
     weight_ = filled({num_features}, dtype, 1.0);
-    bias_ = filled({num_features}, dtype, 0.0);
     register_parameter("weight", weight_);
-    register_parameter("bias", bias_);
+    if (bias) {
+      bias_ = filled({num_features}, dtype, 0.0);
+      register_parameter("bias", bias_);
+    }
   }
   if (track_running_stats) {
     // State, not trained: requires_grad=false keeps them out of the gradient and the backward pass.
@@ -156,7 +169,7 @@ Value BatchNorm::forward(Value x) {
   const bool update = x.graph().training() && tracked;
   return ops::batch_norm(x, update || !batch_stats ? param(x, running_mean_) : Value(),
                          update || !batch_stats ? param(x, running_var_) : Value(), param(x, weight_),
-                         param(x, bias_), update ? param(x, num_batches_) : Value(), batch_stats,
+                         bias_or_zeros(x, weight_, bias_), update ? param(x, num_batches_) : Value(), batch_stats,
                          momentum_.value_or(-1.0), eps_);
 }
 
