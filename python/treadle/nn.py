@@ -482,7 +482,8 @@ class _NativeModule(Module):
     def _own_parameters(self):
         return self._native.named_parameters() + super()._own_parameters()
 
-    def forward(self, x):
+    def forward(self, input):  # noqa: A002 (torch's keyword)
+        x = input
         return self._native.forward(x)
 
 

@@ -63,7 +63,8 @@ class _Softmax(_NativeModule):
         super().__init__(_core.Activation(self._kind, float(-1 if dim is None else dim)))
         self.dim = dim
 
-    def forward(self, x):
+    def forward(self, input):  # noqa: A002 (torch's keyword)
+        x = input
         if self.dim is None:  # decided per input rank, as torch does (with its warning)
             return getattr(F, self._kind)(x, _implicit_dim(self._kind, x.ndim))
         return self._native.forward(x)

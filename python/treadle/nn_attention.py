@@ -23,7 +23,8 @@ class MultiheadAttention(_NativeModule):
     """torch.nn.MultiheadAttention: in_proj_weight (3E, E), in_proj_bias, out_proj.{weight,bias}.
 
     forward(query, key=None, value=None, key_padding_mask=None, need_weights=True, attn_mask=None,
-    is_causal=False) returns (output, weights averaged over heads or None). Masks are symbolic
+    average_attn_weights=True, is_causal=False), torch's order, returns (output, weights averaged over
+    heads or None). Masks are symbolic
     float tensors added to the attention scores (0 keeps a position, -inf drops it): pass a boolean
     mask from numpy as `np.where(mask, -np.inf, 0).astype(dtype)`. A query whose every key is
     masked gets NaN outputs (a softmax over no positions), as torch's need_weights path gives; torch's
@@ -56,7 +57,7 @@ class MultiheadAttention(_NativeModule):
                 "batch_first": bool(self.batch_first)}
 
     def forward(self, query, key=None, value=None, key_padding_mask=None, need_weights=True, attn_mask=None,
-                is_causal=False, average_attn_weights=True):
+                average_attn_weights=True, is_causal=False):
         if need_weights and not average_attn_weights:
             raise NotImplementedError("MultiheadAttention: per-head weights (average_attn_weights=False) come from "
                                       "the composed layer only (e.g. built with kdim/vdim); the fused layer averages")

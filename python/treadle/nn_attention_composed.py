@@ -69,7 +69,7 @@ class ComposedMultiheadAttention(Module):
         return [F.linear(x, wi, bi) for x, wi, bi in zip((query, key, value), w, b)]
 
     def forward(self, query, key=None, value=None, key_padding_mask=None, need_weights=True, attn_mask=None,
-                is_causal=False, average_attn_weights=True):
+                average_attn_weights=True, is_causal=False):
         key = query if key is None else key
         value = key if value is None else value
         if is_causal and attn_mask is None:

@@ -17,7 +17,8 @@ class Sequential(Module):
                 raise TypeError(f"Sequential: argument {i} is a {type(layer).__name__}, not a treadle Module")
             setattr(self, str(i), layer)
 
-    def forward(self, x):
+    def forward(self, input):  # noqa: A002 (torch's keyword)
+        x = input
         for layer in self._modules.values():
             x = layer(x)
         return x
@@ -130,5 +131,6 @@ class ModuleDict(Module):
 
 
 class Identity(Module):
-    def forward(self, x):
+    def forward(self, input):  # noqa: A002 (torch's keyword)
+        x = input
         return x

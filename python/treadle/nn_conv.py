@@ -8,7 +8,7 @@ import numbers
 
 from . import _core
 from .functional_extra import pad as _pad
-from .nn import Module, _check_cpu, _NativeModule, _int_args
+from .nn import Module, _check_cpu, _NativeModule, _int_args, _tracing
 
 __all__ = [
     "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
@@ -103,7 +103,8 @@ class _ConvNd(_WeightedModule):
         self.padding = pad if isinstance(pad, str) else tuple(pad)
         self.padding_mode = padding_mode
 
-    def forward(self, x):
+    def forward(self, input):  # noqa: A002 (torch's keyword)
+        x = input
         if self._mode_pad is not None:
             x = _pad(x, self._mode_pad, self.padding_mode)
         return self._native.forward(x)
@@ -168,6 +169,36 @@ class _ConvTransposeNd(_WeightedModule):
         self.kernel_size, self.stride, self.padding = tuple(k), tuple(s), tuple(p)
         self.output_padding, self.dilation = tuple(op), tuple(d)
 
+    def forward(self, input, output_size=None):  # noqa: A002 (torch's keywords)
+        """torch's forward: output_size (the spatial sizes, optionally with N and C first) picks the
+        output padding that reaches it, within stride - 1 of the smallest size, as torch does."""
+        if output_size is None:
+            return self._native.forward(input)
+        padding = self._output_padding(input, output_size)
+        graph = _tracing.graph
+        params = dict(self._native.named_parameters())
+        bias = graph.parameter(params["bias"]) if "bias" in params else None
+        return _unbatched(input, self._nd, lambda x: getattr(_F, f"conv_transpose{self._nd}d")(
+            x, graph.parameter(params["weight"]), bias, list(self.stride), list(self.padding), padding,
+            self.groups, list(self.dilation)))
+
+    def _output_padding(self, input, output_size):
+        nd, layer = self._nd, type(self).__name__
+        size = [int(v) for v in output_size]
+        leading = input.ndim - nd  # 2 batched, 1 unbatched
+        if len(size) == nd + leading:
+            size = size[leading:]
+        if len(size) != nd:
+            raise ValueError(f"{layer}: for {nd + leading}-D input, output_size must have {nd} or {nd + leading} "
+                             f"elements (got {len(output_size)})")
+        smallest = [(input.shape[leading + i] - 1) * self.stride[i] - 2 * self.padding[i]
+                    + self.dilation[i] * (self.kernel_size[i] - 1) + 1 for i in range(nd)]
+        largest = [m + s - 1 for m, s in zip(smallest, self.stride)]
+        if any(not lo <= v <= hi for v, lo, hi in zip(size, smallest, largest)):
+            raise ValueError(f"{layer}: requested an output size of {size}, but valid sizes range from {smallest} "
+                             f"to {largest} (for an input of {list(input.shape[leading:])})")
+        return [v - lo for v, lo in zip(size, smallest)]
+
     def config(self):
         return {"in_channels": int(self.in_channels), "out_channels": int(self.out_channels),
                 "kernel_size": list(self.kernel_size), "stride": list(self.stride), "padding": list(self.padding),
@@ -215,9 +246,10 @@ class _MaxPoolNd(_NativeModule):
         self.return_indices = bool(return_indices)
         self._args = (k, s or k, p, d, bool(ceil_mode))
 
-    def forward(self, x):
+    def forward(self, input):  # noqa: A002 (torch's keyword)
         """The pooled values; with return_indices, (values, int64 indices of each maximum within its
         flattened input plane), the indices MaxUnpool takes (they carry no gradient)."""
+        x = input
         if not self.return_indices:
             return self._native.forward(x)
         return _unbatched(x, self._nd, lambda xb: getattr(_F, f"max_pool{self._nd}d")(

@@ -66,7 +66,8 @@ class ProjectedLSTM(Module):
         extra += ", bidirectional=True" if self.bidirectional else ""
         return f"{self.input_size}, {self.hidden_size}{extra}, proj_size={self.proj_size}"
 
-    def forward(self, x, hx=None, lengths=None):
+    def forward(self, input, hx=None, lengths=None):  # noqa: A002 (torch's keyword)
+        x = input
         if x.ndim == 2:  # unbatched (T, H_in): a batch of one, as torch
             if lengths is not None:
                 raise ValueError("LSTM: lengths needs batched input (N samples, N lengths)")

@@ -31,7 +31,8 @@ class _Recurrent(_NativeModule):
     def __init__(self, native):
         super().__init__(native)
 
-    def forward(self, x, hx=None, lengths=None):
+    def forward(self, input, hx=None, lengths=None):  # noqa: A002 (torch's keyword)
+        x = input
         if x.ndim == 2:  # unbatched (L, H_in), as torch: a batch of one
             return self._unbatched(x, hx, lengths)
         if self._is_lstm:
