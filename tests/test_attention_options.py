@@ -63,14 +63,51 @@ def test_plain_options_stay_native_and_bad_sizes_are_named():
         tl.nn.MultiheadAttention(E, H, add_zero_attn=True, device="cuda")
 
 
-def test_fused_layer_names_per_head_weights():
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("bias", [True, False])
+def test_fused_layer_gives_per_head_weights(batch_first, bias):
+    """average_attn_weights=False on the plain (fused) layer: the composed forward on its parameters."""
+    torch.manual_seed(0)
+    ref = torch.nn.MultiheadAttention(E, H, bias=bias, batch_first=batch_first).double()
+    mha = tl.nn.MultiheadAttention(E, H, bias=bias, batch_first=batch_first, dtype=torch.float64)
+    assert type(mha) is tl.nn.MultiheadAttention
+    net = _wrap(mha, False)
+    tl.io.from_torch(ref, mha)
+    rng = np.random.default_rng(3)
+    shape = (N, L, E) if batch_first else (L, N, E)
+    q = rng.standard_normal(shape)
+    kv = rng.standard_normal((N, L, E) if batch_first else (L, N, E))
+    kpm, mask = np.zeros((N, L)), 0.1 * rng.standard_normal((L, L))
+    t_out, t_w = ref(*(torch.tensor(a) for a in (q, kv, kv)), key_padding_mask=torch.tensor(kpm),
+                     attn_mask=torch.tensor(mask), average_attn_weights=False)
+    out, w = net.eval()(q, kv, kv, kpm, mask)
+    assert w.shape == (N, H, L, L)
+    np.testing.assert_allclose(out, t_out.detach().numpy(), rtol=1e-11, atol=1e-12)
+    np.testing.assert_allclose(w, t_w.detach().numpy(), rtol=1e-11, atol=1e-12)
+    seed = rng.standard_normal(t_out.shape)
+    trainer = tl.Trainer(net, lambda outs, y: (outs[0] * y).sum(), tl.optim.SGD(lr=0.0))
+    trainer.compute_gradients([q, kv, kv, kpm, mask], seed)
+    (t_out * torch.tensor(seed)).sum().backward()
+    assert_grads_like_torch(net, ref, prefix="attn.")
+
+
+def test_fused_layer_per_head_weights_unbatched():
+    torch.manual_seed(0)
+    ref = torch.nn.MultiheadAttention(E, H).double()
+    mha = tl.nn.MultiheadAttention(E, H, dtype=torch.float64)
+
     class Net(tl.nn.Module):
         def __init__(self):
             super().__init__()
-            self.attn = tl.nn.MultiheadAttention(E, H)
+            self.attn = mha
 
         def forward(self, x):
-            return self.attn(x, x, x, average_attn_weights=False)[1]
+            return self.attn(x, x, x, average_attn_weights=False)
 
-    with pytest.raises(NotImplementedError, match="average_attn_weights=False"):
-        Net().eval()(np.zeros((L, N, E), np.float32))
+    net = Net()
+    tl.io.from_torch(ref, mha)
+    x = np.random.default_rng(4).standard_normal((L, E))
+    out, w = net.eval()(x)
+    t_out, t_w = ref(*(torch.tensor(x),) * 3, average_attn_weights=False)
+    np.testing.assert_allclose(out, t_out.detach().numpy(), rtol=1e-11, atol=1e-12)
+    np.testing.assert_allclose(w, t_w.detach().numpy(), rtol=1e-11, atol=1e-12)

@@ -58,9 +58,8 @@ class MultiheadAttention(_NativeModule):
 
     def forward(self, query, key=None, value=None, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False):
-        if need_weights and not average_attn_weights:
-            raise NotImplementedError("MultiheadAttention: per-head weights (average_attn_weights=False) come from "
-                                      "the composed layer only (e.g. built with kdim/vdim); the fused layer averages")
+        if need_weights and not average_attn_weights:  # per-head weights: the composed forward on these parameters
+            return self._per_head(query, key, value, key_padding_mask, attn_mask, is_causal)
         key = query if key is None else key
         value = key if value is None else value
         if query.ndim == 2:  # unbatched (L, E), as torch: a batch of one
@@ -70,6 +69,28 @@ class MultiheadAttention(_NativeModule):
             out, weights = self._native.attend(query, key, value, kpm, attn_mask, is_causal, need_weights)
             return F.squeeze(out, at), None if weights is None else F.squeeze(weights, 0)
         return self._native.attend(query, key, value, key_padding_mask, attn_mask, is_causal, need_weights)
+
+    def _per_head(self, query, key, value, key_padding_mask, attn_mask, is_causal):
+        """torch's average_attn_weights=False: the fused kernel averages the heads' weights, so this
+        forward runs the composed attention (nn_attention_composed.attend) on the layer's own parameters."""
+        from .nn import _tracing
+        from .nn_attention_composed import AttentionParts, attend
+
+        graph, e = _tracing.graph, self.embed_dim
+        params = {n: graph.parameter(p) for n, p in self._native.named_parameters()}
+        w_in, b_in = params["in_proj_weight"], params.get("in_proj_bias")
+        weights = [F.slice(w_in, 0, i * e, (i + 1) * e) for i in range(3)]
+        biases = [None] * 3 if b_in is None else [F.slice(b_in, 0, i * e, (i + 1) * e) for i in range(3)]
+        out_w, out_b = params["out_proj.weight"], params.get("out_proj.bias")
+        parts = AttentionParts(e, self.num_heads, self.batch_first, self.dropout, False, weights, biases,
+                               (None, None), lambda t: F.linear(t, out_w, out_b))
+        if query.ndim == 2:  # unbatched (L, E): a batch of one
+            at = 0 if self.batch_first else 1
+            query, key, value = (None if t is None else F.unsqueeze(t, at) for t in (query, key, value))
+            kpm = None if key_padding_mask is None else F.unsqueeze(key_padding_mask, 0)
+            out, w = attend(parts, query, key, value, kpm, True, attn_mask, False, is_causal)
+            return F.squeeze(out, at), F.squeeze(w, 0)
+        return attend(parts, query, key, value, key_padding_mask, True, attn_mask, False, is_causal)
 
     def extra_repr(self):
         return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, batch_first={self.batch_first}"
