@@ -100,6 +100,25 @@ void bind_functional_layers(py::module_& m) {
         },
         py::arg("x"), py::arg("num_groups"), py::arg("weight") = py::none(), py::arg("bias") = py::none(),
         py::arg("eps") = 1e-5);
+  // torch's F.batch_norm: running statistics (buffers or parameters) are updated in place on a
+  // training step; a prediction (whose plan never writes) normalises with the batch's own statistics
+  // when training=True, as torch's output is. A lone weight or bias gets its neutral partner.
+  f.def("batch_norm",
+        [](Value x, std::optional<Value> running_mean, std::optional<Value> running_var, std::optional<Value> weight,
+           std::optional<Value> bias, bool training, double momentum, double eps) {
+          if (running_mean.has_value() != running_var.has_value())
+            throw_value_error("batch_norm: give both running_mean and running_var, or neither");
+          if (!training && !running_mean) throw_value_error("batch_norm: training=False needs running_mean and running_var");
+          if (x.ndim() < 2) throw_value_error("batch_norm: expected input of shape (N, C, *), got ", shape_str(x.shape()));
+          Value w = weight.value_or(Value()), b = bias.value_or(Value());
+          if (w.defined() && !b.defined()) b = ops::full_like(w, 0.0);
+          if (b.defined() && !w.defined()) w = ops::full_like(b, 1.0);
+          const bool update = training && x.graph().training() && running_mean;
+          return ops::batch_norm(x, update || !training ? *running_mean : Value(),
+                                 update || !training ? *running_var : Value(), w, b, Value(), training, momentum, eps);
+        },
+        py::arg("input"), py::arg("running_mean"), py::arg("running_var"), py::arg("weight") = py::none(),
+        py::arg("bias") = py::none(), py::arg("training") = false, py::arg("momentum") = 0.1, py::arg("eps") = 1e-5);
   f.def("embedding",
         [](Value indices, Value weight, std::optional<int64_t> padding_idx, std::optional<double> max_norm,
            double norm_type, bool scale_grad_by_freq, bool /*sparse: the gradient is dense, the values torch's*/) {

@@ -326,9 +326,13 @@ std::vector<TensorMeta> infer_batch_norm_eval_backward(const std::vector<TensorM
 // ---- batch_norm_update_stats: inputs (mean, rstd, running_mean, running_var, num_batches_tracked),
 // attrs eps, count (values per channel in the batch), momentum (< 0: cumulative average, torch's
 // momentum=None). No outputs: updates inputs 2..4 in place (training plans only).
-std::vector<TensorMeta> infer_update_stats(const std::vector<TensorMeta>& in, Attrs& attrs) {
-  const std::string op = "batch_norm_update_stats";
-  check_num_inputs(op, in, 5);
+// batch_norm_update_running: the same without num_batches_tracked (F.batch_norm's statistics), a
+// momentum >= 0 required; updates inputs 2 and 3.
+std::vector<TensorMeta> infer_update_stats(const std::vector<TensorMeta>& in, Attrs& attrs, bool tracked) {
+  const std::string op = tracked ? "batch_norm_update_stats" : "batch_norm_update_running";
+  check_num_inputs(op, in, tracked ? 5 : 4);
+  if (!tracked && !(attrs.f("momentum") >= 0))
+    throw_value_error(op, ": momentum must be >= 0 without num_batches_tracked, got ", attrs.f("momentum"));
   check_floating(op, in[0]);
   check_same_dtype(op, in);
   check_eps(op, attrs);
@@ -336,7 +340,7 @@ std::vector<TensorMeta> infer_update_stats(const std::vector<TensorMeta>& in, At
   if (c.size() != 1) throw_value_error(op, ": mean must be 1-D, got ", shape_str(c));
   const char* names[] = {"mean", "rstd", "running_mean", "running_var"};
   for (int i = 1; i < 4; ++i) check_param(op, names[i], in[i], c);
-  check_param(op, "num_batches_tracked", in[4], {});
+  if (tracked) check_param(op, "num_batches_tracked", in[4], {});
   const int64_t count = attrs.i("count");
   if (count < 2)
     throw_value_error(op, ": expected more than 1 value per channel when training, got ", count);
@@ -368,7 +372,12 @@ void register_norm_ops(OpRegistry& r) {
   r.add({.name = "batch_norm_backward", .infer = infer_batch_norm_backward});
   r.add({.name = "batch_norm_eval", .infer = infer_batch_norm_eval, .grad = grad_batch_norm_eval});
   r.add({.name = "batch_norm_eval_backward", .infer = infer_batch_norm_eval_backward});
-  r.add({.name = "batch_norm_update_stats", .infer = infer_update_stats, .writes_inputs = {2, 3, 4}});
+  r.add({.name = "batch_norm_update_stats",
+         .infer = [](const std::vector<TensorMeta>& in, Attrs& a) { return infer_update_stats(in, a, true); },
+         .writes_inputs = {2, 3, 4}});
+  r.add({.name = "batch_norm_update_running",
+         .infer = [](const std::vector<TensorMeta>& in, Attrs& a) { return infer_update_stats(in, a, false); },
+         .writes_inputs = {2, 3}});
 }
 
 namespace ops {
@@ -411,10 +420,14 @@ Value batch_norm(Value x, Value running_mean, Value running_var, Value weight, V
   if (weight.defined()) in.insert(in.end(), {weight, bias});
   std::vector<Value> outs = g.apply("batch_norm", in, {{"eps", eps}});
   if (tracked) {
-    if (!num_batches_tracked.defined()) throw_value_error("batch_norm: running statistics need num_batches_tracked");
     const int64_t count = shape_numel(x.shape()) / x.dim(1);
-    g.apply("batch_norm_update_stats", {outs[1], outs[2], running_mean, running_var, num_batches_tracked},
-            {{"eps", eps}, {"count", count}, {"momentum", momentum}});
+    const Attrs attrs{{"eps", eps}, {"count", count}, {"momentum", momentum}};
+    if (num_batches_tracked.defined())
+      g.apply("batch_norm_update_stats", {outs[1], outs[2], running_mean, running_var, num_batches_tracked}, attrs);
+    else if (momentum >= 0)
+      g.apply("batch_norm_update_running", {outs[1], outs[2], running_mean, running_var}, attrs);
+    else
+      throw_value_error("batch_norm: the cumulative average (momentum None) needs num_batches_tracked");
   }
   return outs[0];
 }

@@ -429,6 +429,9 @@ const std::vector<std::pair<std::string, std::string>>& uncovered_ops() {
       {"batch_norm_update_stats",
        "no outputs: it updates its running-statistics inputs in place (training plans only), which run_op's copies "
        "of the inputs do not show"},
+      {"batch_norm_update_running",
+       "no outputs: batch_norm_update_stats without the batch count (F.batch_norm's running statistics), "
+       "updating its inputs in place (training plans only)"},
       {"embedding_renorm",
        "no outputs: it rescales the looked-up rows of its weight input in place (training plans only); "
        "row_renorm, its prediction-plan twin, has cases"}};

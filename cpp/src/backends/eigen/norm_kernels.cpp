@@ -342,21 +342,35 @@ void batch_norm_eval_backward_kernel(const KernelArgs& a) {
 // ---- batch_norm_update_stats: writes running_mean, running_var, num_batches_tracked in place
 // (inputs 2..4), as torch: running = (1 - f) * running + f * batch, with the unbiased batch variance
 // and f = momentum, or 1 / num_batches_tracked for the cumulative average (momentum < 0).
+// batch_norm_update_running: the same without the count (momentum >= 0, checked by the op).
 template <typename T>
-void batch_norm_update_stats_kernel(const KernelArgs& a) {
+void update_running(const KernelArgs& a, T* tracked) {
   const double eps = a.attrs().f("eps"), momentum = a.attrs().f("momentum");
   const double count = static_cast<double>(a.attrs().i("count"));
   const T *mean = a.in[0].ptr<T>(), *rstd = a.in[1].ptr<T>();
-  T *rm = a.in[2].ptr<T>(), *rv = a.in[3].ptr<T>(), *tracked = a.in[4].ptr<T>();
-  const double batches = static_cast<double>(tracked[0]) + 1.0;
-  tracked[0] = static_cast<T>(batches);
-  const double f = momentum < 0 ? 1.0 / batches : momentum;
+  T *rm = a.in[2].ptr<T>(), *rv = a.in[3].ptr<T>();
+  double f = momentum;
+  if (tracked) {
+    const double batches = static_cast<double>(tracked[0]) + 1.0;
+    tracked[0] = static_cast<T>(batches);
+    if (momentum < 0) f = 1.0 / batches;
+  }
   for (int64_t c = 0; c < a.in[0].numel; ++c) {
     // The biased variance comes back from rstd = 1/sqrt(var + eps) (clamped at 0 against rounding).
     const double rs = rstd[c], var = std::max(0.0, 1.0 / (rs * rs) - eps);
     rm[c] = static_cast<T>((1.0 - f) * rm[c] + f * mean[c]);
     rv[c] = static_cast<T>((1.0 - f) * rv[c] + f * var * count / (count - 1.0));
   }
+}
+
+template <typename T>
+void batch_norm_update_stats_kernel(const KernelArgs& a) {
+  update_running<T>(a, a.in[4].ptr<T>());
+}
+
+template <typename T>
+void batch_norm_update_running_kernel(const KernelArgs& a) {
+  update_running<T>(a, nullptr);
 }
 
 }  // namespace
@@ -373,6 +387,7 @@ void register_eigen_norm(KernelTable& t) {
   TREADLE_EIGEN_REGISTER_FLOATS(t, "batch_norm_eval", batch_norm_eval_kernel);
   TREADLE_EIGEN_REGISTER_FLOATS(t, "batch_norm_eval_backward", batch_norm_eval_backward_kernel);
   TREADLE_EIGEN_REGISTER_FLOATS(t, "batch_norm_update_stats", batch_norm_update_stats_kernel);
+  TREADLE_EIGEN_REGISTER_FLOATS(t, "batch_norm_update_running", batch_norm_update_running_kernel);
 }
 
 }  // namespace treadle
