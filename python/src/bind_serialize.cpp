@@ -115,13 +115,22 @@ void bind_serialize(py::module_& m) {
     load_model(f, model);
   }, py::arg("model"), py::arg("tensors"), py::arg("metadata"), py::arg("source"),
      "load_model on tensors already read (and verified) by load_safetensors.");
-  m.def("save_checkpoint", [](const std::string& path, Trainer& trainer, const py::object& metadata) {
+  // buffers: {name: ReplayBuffer} saved and restored with the trainer (treadle/serialize.hpp).
+  const auto replay_buffers = [](const py::dict& buffers) {
+    ReplayBuffers out;
+    for (auto [name, buffer] : buffers) out.emplace_back(py::str(name), buffer.cast<ReplayBuffer*>());
+    return out;
+  };
+  m.def("save_checkpoint", [replay_buffers](const std::string& path, Trainer& trainer, const py::object& metadata,
+                                            const py::dict& buffers) {
     Metadata md = metadata_from(metadata);
-    io_call([&] { save_checkpoint(path, trainer, md); });
-  }, py::arg("path"), py::arg("trainer"), py::arg("metadata") = py::none());
-  m.def("load_checkpoint", [](const std::string& path, Trainer& trainer) {
-    return metadata_to(io_call([&] { return load_checkpoint(path, trainer); }));
-  }, py::arg("path"), py::arg("trainer"));
+    ReplayBuffers bufs = replay_buffers(buffers);
+    io_call([&] { save_checkpoint(path, trainer, md, bufs); });
+  }, py::arg("path"), py::arg("trainer"), py::arg("metadata") = py::none(), py::arg("buffers") = py::dict());
+  m.def("load_checkpoint", [replay_buffers](const std::string& path, Trainer& trainer, const py::dict& buffers) {
+    ReplayBuffers bufs = replay_buffers(buffers);
+    return metadata_to(io_call([&] { return load_checkpoint(path, trainer, bufs); }));
+  }, py::arg("path"), py::arg("trainer"), py::arg("buffers") = py::dict());
 }
 
 }  // namespace treadle::py_bind

@@ -48,5 +48,6 @@ void bind_serialize(py::module_& m);
 void bind_conv(py::module_& m);
 void bind_dispatch(py::module_& m);
 void bind_verify(py::module_& m);
+void bind_replay(py::module_& m);
 
 }  // namespace treadle::py_bind

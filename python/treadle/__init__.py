@@ -18,6 +18,7 @@ from . import symbol  # noqa: E402,F401  (torch.Tensor's methods on traced symbo
 from ._core import Context, PoolExecutor, manual_seed  # noqa: E402
 from .trainer import StepResult, Trainer  # noqa: E402
 from .profile import profile  # noqa: E402
+from .replay import ReplayBuffer  # noqa: E402
 from .io import load, load_checkpoint, save, save_checkpoint  # noqa: E402
 from .dispatch import dispatch_lookup, dispatch_table_source, load_dispatch_table  # noqa: E402
 from . import onnx_conv  # noqa: E402,F401  (ONNX exporters of the conv/pool layers)

@@ -290,26 +290,39 @@ def _require_trainer(trainer, who):
                         f"tl.load handle a model alone), got {type(trainer).__name__}")
 
 
-def save_checkpoint(path, trainer, metadata=None):
+def save_checkpoint(path, trainer, metadata=None, buffers=None):
     """Writes a training checkpoint of ``trainer`` (a tl.Trainer) atomically.
 
     It holds the parameters, every optimizer state buffer, the optimizer's step count (the schedule
     position), its base lr, the trainer context's dropout RNG state and the architecture, so that
     ``load_checkpoint`` into freshly built objects continues the run bit for bit (and ``tl.load`` of
-    the checkpoint returns the model).
+    the checkpoint returns the model). ``buffers`` ({name: tl.ReplayBuffer}) saves those buffers'
+    contents, counters and generators with it, so a resumed run also samples the same batches.
     """
     _require_trainer(trainer, "save_checkpoint")
     meta = _model_metadata(trainer.model, metadata, "save_checkpoint")
-    _core.save_checkpoint(os.fspath(path), trainer._native, meta)
+    _core.save_checkpoint(os.fspath(path), trainer._native, meta, _native_buffers(buffers, "save_checkpoint"))
 
 
-def load_checkpoint(path, trainer):
-    """Restores a checkpoint into ``trainer`` (same architecture, dtype and optimizer kind).
+def load_checkpoint(path, trainer, buffers=None):
+    """Restores a checkpoint into ``trainer`` (same architecture, dtype and optimizer kind) and into
+    ``buffers`` ({name: tl.ReplayBuffer} of the same layouts as saved).
 
     Everything is checked first; on ValueError nothing changed. Returns the user metadata.
     """
     _require_trainer(trainer, "load_checkpoint")
-    return _only_user(_core.load_checkpoint(os.fspath(path), trainer._native))
+    natives = _native_buffers(buffers, "load_checkpoint")
+    return _only_user(_core.load_checkpoint(os.fspath(path), trainer._native, natives))
+
+
+def _native_buffers(buffers, who):
+    from .replay import ReplayBuffer
+    out = {}
+    for name, buf in dict(buffers or {}).items():
+        if not isinstance(buf, ReplayBuffer):
+            raise TypeError(f"{who}: buffers maps names to tl.ReplayBuffer, got {type(buf).__name__} for {name!r}")
+        out[str(name)] = buf._native
+    return out
 
 
 def save_file(tensors, path, metadata=None):

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "treadle/model.hpp"
+#include "treadle/replay.hpp"
 #include "treadle/tensor.hpp"
 #include "treadle/trainer.hpp"
 
@@ -86,5 +87,12 @@ TREADLE_API void save_checkpoint(const std::string& path, Trainer& trainer, cons
 // everything first, so on any error nothing changes. Returns the metadata.
 TREADLE_API Metadata load_checkpoint(const std::string& path, Trainer& trainer);
 TREADLE_API void load_checkpoint(const TensorFile& file, Trainer& trainer);
+// The same with replay buffers, each saved under its name (tensors "replay:<name>:...", metadata
+// "treadle.replay.<name>.*"): a resumed run samples the same batches. Loading checks the trainer's and
+// every buffer's state (layout: policy, capacity, fields) before anything changes.
+using ReplayBuffers = std::vector<std::pair<std::string, ReplayBuffer*>>;
+TREADLE_API void save_checkpoint(const std::string& path, Trainer& trainer, const Metadata& metadata,
+                                 const ReplayBuffers& buffers);
+TREADLE_API Metadata load_checkpoint(const std::string& path, Trainer& trainer, const ReplayBuffers& buffers);
 
 }  // namespace treadle

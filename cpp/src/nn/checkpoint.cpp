@@ -88,7 +88,10 @@ std::string kind_of(const TensorFile& f) {
   return it == f.metadata.end() ? std::string() : it->second;
 }
 
+constexpr const char* kReplayPrefix = "replay:";
 bool is_optimizer_entry(const std::string& name) { return name.rfind(kOptimizerPrefix, 0) == 0; }
+// Entries of a checkpoint that are not parameters: optimizer state and replay buffer state.
+bool is_state_entry(const std::string& name) { return is_optimizer_entry(name) || name.rfind(kReplayPrefix, 0) == 0; }
 
 // The file's parameters (optimizer entries of checkpoints skipped), checked against the model's
 // names, shapes and (when `exact_dtype`) dtype; every mismatch is listed in one message.
@@ -103,7 +106,7 @@ std::map<std::string, Tensor> checked_parameters(const TensorFile& f, const Mode
   }
   std::map<std::string, Tensor> state;
   for (const auto& [name, t] : f.tensors) {
-    if (checkpoint && is_optimizer_entry(name)) continue;
+    if (checkpoint && is_state_entry(name)) continue;
     if (!is_floating(t.dtype()))
       throw_value_error(who, ": tensor '", name, "' holds ", dtype_name(t.dtype()), " data; parameters are floating point");
     if (declared && t.dtype() != *declared)
@@ -222,14 +225,11 @@ Metadata load_model(const std::string& path, Model& model) {
   return std::move(f.metadata);
 }
 
-void save_checkpoint(const std::string& path, Trainer& trainer, const Metadata& metadata) {
-  const std::string who = who_for("save_checkpoint", path);
-  check_user_metadata(metadata, who);
+namespace {
+// The checkpoint's metadata: the user's, plus the optimizer's and the trainer's state.
+Metadata checkpoint_metadata(Trainer& trainer, const Metadata& metadata) {
   Model& m = trainer.model();
   Optimizer& o = trainer.optimizer();
-  if (!o.bound()) throw_value_error(who, ": the optimizer is not bound to the model");
-  NamedTensors tensors = parameter_tensors(m);
-  for (auto& [name, buf] : o.state()) tensors.emplace_back(kOptimizerPrefix + name, buf);
   Metadata md = metadata;
   md["treadle.kind"] = "checkpoint";
   md["treadle.dtype"] = dtype_name(m.dtype());
@@ -247,7 +247,12 @@ void save_checkpoint(const std::string& path, Trainer& trainer, const Metadata& 
     md["treadle.loss_scale"] = format_double(trainer.loss_scale());
     md["treadle.loss_scale_growth_tracker"] = std::to_string(trainer.loss_scale_growth_tracker());
   }
-  write_safetensors(path, tensors, md, who);
+  return md;
+}
+}  // namespace
+
+void save_checkpoint(const std::string& path, Trainer& trainer, const Metadata& metadata) {
+  save_checkpoint(path, trainer, metadata, ReplayBuffers{});
 }
 
 void load_checkpoint(const TensorFile& file, Trainer& trainer) {
@@ -282,6 +287,51 @@ void load_checkpoint(const TensorFile& file, Trainer& trainer) {
 Metadata load_checkpoint(const std::string& path, Trainer& trainer) {
   TensorFile f = read_safetensors(path, who_for("load_checkpoint", path));
   load_checkpoint(f, trainer);
+  return std::move(f.metadata);
+}
+
+namespace {
+std::string replay_tensor_prefix(const std::string& name) { return std::string(kReplayPrefix) + name + ":"; }
+std::string replay_meta_prefix(const std::string& name) { return "treadle.replay." + name + "."; }
+
+void check_buffer_names(const ReplayBuffers& buffers, const std::string& who) {
+  std::set<std::string> names;
+  for (const auto& [name, buffer] : buffers) {
+    if (name.empty() || name.find(':') != std::string::npos || !buffer)
+      throw_value_error(who, ": replay buffer names must be non-empty without ':' (and the buffers not null), got '",
+                        name, "'");
+    if (!names.insert(name).second) throw_value_error(who, ": replay buffer '", name, "' is given twice");
+  }
+}
+}  // namespace
+
+void save_checkpoint(const std::string& path, Trainer& trainer, const Metadata& metadata, const ReplayBuffers& buffers) {
+  const std::string who = who_for("save_checkpoint", path);
+  check_buffer_names(buffers, who);
+  check_user_metadata(metadata, who);
+  Model& m = trainer.model();
+  Optimizer& o = trainer.optimizer();
+  if (!o.bound()) throw_value_error(who, ": the optimizer is not bound to the model");
+  NamedTensors tensors = parameter_tensors(m);
+  for (auto& [name, buf] : o.state()) tensors.emplace_back(kOptimizerPrefix + name, buf);
+  Metadata md = checkpoint_metadata(trainer, metadata);
+  for (const auto& [name, buffer] : buffers)
+    buffer->export_state(replay_tensor_prefix(name), replay_meta_prefix(name), tensors, md);
+  write_safetensors(path, tensors, md, who);
+}
+
+Metadata load_checkpoint(const std::string& path, Trainer& trainer, const ReplayBuffers& buffers) {
+  const std::string who = who_for("load_checkpoint", path);
+  check_buffer_names(buffers, who);
+  TensorFile f = read_safetensors(path, who);
+  std::map<std::string, Tensor> tensors;
+  for (const auto& [name, t] : f.tensors)
+    if (name.rfind(kReplayPrefix, 0) == 0) tensors.emplace(name, t);
+  for (const auto& [name, buffer] : buffers)  // every buffer checked before the trainer changes
+    buffer->import_state(replay_tensor_prefix(name), replay_meta_prefix(name), tensors, f.metadata, true);
+  load_checkpoint(f, trainer);  // checks everything of its own before it changes anything
+  for (const auto& [name, buffer] : buffers)
+    buffer->import_state(replay_tensor_prefix(name), replay_meta_prefix(name), tensors, f.metadata);
   return std::move(f.metadata);
 }
 
