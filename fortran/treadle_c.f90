@@ -16,6 +16,7 @@ module treadle_c
   integer(c_int), parameter, public :: TREADLE_ERROR_MEMORY = 5
   integer(c_int), parameter, public :: TREADLE_ERROR_INTERNAL = 6
   integer(c_int), parameter, public :: TREADLE_F32 = 0, TREADLE_F64 = 1
+  integer(c_int), parameter, public :: TREADLE_I64 = 2, TREADLE_I32 = 3  ! replay buffer fields only
 
   public :: c_treadle_last_error, c_treadle_version, c_treadle_set_last_error
   public :: c_treadle_model_from_json, c_treadle_model_load, c_treadle_model_load_weights, c_treadle_model_save
@@ -26,6 +27,9 @@ module treadle_c
   public :: c_treadle_trainer_backward, c_treadle_trainer_update, c_treadle_trainer_get_gradients, c_strlen
   public :: c_treadle_model_set_backend, c_treadle_model_set_precision, c_treadle_model_set_deterministic
   public :: c_treadle_model_set_fusion, c_treadle_verify
+  public :: c_treadle_replay_create, c_treadle_replay_free, c_treadle_replay_push, c_treadle_replay_sample
+  public :: c_treadle_replay_ready, c_treadle_replay_size
+  public :: c_treadle_trainer_save_checkpoint, c_treadle_trainer_load_checkpoint
 
   interface
     function c_treadle_last_error() result(message) bind(C, name="treadle_last_error")
@@ -79,6 +83,77 @@ module treadle_c
       integer(c_int64_t), intent(out) :: failures
       integer(c_int) :: status
     end function c_treadle_verify
+
+    ! Replay buffers (treadle.h): names, buffers and fields are arrays of type(c_ptr) (c_loc of
+    ! NUL-terminated strings, of handles, of contiguous arrays); shapes concatenated, row-major.
+    function c_treadle_replay_create(policy, capacity, min_size, max_reuse, seed, nfields, names, ndims, shapes, &
+                                     dtypes, out) result(status) bind(C, name="treadle_replay_create")
+      import :: c_char, c_int, c_int64_t, c_ptr
+      character(kind=c_char), dimension(*), intent(in) :: policy
+      integer(c_int64_t), value :: capacity, min_size, max_reuse, seed
+      integer(c_int), value :: nfields
+      type(c_ptr), dimension(*), intent(in) :: names
+      integer(c_int), dimension(*), intent(in) :: ndims, dtypes
+      integer(c_int64_t), dimension(*), intent(in) :: shapes
+      type(c_ptr), intent(out) :: out
+      integer(c_int) :: status
+    end function c_treadle_replay_create
+
+    subroutine c_treadle_replay_free(buffer) bind(C, name="treadle_replay_free")
+      import :: c_ptr
+      type(c_ptr), value :: buffer
+    end subroutine c_treadle_replay_free
+
+    function c_treadle_replay_push(buffer, n, fields) result(status) bind(C, name="treadle_replay_push")
+      import :: c_int, c_int64_t, c_ptr
+      type(c_ptr), value :: buffer
+      integer(c_int64_t), value :: n
+      type(c_ptr), dimension(*), intent(in) :: fields
+      integer(c_int) :: status
+    end function c_treadle_replay_push
+
+    function c_treadle_replay_sample(buffer, batch_size, fields) result(status) bind(C, name="treadle_replay_sample")
+      import :: c_int, c_int64_t, c_ptr
+      type(c_ptr), value :: buffer
+      integer(c_int64_t), value :: batch_size
+      type(c_ptr), dimension(*), intent(in) :: fields
+      integer(c_int) :: status
+    end function c_treadle_replay_sample
+
+    function c_treadle_replay_ready(buffer, batch_size, ready) result(status) bind(C, name="treadle_replay_ready")
+      import :: c_int, c_int64_t, c_ptr
+      type(c_ptr), value :: buffer
+      integer(c_int64_t), value :: batch_size
+      integer(c_int), intent(out) :: ready
+      integer(c_int) :: status
+    end function c_treadle_replay_ready
+
+    function c_treadle_replay_size(buffer, size) result(status) bind(C, name="treadle_replay_size")
+      import :: c_int, c_int64_t, c_ptr
+      type(c_ptr), value :: buffer
+      integer(c_int64_t), intent(out) :: size
+      integer(c_int) :: status
+    end function c_treadle_replay_size
+
+    function c_treadle_trainer_save_checkpoint(trainer, path, nbuffers, names, buffers) result(status) &
+        bind(C, name="treadle_trainer_save_checkpoint")
+      import :: c_char, c_int, c_ptr
+      type(c_ptr), value :: trainer
+      character(kind=c_char), dimension(*), intent(in) :: path
+      integer(c_int), value :: nbuffers
+      type(c_ptr), dimension(*), intent(in) :: names, buffers
+      integer(c_int) :: status
+    end function c_treadle_trainer_save_checkpoint
+
+    function c_treadle_trainer_load_checkpoint(trainer, path, nbuffers, names, buffers) result(status) &
+        bind(C, name="treadle_trainer_load_checkpoint")
+      import :: c_char, c_int, c_ptr
+      type(c_ptr), value :: trainer
+      character(kind=c_char), dimension(*), intent(in) :: path
+      integer(c_int), value :: nbuffers
+      type(c_ptr), dimension(*), intent(in) :: names, buffers
+      integer(c_int) :: status
+    end function c_treadle_trainer_load_checkpoint
 
     function c_treadle_model_save(model, path) result(status) bind(C, name="treadle_model_save")
       import :: c_char, c_int, c_ptr

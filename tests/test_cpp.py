@@ -66,7 +66,7 @@ def test_core_exe(request):
             if "Eigen" in proc.stdout + proc.stderr:
                 pytest.skip("CMake did not find Eigen 3.4: " + (proc.stderr.strip().splitlines() or [""])[-1])
             pytest.fail("cmake configure failed:\n" + proc.stdout[-3000:] + proc.stderr[-3000:])
-        proc = _run(["cmake", "--build", build, "--target", "test_core", "test_verify", "treadle-verify", "-j",
+        proc = _run(["cmake", "--build", build, "--target", "test_core", "test_verify", "test_replay", "treadle-verify", "-j",
                      str(min(2, os.cpu_count() or 1))], env, 900)
         assert proc.returncode == 0, "building the C++ tests failed:\n" + proc.stdout[-5000:] + proc.stderr[-5000:]
         exe = os.path.join(build, "cpp", "tests", "test_core")
@@ -119,3 +119,11 @@ def test_treadle_verify_program(test_core_exe, tmp_path):
     assert report["failures"] == [] and report["quick"] and len(report["rows"]) > 100
     bad = _run([exe, "--ops", "nope"], None, 60)
     assert bad.returncode == 2 and "no case for ['nope']" in bad.stderr, bad.stderr
+
+
+def test_cpp_replay(test_core_exe):
+    """ReplayBuffer from C++: push and sample allocate nothing and start no thread, for every policy."""
+    proc = _run([_sibling(test_core_exe, "cpp", "tests", "test_replay")], None, 120)
+    report = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "PASSED: 0 failure(s)" in report, report[-4000:]
+    assert report.count("allocated nothing") == 3

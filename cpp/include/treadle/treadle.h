@@ -41,10 +41,18 @@ typedef enum treadle_status {
 
 /* The last enumerator widens the type to every int value, so that a caller's wrong value (a C int
  * passed through an FFI) is a defined value the API can refuse, not undefined behaviour in C++. */
-typedef enum treadle_dtype { TREADLE_F32 = 0, TREADLE_F64 = 1, TREADLE_DTYPE_MAX_ENUM = 0x7FFFFFFF } treadle_dtype;
+/* Models are TREADLE_F32 or TREADLE_F64; replay buffer fields may also be integers (labels, ids). */
+typedef enum treadle_dtype {
+  TREADLE_F32 = 0,
+  TREADLE_F64 = 1,
+  TREADLE_I64 = 2,
+  TREADLE_I32 = 3,
+  TREADLE_DTYPE_MAX_ENUM = 0x7FFFFFFF
+} treadle_dtype;
 
 typedef struct treadle_model treadle_model;
 typedef struct treadle_trainer treadle_trainer;
+typedef struct treadle_replay treadle_replay;
 
 /* The message of this thread's last error ("" when none); never NULL. */
 TREADLE_C_API const char* treadle_last_error(void);
@@ -120,6 +128,34 @@ TREADLE_C_API int treadle_trainer_backward(treadle_trainer* trainer, const void*
 TREADLE_C_API int treadle_trainer_update(treadle_trainer* trainer);
 /* The flat gradient buffer (same layout and count as the parameters). */
 TREADLE_C_API int treadle_trainer_get_gradients(treadle_trainer* trainer, void* buffer, int64_t count);
+
+/* -- replay buffers (treadle/replay.hpp) ------------------------------------------------------- */
+/* A buffer of samples a simulation pushes between its time steps and a trainer samples from.
+ * policy: "fifo", "firo" or "reservoir"; min_size: the watermark below which sampling is refused;
+ * max_reuse: uses before a sample leaves (-1: the policy's default, 0: unlimited). Fields: nfields
+ * names, each sample's ndims[i] dims (concatenated in shapes) and dtypes[i]. No thread; no allocation
+ * after this call. */
+TREADLE_C_API int treadle_replay_create(const char* policy, int64_t capacity, int64_t min_size, int64_t max_reuse,
+                                        uint64_t seed, int nfields, const char* const* names, const int* ndims,
+                                        const int64_t* shapes, const treadle_dtype* dtypes, treadle_replay** out);
+TREADLE_C_API void treadle_replay_free(treadle_replay* buffer); /* NULL is fine */
+/* Copies n samples: fields[i] points to n contiguous samples of field i. Checked before any copy. */
+TREADLE_C_API int treadle_replay_push(treadle_replay* buffer, int64_t n, const void* const* fields);
+/* Fills fields[i] (batch_size contiguous samples each) by the policy; TREADLE_ERROR_VALUE below the
+ * watermark (nothing changes). */
+TREADLE_C_API int treadle_replay_sample(treadle_replay* buffer, int64_t batch_size, void* const* fields);
+/* *ready = 1 when sample(batch_size) may run; *size = the samples held. */
+TREADLE_C_API int treadle_replay_ready(const treadle_replay* buffer, int64_t batch_size, int* ready);
+TREADLE_C_API int treadle_replay_size(const treadle_replay* buffer, int64_t* size);
+
+/* -- checkpoints ------------------------------------------------------------------------------ */
+/* A training checkpoint (treadle/serialize.hpp) with nbuffers replay buffers saved under their names:
+ * load restores the trainer and the buffers bit for bit, after checking every part (nothing changes
+ * on an error). */
+TREADLE_C_API int treadle_trainer_save_checkpoint(treadle_trainer* trainer, const char* path, int nbuffers,
+                                                  const char* const* names, treadle_replay* const* buffers);
+TREADLE_C_API int treadle_trainer_load_checkpoint(treadle_trainer* trainer, const char* path, int nbuffers,
+                                                  const char* const* names, treadle_replay* const* buffers);
 
 /* -- verification ---------------------------------------------------------------------------- */
 /* The installation check (treadle/verify.hpp), as `python -m treadle verify` runs it: every op of the

@@ -20,10 +20,7 @@ namespace {
 
 thread_local std::string last_error;
 
-// A caller mistake the C API detects itself (null pointers, ndim, buffer sizes).
-struct ArgumentError : std::invalid_argument {
-  using std::invalid_argument::invalid_argument;
-};
+using capi::ArgumentError;
 
 template <typename F>
 int guarded(const char* who, F&& body) {
@@ -122,6 +119,8 @@ Tensor target(treadle_trainer& t, const void* y, int ndim, const int64_t* shape)
 }
 
 }  // namespace
+
+int capi::guarded_call(const char* who, const std::function<void()>& body) { return guarded(who, body); }
 
 extern "C" {
 

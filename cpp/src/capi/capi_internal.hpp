@@ -1,6 +1,8 @@
 #pragma once
 // Internals of the C API (treadle.h): what the opaque handles hold, and the JSON factories.
 #include <cstdint>
+#include <functional>
+#include <stdexcept>
 #include <memory>
 #include <string>
 
@@ -18,6 +20,13 @@ struct treadle_trainer {
 };
 
 namespace treadle::capi {
+
+// A caller mistake the C API detects itself (null pointers, ndim, buffer sizes): TREADLE_ERROR_ARGUMENT.
+struct ArgumentError : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+// Runs body, turning any exception into a status code and this thread's last error (capi.cpp).
+int guarded_call(const char* who, const std::function<void()>& body);
 
 // A module tree from a description {"format": "treadle-architecture/1", "model": node} or a bare node.
 // Returns the module and the canonical description (with the format wrapper) for model files.

@@ -106,6 +106,15 @@ void ReplayBuffer::copy_in(int64_t slot, const std::vector<Tensor>& batch, int64
 }
 
 namespace {
+// Whether t holds samples of shape `sample` (n of them when n >= 0), compared without building a Shape:
+// push and sample allocate nothing.
+bool holds(const Tensor& t, const Shape& sample, int64_t n) {
+  if (!t.defined() || t.ndim() != static_cast<int>(sample.size()) + 1 || (n >= 0 && t.dim(0) != n)) return false;
+  for (std::size_t d = 0; d < sample.size(); ++d)
+    if (t.shape()[d + 1] != sample[d]) return false;
+  return true;
+}
+
 std::string batch_shape(const Shape& sample) {  // "(n, 3, 2)" for samples of shape (3, 2)
   std::string s = "(n";
   for (int64_t d : sample) s += ", " + std::to_string(d);
@@ -120,9 +129,7 @@ void ReplayBuffer::push(const std::vector<Tensor>& batch) {
   for (std::size_t f = 0; f < fields_.size(); ++f) {
     const ReplayField& field = fields_[f];
     const Tensor& t = batch[f];
-    Shape expect{t.ndim() > 0 ? t.dim(0) : -1};
-    expect.insert(expect.end(), field.shape.begin(), field.shape.end());
-    if (!t.defined() || t.shape() != expect || t.dtype() != field.dtype)
+    if (!holds(t, field.shape, -1) || t.dtype() != field.dtype)
       throw_value_error("ReplayBuffer.push: field '", field.name, "' must be ", dtype_name(field.dtype), " of shape ",
                         batch_shape(field.shape), ", got ",
                         t.defined() ? std::string(dtype_name(t.dtype())) + " " + shape_str(t.shape()) : "nothing");
@@ -161,13 +168,11 @@ void ReplayBuffer::sample(int64_t batch_size, const std::vector<Tensor>& out) {
                       " needed (batch_size ", batch_size, ", min_size ", options_.min_size, "): push more first");
   if (out.size() != fields_.size())
     throw_value_error("ReplayBuffer.sample: expected ", fields_.size(), " output arrays, got ", out.size());
-  for (std::size_t f = 0; f < fields_.size(); ++f) {
-    Shape expect{batch_size};
-    expect.insert(expect.end(), fields_[f].shape.begin(), fields_[f].shape.end());
-    if (!out[f].defined() || out[f].shape() != expect || out[f].dtype() != fields_[f].dtype || !out[f].is_contiguous())
+  for (std::size_t f = 0; f < fields_.size(); ++f)
+    if (!holds(out[f], fields_[f].shape, batch_size) || out[f].dtype() != fields_[f].dtype || !out[f].is_contiguous())
       throw_value_error("ReplayBuffer.sample: output for field '", fields_[f].name, "' must be a contiguous ",
-                        dtype_name(fields_[f].dtype), " array of shape ", shape_str(expect));
-  }
+                        dtype_name(fields_[f].dtype), " array of shape ",
+                        batch_shape(fields_[f].shape).replace(1, 1, std::to_string(batch_size)));
   const auto copy_out = [&](int64_t slot, int64_t row) {
     for (std::size_t f = 0; f < fields_.size(); ++f) {
       const std::size_t bytes = storage_[f].nbytes() / static_cast<std::size_t>(options_.capacity);
