@@ -44,12 +44,19 @@ def test_firo_draws_distinct_samples_and_retires_them_after_max_reuse(max_reuse)
     assert (uses == max_reuse).sum() == 8 - len(buf)  # retired exactly at their limit; the rest still held
 
 
-def test_firo_full_replaces_a_random_sample():
-    buf = ids_buffer("firo", 5, seed=1)
+def test_firo_full_drops_its_oldest_live_sample():
+    buf = ids_buffer("firo", 5, seed=1, max_reuse=0)
     push_ids(buf, range(5))
     push_ids(buf, [100])
-    held = set(buf.sample(5)["id"])
-    assert 100 in held and len(held & set(range(5))) == 4 and buf.dropped == 1
+    assert set(buf.sample(5)["id"]) == {1, 2, 3, 4, 100} and buf.dropped == 1
+    # Retired samples leave stale places in the arrival order; the oldest *live* sample goes next.
+    buf = ids_buffer("firo", 4, seed=2)  # max_reuse 1
+    push_ids(buf, range(4))
+    buf.sample(2)
+    push_ids(buf, [10, 11])  # into the two freed slots
+    push_ids(buf, [12] * 3)  # full: evicts the two remaining originals (oldest first), then 10
+    assert buf.dropped == 3
+    assert sorted(buf.sample(4)["id"]) == [11, 12, 12, 12]
 
 
 def test_reservoir_keeps_each_pushed_sample_with_probability_capacity_over_n():
@@ -82,10 +89,19 @@ def test_same_seed_same_batches_and_state_dict_resumes():
     first = [a.sample(5)["id"] for _ in range(3)]
     np.testing.assert_array_equal(first, [b.sample(5)["id"] for _ in range(3)])
     state = a.state_dict()
-    rest = [a.sample(5)["id"] for _ in range(4)]
+
+    def rest(buf):  # overflowing pushes (the arrival order decides what goes) between draws
+        out = []
+        for k in range(4):
+            push_ids(buf, range(100 + 10 * k, 110 + 10 * k))
+            out.append(buf.sample(5)["id"])
+        return out
+
+    expected = rest(a)
     c = ids_buffer("firo", 50, seed=0, max_reuse=2)  # another seed: the state's generator takes over
     c.load_state_dict(state)
-    np.testing.assert_array_equal(rest, [c.sample(5)["id"] for _ in range(4)])
+    np.testing.assert_array_equal(rest(c), expected)
+    assert a.dropped > 0 and c.dropped == a.dropped
 
 
 def test_below_the_watermark_and_bad_pushes_change_nothing():

@@ -11,8 +11,8 @@ in the same process (the C++ core's buffer: no thread, no allocation after const
 
 Policies: "fifo" (the oldest samples, each used once), "firo" (uniformly random distinct samples, each
 leaving after max_reuse uses, default 1), "reservoir" (a uniform random subset of everything pushed,
-Vitter's algorithm R; samples stay unless max_reuse is set). A full fifo buffer drops its oldest sample
-for a new one, a full firo buffer a random one (`dropped` counts them). Sampling below the watermark
+Vitter's algorithm R; samples stay unless max_reuse is set). A full fifo or firo buffer drops its oldest
+sample for a new one (`dropped` counts samples that left unsampled). Sampling below the watermark
 (`min_size`, or fewer samples than the batch) raises ValueError and changes nothing. The buffer's state
 (contents, counters, generator) goes into `tl.save_checkpoint(..., buffers={"name": buf})`.
 """

@@ -10,8 +10,8 @@
 //   reservoir  keeps a uniform random subset of everything pushed (Vitter's algorithm R: once full,
 //              the n-th sample enters with probability capacity / n, replacing a random one); batches
 //              are drawn uniformly at random, and samples stay (max_reuse 0) unless a limit is set.
-// A full fifo buffer drops its oldest sample for a new one, a full firo buffer a random one; dropped()
-// counts them. A sample has named fields of fixed shape and dtype (input, target, a weight, a
+// A full fifo or firo buffer drops its oldest sample for a new one; dropped() counts the samples that
+// left unsampled. A sample has named fields of fixed shape and dtype (input, target, a weight, a
 // simulation id ...). Everything random comes from the buffer's own seeded generator, whose state is
 // part of the buffer's checkpoint state: a resumed run samples the same batches.
 #include <cstdint>
@@ -84,6 +84,8 @@ class TREADLE_API ReplayBuffer {
   int64_t take_slot();       // a slot for one new sample (evicting by the policy when full); -1: skip it
   void copy_in(int64_t slot, const std::vector<Tensor>& batch, int64_t row);
   void retire(int64_t position);
+  void remember(int64_t slot);  // firo: the slot's new sample joins the arrival order
+  int64_t oldest();             // firo: the live slot that arrived first
   std::string layout() const;
 
   std::vector<ReplayField> fields_;
@@ -94,6 +96,10 @@ class TREADLE_API ReplayBuffer {
   std::vector<int64_t> uses_;     // per slot
   std::vector<int64_t> free_;     // free slots (a stack)
   int64_t head_ = 0, count_ = 0;  // fifo: live_ is a ring starting at head_
+  // firo's arrival order: a ring of (slot, stamp) entries; an entry is stale once its slot's stamp
+  // changed (the sample was retired or replaced). Stamps are push sequence numbers; -1: free.
+  std::vector<int64_t> order_slot_, order_stamp_, stamp_;
+  int64_t order_head_ = 0, order_count_ = 0;
   int64_t pushed_ = 0, dropped_ = 0, sampled_ = 0;
   uint64_t rng_counter_ = 0;
 };

@@ -53,6 +53,9 @@ ReplayBuffer::ReplayBuffer(std::vector<ReplayField> fields, ReplayOptions option
   }
   live_.assign(static_cast<std::size_t>(cap), 0);
   uses_.assign(static_cast<std::size_t>(cap), 0);
+  order_slot_.assign(static_cast<std::size_t>(cap), 0);
+  order_stamp_.assign(static_cast<std::size_t>(cap), 0);
+  stamp_.assign(static_cast<std::size_t>(cap), -1);
   free_.reserve(static_cast<std::size_t>(cap));
   for (int64_t s = cap - 1; s >= 0; --s) free_.push_back(s);
 }
@@ -75,6 +78,33 @@ int64_t ReplayBuffer::below(int64_t n) {
   return static_cast<int64_t>(m >> 64);
 }
 
+void ReplayBuffer::remember(int64_t slot) {
+  const int64_t cap = options_.capacity;
+  if (order_count_ == cap) {  // full of entries, some stale (fewer than cap samples are live): compact
+    int64_t kept = 0;
+    for (int64_t i = 0; i < order_count_; ++i) {
+      const int64_t at = (order_head_ + i) % cap;
+      if (stamp_[order_slot_[at]] != order_stamp_[at]) continue;
+      order_slot_[kept] = order_slot_[at], order_stamp_[kept] = order_stamp_[at];
+      ++kept;
+    }
+    order_head_ = 0, order_count_ = kept;
+  }
+  stamp_[slot] = pushed_;
+  const int64_t at = (order_head_ + order_count_++) % cap;
+  order_slot_[at] = slot, order_stamp_[at] = pushed_;
+}
+
+int64_t ReplayBuffer::oldest() {
+  const int64_t cap = options_.capacity;
+  for (;;) {  // count_ == cap here: a live entry exists
+    const int64_t slot = order_slot_[order_head_], stamp = order_stamp_[order_head_];
+    order_head_ = (order_head_ + 1) % cap;
+    --order_count_;
+    if (stamp_[slot] == stamp) return slot;
+  }
+}
+
 int64_t ReplayBuffer::take_slot() {
   const int64_t cap = options_.capacity;
   if (options_.policy == ReplayPolicy::fifo) {
@@ -84,16 +114,23 @@ int64_t ReplayBuffer::take_slot() {
     ++dropped_;
     return oldest;
   }
+  const bool firo = options_.policy == ReplayPolicy::firo;
+  int64_t slot = -1;
   if (count_ < cap) {
-    const int64_t slot = free_.back();
+    slot = free_.back();
     free_.pop_back();
     live_[count_++] = slot;
-    return slot;
+  } else {
+    ++dropped_;  // the new sample, or the one it replaces
+    if (firo) {
+      slot = oldest();
+    } else {
+      const int64_t j = below(pushed_);  // algorithm R: pushed_ counts this sample already
+      slot = j < cap ? live_[j] : -1;
+    }
   }
-  ++dropped_;  // the new sample, or the one it replaces
-  if (options_.policy == ReplayPolicy::firo) return live_[below(count_)];
-  const int64_t j = below(pushed_);  // algorithm R: pushed_ counts this sample already
-  return j < cap ? live_[j] : -1;
+  if (firo) remember(slot);
+  return slot;
 }
 
 void ReplayBuffer::copy_in(int64_t slot, const std::vector<Tensor>& batch, int64_t row) {
@@ -156,6 +193,7 @@ bool ReplayBuffer::ready(int64_t batch_size) const {
 
 void ReplayBuffer::retire(int64_t position) {
   const int64_t slot = live_[position];
+  stamp_[slot] = -1;  // its arrival entry turns stale
   live_[position] = live_[count_ - 1];
   --count_;
   free_.push_back(slot);

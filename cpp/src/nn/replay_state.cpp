@@ -42,12 +42,20 @@ void ReplayBuffer::export_state(const std::string& prefix, const std::string& me
   tensors.emplace_back(prefix + "live", int64_tensor(live_, cap));
   tensors.emplace_back(prefix + "uses", int64_tensor(uses_, cap));
   tensors.emplace_back(prefix + "free", int64_tensor(free_, free_.size()));
+  // firo's arrival order, from its head: (slot, stamp) entries, and the slots' stamps.
+  std::vector<int64_t> order(static_cast<std::size_t>(2 * order_count_));
+  for (int64_t i = 0; i < order_count_; ++i) {
+    const int64_t at = (order_head_ + i) % options_.capacity;
+    order[2 * i] = order_slot_[at], order[2 * i + 1] = order_stamp_[at];
+  }
+  tensors.emplace_back(prefix + "order", int64_tensor(order, order.size()));
+  tensors.emplace_back(prefix + "stamp", int64_tensor(stamp_, cap));
   metadata[meta + "layout"] = layout();
   const std::pair<const char*, uint64_t> counts[] = {
       {"head", static_cast<uint64_t>(head_)},       {"count", static_cast<uint64_t>(count_)},
       {"pushed", static_cast<uint64_t>(pushed_)},   {"dropped", static_cast<uint64_t>(dropped_)},
       {"sampled", static_cast<uint64_t>(sampled_)}, {"seed", options_.seed},
-      {"rng_counter", rng_counter_}};
+      {"rng_counter", rng_counter_}, {"order_count", static_cast<uint64_t>(order_count_)}};
   for (const auto& [key, value] : counts) metadata[meta + key] = std::to_string(value);
 }
 
@@ -78,6 +86,13 @@ void ReplayBuffer::import_state(const std::string& prefix, const std::string& me
   const Tensor& live = tensor("live", DType::i64, {cap});
   const Tensor& uses = tensor("uses", DType::i64, {cap});
   const Tensor& free = tensor("free", DType::i64, {fifo ? cap : cap - count});
+  const auto order_count = static_cast<int64_t>(parse_count(metadata, meta + "order_count", who));
+  if (order_count > cap) throw_value_error(who, ": order_count ", order_count, " out of range");
+  const Tensor& order = tensor("order", DType::i64, {2 * order_count});
+  const Tensor& stamp = tensor("stamp", DType::i64, {cap});
+  for (int64_t i = 0; i < order_count; ++i)
+    if (order.data_as<int64_t>()[2 * i] < 0 || order.data_as<int64_t>()[2 * i] >= cap)
+      throw_value_error(who, ": the arrival order names a slot out of range");
   // The slots must be a partition: live ones (count of them) and free ones, each slot once.
   if (!fifo) {
     std::vector<char> seen(static_cast<std::size_t>(cap), 0);
@@ -99,6 +114,10 @@ void ReplayBuffer::import_state(const std::string& prefix, const std::string& me
   std::copy_n(live.data_as<int64_t>(), cap, live_.begin());
   std::copy_n(uses.data_as<int64_t>(), cap, uses_.begin());
   free_.assign(free.data_as<int64_t>(), free.data_as<int64_t>() + free.numel());
+  for (int64_t i = 0; i < order_count; ++i)
+    order_slot_[i] = order.data_as<int64_t>()[2 * i], order_stamp_[i] = order.data_as<int64_t>()[2 * i + 1];
+  order_head_ = 0, order_count_ = order_count;
+  std::copy_n(stamp.data_as<int64_t>(), cap, stamp_.begin());
   head_ = head, count_ = count;
   pushed_ = static_cast<int64_t>(values[0]), dropped_ = static_cast<int64_t>(values[1]);
   sampled_ = static_cast<int64_t>(values[2]);
