@@ -61,10 +61,11 @@ def main():
     trainer = tl.Trainer(net, tl.loss.MSE(), tl.optim.Adam(lr=3e-3),
                          schedule=tl.optim.CosineAnnealingLR(T_max=args.steps, eta_min=1.5e-4))
 
-    # A replay buffer: each batch is the newest RUNS samples plus older ones drawn at random.
-    capacity, batch = 4096, 64
-    buf_x, buf_y = np.zeros((capacity, NX + 1), np.float32), np.zeros((capacity, NX), np.float32)
-    filled = 0
+    # A replay buffer (first in, random out; samples stay until newer ones push them out): each batch is
+    # the newest RUNS samples plus older ones drawn from it.
+    batch = 64
+    buffer = tl.ReplayBuffer({"x": (NX + 1,), "y": (NX,)}, capacity=4096, policy="firo", max_reuse=0,
+                             seed=args.seed)
 
     u, r = initial_conditions(rng, RUNS)
     age = rng.integers(0, EPISODE, size=RUNS)  # staggered restarts
@@ -72,11 +73,10 @@ def main():
         # --- the simulation's time step ---
         u_next = coarse_step(u, r)
         # --- between time steps: hand over the newest samples, train once, return to the simulation ---
-        slots = (np.arange(RUNS) + (step - 1) * RUNS) % capacity
-        buf_x[slots], buf_y[slots] = features(u, r), (u_next - u) * SCALE
-        filled = min(filled + RUNS, capacity)
-        idx = np.concatenate([slots, rng.integers(0, filled, size=batch - RUNS)])
-        loss = trainer.step(buf_x[idx], buf_y[idx])
+        x_new, y_new = features(u, r), ((u_next - u) * SCALE).astype(np.float32)
+        buffer.push(x=x_new, y=y_new)
+        old = buffer.sample(min(batch - RUNS, len(buffer)))
+        loss = trainer.step(np.concatenate([x_new, old["x"]]), np.concatenate([y_new, old["y"]]))
         if step % (args.steps // 5 or 1) == 0:
             print(f"step {step:5d}  loss {loss:.3e}")
         # --- the simulation goes on; old runs restart from fresh initial conditions ---

@@ -93,26 +93,19 @@ def surrogate_step(net, u, r):
     return u + net.predict(features(u, r)).astype(np.float64) / DELTA_SCALE
 
 
-class ReplayBuffer:
-    """A ring buffer of training samples; batches mix the newest samples with older ones."""
+def replay_buffer(seed):
+    """The online-training buffer (tl.ReplayBuffer): first in, random out, samples kept until newer ones
+    push them out (max_reuse 0), the oldest leaving first when it is full."""
+    return tl.ReplayBuffer({"x": (NX + 1,), "y": (NX,)}, capacity=REPLAY, policy="firo", max_reuse=0, seed=seed)
 
-    def __init__(self, capacity, n_in, n_out):
-        self.x = np.zeros((capacity, n_in), np.float32)
-        self.y = np.zeros((capacity, n_out), np.float32)
-        self.size, self.head = 0, 0
 
-    def push(self, x, y):
-        idx = (self.head + np.arange(len(x))) % len(self.x)
-        self.x[idx], self.y[idx] = x, y
-        self.head = int((self.head + len(x)) % len(self.x))
-        self.size = min(self.size + len(x), len(self.x))
-        return idx
-
-    def batch(self, rng, n, newest):
-        """n samples: the indices `newest` first, the rest drawn uniformly from the buffer."""
-        rest = rng.integers(0, self.size, size=max(n - len(newest), 0))
-        idx = np.concatenate([newest[:n], rest])
-        return self.x[idx], self.y[idx]
+def training_batch(buffer, x_new, y_new, n):
+    """n samples: the newest first, the rest drawn from the buffer (distinct, uniformly)."""
+    rest = min(n - len(x_new), len(buffer))
+    if rest <= 0:
+        return x_new[:n], y_new[:n]
+    old = buffer.sample(rest)
+    return np.concatenate([x_new, old["x"]]), np.concatenate([y_new, old["y"]])
 
 
 def build_model(hidden):
@@ -131,20 +124,21 @@ def train_in_the_loop(args, log):
                          schedule=tl.optim.CosineAnnealingLR(T_max=args.steps, eta_min=args.lr * 0.05),
                          seed=args.seed)
     sim = HeatEnsemble(rng)
-    buffer = ReplayBuffer(REPLAY, NX + 1, NX)
+    buffer = replay_buffer(args.seed)
     report_every = max(args.steps // 5, 1)
     window, train_time, curve = [], 0.0, []
     for step in range(1, args.steps + 1):
         u0, r, u1 = sim.advance()                                  # the simulation's own time step
-        newest = buffer.push(features(u0, r), targets(u0, u1))     # hand over the newest samples
-        x, y = buffer.batch(rng, args.batch_size, newest)
+        x_new, y_new = features(u0, r), targets(u0, u1)
+        buffer.push(x=x_new, y=y_new)                              # hand over the newest samples
+        x, y = training_batch(buffer, x_new, y_new, args.batch_size)
         t0 = time.perf_counter()
         window.append(trainer.step(x, y))                          # one training step, then back to the host
         train_time += time.perf_counter() - t0
         curve.append(window[-1])
         if step % report_every == 0 or step == args.steps:
             log(f"  step {step:6d}/{args.steps}  simulated steps {sim.t * SUBSTEPS:7d}  "
-                f"train loss {np.mean(window):.3e}  lr {trainer.lr:.2e}  replay {buffer.size}")
+                f"train loss {np.mean(window):.3e}  lr {trainer.lr:.2e}  replay {len(buffer)}")
             window = []
     return net, train_time, curve
 
