@@ -7,6 +7,7 @@ program wrapper_check
   use, intrinsic :: iso_c_binding, only: c_double, c_float, c_int, c_int64_t
   use treadle
   use treadle_c, only: c_treadle_version
+  use treadle_online
   implicit none
   character(len=*), parameter :: MLP = '{"type": "Sequential", "layers": [' // &
     '{"type": "Linear", "config": {"in_features": 3, "out_features": 5}}, {"type": "Tanh"}, ' // &
@@ -21,6 +22,7 @@ program wrapper_check
   call check_sections()
   call check_plan_settings()
   call check_verify()
+  call check_replay()
   if (failures > 0) error stop 1
   print '(a)', 'all checks done'
 
@@ -125,6 +127,64 @@ contains
     call expect(status == TREADLE_ERROR_VALUE .and. index(treadle_error_message(), 'no_such_op') > 0, &
                 'verify names an op without a case', treadle_error_message())
   end subroutine check_verify
+
+  ! Online training: samples pushed from a time loop into a replay buffer, batches sampled for steps, a
+  ! checkpoint with the buffer that resumes the same steps bit for bit; wrong arrays named.
+  subroutine check_replay()
+    type(treadle_model) :: model
+    type(treadle_trainer) :: trainer
+    type(treadle_replay) :: buffer
+    real(c_float) :: x(3, 6), y(2, 6), bx(3, 4), by(2, 4), wrong(2, 4)
+    real(c_float), allocatable :: first(:), again(:)
+    integer(c_int64_t) :: n
+    real(c_double) :: loss
+    integer :: i, step
+    call expect(treadle_replay_create(buffer, 'firo', 32, 3, 2, TREADLE_F32, min_size=4, max_reuse=0, seed=3) &
+                == TREADLE_OK, 'replay_create')
+    call expect(treadle_model_from_json(MLP, TREADLE_F32, 7, model) == TREADLE_OK, 'from_json for replay')
+    call expect(treadle_trainer_create(model, 'mse', 'adam', '{"lr": 0.01}', 0, trainer) == TREADLE_OK, &
+                'trainer for replay')
+    call expect(.not. treadle_replay_ready(buffer, 4), 'an empty buffer is not ready')
+    status = treadle_replay_sample(buffer, bx, by)
+    call expect(status == TREADLE_ERROR_VALUE .and. index(treadle_error_message(), 'push more first') > 0, &
+                'sampling below the watermark is refused', treadle_error_message())
+    status = TREADLE_OK
+    do step = 1, 6
+      if (step == 4) status = treadle_trainer_save_checkpoint(trainer, 'replay_check.treadle', buffer)
+      if (status /= TREADLE_OK) exit
+      x = reshape([(real(i + step, c_float) / 10, i = 1, 18)], [3, 6])
+      y = 2 * x(1:2, :)
+      status = treadle_replay_push(buffer, x, y)
+      if (status /= TREADLE_OK) exit
+      status = treadle_replay_sample(buffer, bx, by)
+      if (status /= TREADLE_OK) exit
+      if (any(by /= 2 * bx(1:2, :))) status = -1
+      status = max(status, treadle_trainer_step(trainer, bx, by, loss))
+    end do
+    call expect(status == TREADLE_OK, 'six steps push, sample (fields kept together) and train', treadle_error_message())
+    call expect(treadle_replay_size(buffer) == 32_c_int64_t, 'the buffer holds its capacity')
+    call expect(treadle_model_num_parameters(model, n) == TREADLE_OK, 'num_parameters for replay')
+    allocate (first(n), again(n))
+    status = treadle_model_get_parameters(model, first)
+    call expect(treadle_trainer_load_checkpoint(trainer, 'replay_check.treadle', buffer) == TREADLE_OK, &
+                'load_checkpoint with the buffer', treadle_error_message())
+    do step = 4, 6
+      x = reshape([(real(i + step, c_float) / 10, i = 1, 18)], [3, 6])
+      y = 2 * x(1:2, :)
+      status = max(treadle_replay_push(buffer, x, y), treadle_replay_sample(buffer, bx, by))
+      status = max(status, treadle_trainer_step(trainer, bx, by, loss))
+    end do
+    status = max(status, treadle_model_get_parameters(model, again))
+    call expect(status == TREADLE_OK .and. all(again == first), 'the resumed steps are bitwise the same')
+    status = treadle_replay_push(buffer, x, wrong)
+    call expect(status == TREADLE_ERROR_ARGUMENT .and. index(treadle_error_message(), 'y(2, 4)') > 0, &
+                'arrays of another sample count are named', treadle_error_message())
+    status = treadle_replay_push(buffer, real(x, c_double), real(y, c_double))
+    call expect(status == TREADLE_ERROR_TYPE, 'arrays of another real kind are refused', treadle_error_message())
+    call treadle_replay_free(buffer)
+    call treadle_trainer_free(trainer)
+    call treadle_model_free(model)
+  end subroutine check_replay
 
   logical function c_associated_version()
     use, intrinsic :: iso_c_binding, only: c_associated
