@@ -293,3 +293,32 @@ def test_cpp_data_parallel(dp_check_exe):
 def test_not_a_trainer_fails_cleanly():
     with pytest.raises(ValueError, match="DataParallel: rank 0 failed: AttributeError: "):
         DataParallel(object(), MPI.COMM_SELF)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("policy", ["firo", "reservoir"])
+def test_replay_exchange_mixes_simulations_across_ranks(world_size_ok, tmp_path, n, policy):
+    """ReplayBuffer.exchange over a sub-communicator: after four rounds each rank holds samples of every
+    other rank's simulations, every sample with its own fields; firo moves samples (none lost or
+    duplicated), reservoir copies them."""
+    launch(n, [os.path.join(SCRIPTS, "replay_exchange.py"), str(tmp_path), policy])
+    ranks = load_ranks(str(tmp_path), "replay_exchange", n, ext="json")
+    every = []
+    for r, rep in enumerate(ranks):
+        assert rep["error"] is None and rep["consistent"], rep
+        assert rep["received"] == [4] * 4, rep
+        owners = {run // 1000 for run in rep["runs"]}
+        assert owners == set(range(n)), (r, owners)  # its own runs and every other rank's
+        every += rep["runs"]
+    if policy == "firo":  # moved: each of the n * 16 samples exactly once somewhere
+        assert sorted(every) == sorted(r * 1000 + i for r in range(n) for i in range(16))
+    else:  # copied: every rank still holds its own 16, plus 16 received
+        assert all(len(rep["runs"]) == 32 for rep in ranks)
+
+
+def test_replay_exchange_refuses_mismatched_buffers_on_every_rank(world_size_ok, tmp_path):
+    launch(3, [os.path.join(SCRIPTS, "replay_exchange.py"), str(tmp_path), "firo", "mismatch"])
+    ranks = load_ranks(str(tmp_path), "replay_exchange", 3, ext="json")
+    for rep in ranks:
+        assert rep["error"] and "the buffers differ across ranks" in rep["error"], rep
+        assert rep["received"] == [], rep

@@ -68,6 +68,37 @@ class ReplayBuffer:
         self._native.sample(batch_size, [out[n] for n in self.fields])
         return out
 
+    def exchange(self, comm, count, round=0):  # noqa: A002 (the host's exchange counter)
+        """Sends up to `count` samples to another rank of `comm` (an mpi4py communicator the host lends;
+        treadle never initialises MPI) and pushes the samples another rank sends, so that each rank's
+        batches mix simulations run elsewhere. Rank r sends to (r + k) % size and receives from
+        (r - k) % size with k = 1 + round % (size - 1): successive rounds reach every rank. The samples
+        sent are drawn by the policy, as sample() draws them (a firo sample moves, a reservoir one is
+        copied); a rank below its watermark sends none. Collective: every rank of comm calls it with
+        the same round. Buffers of another layout on the partner rank raise ValueError on every rank
+        (nothing is sent). Returns the number of samples received."""
+        size, rank = comm.Get_size(), comm.Get_rank()
+        if size == 1:
+            return 0
+        k = 1 + int(round) % (size - 1)
+        dest, source = (rank + k) % size, (rank - k) % size
+        layout = self._native.state()[1]["layout"]
+        partner = comm.sendrecv(layout, dest=dest, source=source)
+        if not comm.allreduce(int(partner == layout), op=_mpi_min()):
+            raise ValueError(f"ReplayBuffer.exchange: the buffers differ across ranks (this one '{layout}'"
+                             + ("" if partner == layout else f", rank {source}'s '{partner}'") + ")")
+        n = min(int(count), len(self))
+        out = self.sample(n) if n > 0 and self.ready(n) else \
+            {name: np.empty((0,) + shape, dtype) for name, (shape, dtype) in self.fields.items()}
+        n = len(next(iter(out.values())))
+        received = comm.sendrecv(n, dest=dest, source=source)
+        got = {name: np.empty((received,) + shape, dtype) for name, (shape, dtype) in self.fields.items()}
+        for name in self.fields:
+            comm.Sendrecv(np.ascontiguousarray(out[name]), dest=dest, recvbuf=got[name], source=source)
+        if received:
+            self.push(got)
+        return received
+
     def ready(self, batch_size):
         """Whether sample(batch_size) may run: at least max(min_size, batch_size) samples are held."""
         return self._native.ready(int(batch_size))
@@ -97,3 +128,8 @@ class ReplayBuffer:
         fields = ", ".join(f"{n}: {shape} {dtype}" for n, (shape, dtype) in self.fields.items())
         return (f"ReplayBuffer({self.policy}, {len(self)}/{self.capacity} held, min_size={self.min_size}, "
                 f"max_reuse={self.max_reuse}; {fields})")
+
+
+def _mpi_min():
+    from mpi4py import MPI  # only a host that lends a communicator reaches this
+    return MPI.MIN
