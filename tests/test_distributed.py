@@ -322,3 +322,17 @@ def test_replay_exchange_refuses_mismatched_buffers_on_every_rank(world_size_ok,
     for rep in ranks:
         assert rep["error"] and "the buffers differ across ranks" in rep["error"], rep
         assert rep["received"] == [], rep
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_online_training_example_across_ranks(world_size_ok, n):
+    """examples/online_mpi.py: per-rank simulations, replay buffers exchanging samples, DataParallel steps;
+    the replicas stay identical and the surrogate learns (measured 0.046 at n=2 and 800 steps; the
+    single-process example gets 0.042 at 1000)."""
+    example = os.path.join(os.path.dirname(HERE), "examples", "online_mpi.py")
+    _, out = launch(n, ["-m", "mpi4py", example, "--steps", "800"], timeout=240)
+    assert "replicas differ by 0\n" in out, out
+    exchanged = int(out.split("samples exchanged ")[1].split(";")[0])
+    assert exchanged == n * 16 * (800 // 4), out  # every rank sends 16 every 4th step
+    error = float(out.split("held-out rollout relative L2 error: ")[1].split()[0])
+    assert error < 0.15, out
