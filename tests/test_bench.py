@@ -1,5 +1,8 @@
 """Smoke tests of the benchmark suite: one tiny run end to end, and how unbuilt layers are reported."""
 import json
+import os
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
@@ -109,3 +112,17 @@ def test_device_cuda_needs_a_cuda_build_and_a_gpu(tmp_path, workloads):
     with pytest.raises(SystemExit, match=expected):
         tb.main(["--device", "cuda", "--workloads", "W1", "--quiet", "--out", str(tmp_path)],
                 workloads=list(workloads.values()))
+
+
+def test_online_offline_benchmark_runs_and_reports(tmp_path):
+    """bench/online_offline.py on a few steps: both trainings run, the JSON and table carry the conditions."""
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "online_offline.py")
+    proc = subprocess.run([sys.executable, script, "--steps", "40", "--seeds", "1", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = json.loads((tmp_path / "latest-online-offline.json").read_text())
+    assert result["conditions"]["steps"] == 40 and result["conditions"]["threads"] == 1
+    for kind in ("online", "offline"):
+        assert 0 < result["median"][kind]["error"] < 10 and result["median"][kind]["train_steps"] >= 1
+    assert result["median"]["offline"]["stored_samples"] == 40 * 16
+    assert "| online |" in (tmp_path / "latest-online-offline.md").read_text()
