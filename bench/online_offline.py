@@ -12,8 +12,6 @@ latest-online-offline.{json,md}.
 """
 import argparse
 import datetime
-import json
-import os
 import statistics
 import sys
 import time
@@ -22,10 +20,11 @@ from pathlib import Path
 import numpy as np
 
 import treadle as tl
+from treadle.bench import machine_info, write_result_files
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-from heat_surrogate import (EPISODE, NX, RUNS, SCALE, coarse_step, features, initial_conditions,  # noqa: E402
-                            surrogate_step)
+from heat_surrogate import (EPISODE, NX, RUNS, SCALE, coarse_step, features, held_out_error,  # noqa: E402
+                            initial_conditions)
 
 BATCH = 64
 
@@ -50,16 +49,6 @@ def simulate(rng, steps, on_step):
         age[done] = 0
 
 
-def held_out(net, seed):
-    u_true, r = initial_conditions(np.random.default_rng([seed, 99]), 8)
-    u_sur, err2, ref2 = u_true, 0.0, 0.0
-    for _ in range(EPISODE):
-        u_true, u_sur = coarse_step(u_true, r), surrogate_step(net, u_sur, r)
-        err2 += np.sum((u_sur - u_true) ** 2)
-        ref2 += np.sum(u_true ** 2)
-    return float(np.sqrt(err2 / ref2))
-
-
 def online(seed, steps):
     net, trainer = build(seed, steps)
     buffer = tl.ReplayBuffer({"x": (NX + 1,), "y": (NX,)}, capacity=4096, policy="firo", max_reuse=0, seed=seed)
@@ -73,7 +62,7 @@ def online(seed, steps):
         spent[0] += time.perf_counter() - t0
 
     simulate(np.random.default_rng(seed), steps, step)
-    return {"error": held_out(net, seed), "train_seconds": spent[0], "stored_samples": buffer.capacity,
+    return {"error": held_out_error(net, np.random.default_rng([seed, 99])), "train_seconds": spent[0], "stored_samples": buffer.capacity,
             "train_steps": steps}
 
 
@@ -90,7 +79,7 @@ def offline(seed, steps, budget):
         trainer.step(x[idx], y[idx])
         spent += time.perf_counter() - t0
         done += 1
-    return {"error": held_out(net, seed), "train_seconds": spent, "stored_samples": len(x), "train_steps": done}
+    return {"error": held_out_error(net, np.random.default_rng([seed, 99])), "train_seconds": spent, "stored_samples": len(x), "train_steps": done}
 
 
 def main():
@@ -105,11 +94,10 @@ def main():
         runs.append({"seed": seed, "online": on, "offline": offline(seed, args.steps, on["train_seconds"])})
     med = {kind: {key: statistics.median(r[kind][key] for r in runs) for key in runs[0][kind]}
            for kind in ("online", "offline")}
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               "unknown") if os.path.exists("/proc/cpuinfo") else "unknown"
-    result = {"conditions": {"cpu": cpu, "threads": 1, "steps": args.steps, "seeds": args.seeds, "batch": BATCH,
-                             "runs": RUNS, "treadle": tl.__version__,
-                             "date": datetime.datetime.now().isoformat(timespec="seconds")},
+    cpu = machine_info()["cpu_model"]
+    result = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
+              "conditions": {"cpu": cpu, "threads": 1, "steps": args.steps, "seeds": args.seeds, "batch": BATCH,
+                             "runs": RUNS, "treadle": tl.__version__},
               "runs": runs, "median": med}
     lines = [f"Online vs offline training, heat surrogate ({cpu}; 1 thread; {args.steps} simulation steps of {RUNS} "
              f"runs; batch {BATCH}; medians over {args.seeds} seeds)", "",
@@ -120,12 +108,7 @@ def main():
         lines.append(f"| {kind} | {m['error']:.4f} | {m['train_seconds']:.2f} | {m['train_steps']:.0f} "
                      f"| {m['stored_samples']:.0f} |")
     text = "\n".join(lines)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    for stem in (f"online-offline-{stamp}", "latest-online-offline"):
-        (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
-        (out / f"{stem}.md").write_text(text + "\n")
+    write_result_files(result, text + "\n", args.out, "online-offline", latest="latest-online-offline")
     print(text)
 
 

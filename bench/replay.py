@@ -11,8 +11,6 @@ sample). Writes bench/results/replay-<time>.{json,md} and latest-replay.{json,md
 """
 import argparse
 import datetime
-import json
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -20,23 +18,15 @@ from pathlib import Path
 import numpy as np
 
 import treadle as tl
+from treadle.bench import machine_info, write_result_files
 
 SIZES = [64, 1024, 16 * 1024, 256 * 1024, 1024 * 1024]  # bytes per sample (float32 vectors)
-
-
-def cpu_model():
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def copy_bandwidth(repeats):
     src = np.ones(64 * 1024 * 1024, np.float32)  # 256 MB
     dst = np.empty_like(src)
+    np.copyto(dst, src)  # first touch: the page faults are not bandwidth
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -114,17 +104,12 @@ def main():
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args()
     steps_for = lambda size: max(4, int(2e6 // (size * args.batch)) + 4)  # noqa: E731 (about 2 MB per round)
-    result = {"conditions": {"cpu": cpu_model(), "threads": 1, "numpy": np.__version__, "treadle": tl.__version__,
-                             "date": datetime.datetime.now().isoformat(timespec="seconds"),
+    result = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
+              "conditions": {"cpu": machine_info()["cpu_model"], "threads": 1, "numpy": np.__version__, "treadle": tl.__version__,
                              "copy_bandwidth_GBps": copy_bandwidth(args.rounds)},
               "rows": [measure(s, args.batch, args.rounds, steps_for) for s in SIZES]}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     text = table(result)
-    for stem in (f"replay-{stamp}", "latest-replay"):
-        (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
-        (out / f"{stem}.md").write_text(text + "\n")
+    write_result_files(result, text + "\n", args.out, "replay", latest="latest-replay")
     print(text)
 
 

@@ -47,6 +47,18 @@ def surrogate_step(net, u, r):
     return u + net.predict(features(u, r)) / SCALE
 
 
+def held_out_error(net, rng, runs=8):
+    """Fresh runs drawn from `rng`, the surrogate rolled out for EPISODE coarse steps next to the true
+    simulation: the relative L2 error of the whole rollout."""
+    u_true, r = initial_conditions(rng, runs)
+    u_sur, err2, ref2 = u_true, 0.0, 0.0
+    for _ in range(EPISODE):
+        u_true, u_sur = coarse_step(u_true, r), surrogate_step(net, u_sur, r)
+        err2 += np.sum((u_sur - u_true) ** 2)
+        ref2 += np.sum(u_true ** 2)
+    return float(np.sqrt(err2 / ref2))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3000, help="simulation time steps (one training step each)")
@@ -85,14 +97,8 @@ def main():
         u[done], r[done] = initial_conditions(rng, int(done.sum()))
         age[done] = 0
 
-    # Held-out runs: roll the surrogate out for EPISODE coarse steps next to the true simulation.
-    u_true, r_test = initial_conditions(np.random.default_rng([args.seed, 1]), 8)
-    u_sur, err2, ref2 = u_true, 0.0, 0.0
-    for _ in range(EPISODE):
-        u_true, u_sur = coarse_step(u_true, r_test), surrogate_step(net, u_sur, r_test)
-        err2 += np.sum((u_sur - u_true) ** 2)
-        ref2 += np.sum(u_true ** 2)
-    print(f"held-out rollout relative L2 error: {np.sqrt(err2 / ref2):.4f}")
+    error = held_out_error(net, np.random.default_rng([args.seed, 1]))
+    print(f"held-out rollout relative L2 error: {error:.4f}")
 
 
 if __name__ == "__main__":
