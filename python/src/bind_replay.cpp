@@ -45,6 +45,7 @@ void bind_replay(py::module_& m) {
       .def_property_readonly("pushed", &ReplayBuffer::pushed)
       .def_property_readonly("dropped", &ReplayBuffer::dropped)
       .def_property_readonly("sampled", &ReplayBuffer::sampled)
+      .def_property_readonly("layout", &ReplayBuffer::layout)
       .def_property_readonly("policy", [](const ReplayBuffer& b) { return std::string(replay_policy_name(b.policy())); })
       .def("state",
            [](const ReplayBuffer& b) {

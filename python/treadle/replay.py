@@ -82,7 +82,7 @@ class ReplayBuffer:
             return 0
         k = 1 + int(round) % (size - 1)
         dest, source = (rank + k) % size, (rank - k) % size
-        layout = self._native.state()[1]["layout"]
+        layout = self._native.layout
         partner = comm.sendrecv(layout, dest=dest, source=source)
         if not comm.allreduce(int(partner == layout), op=_mpi_min()):
             raise ValueError(f"ReplayBuffer.exchange: the buffers differ across ranks (this one '{layout}'"

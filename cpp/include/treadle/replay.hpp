@@ -65,6 +65,9 @@ class TREADLE_API ReplayBuffer {
   int64_t dropped() const { return dropped_; }  // samples that left unsampled (overflow, reservoir)
   int64_t sampled() const { return sampled_; }  // samples handed out, ever (with repeats)
   ReplayPolicy policy() const { return options_.policy; }
+  // "firo capacity 64 max_reuse 1 fields x:float32(3) ...": what a checkpoint state or an exchange partner
+  // must match.
+  std::string layout() const;
   const std::vector<ReplayField>& fields() const { return fields_; }
 
   // Checkpoint state: tensors named "<tensor_prefix><key>" and metadata "<meta_prefix><key>" (strings).
@@ -86,7 +89,6 @@ class TREADLE_API ReplayBuffer {
   void retire(int64_t position);
   void remember(int64_t slot);  // firo: the slot's new sample joins the arrival order
   int64_t oldest();             // firo: the live slot that arrived first
-  std::string layout() const;
 
   std::vector<ReplayField> fields_;
   ReplayOptions options_;
