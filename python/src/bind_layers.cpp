@@ -102,7 +102,7 @@ void bind_functional_layers(py::module_& m) {
         py::arg("eps") = 1e-5);
   // torch's F.batch_norm: running statistics (buffers or parameters) are updated in place on a
   // training step; a prediction (whose plan never writes) normalises with the batch's own statistics
-  // when training=True, as torch's output is. A lone weight or bias gets its neutral partner.
+  // when training=True, as torch's output is. A lone weight or bias: ops::batch_norm completes it.
   f.def("batch_norm",
         [](Value x, std::optional<Value> running_mean, std::optional<Value> running_var, std::optional<Value> weight,
            std::optional<Value> bias, bool training, double momentum, double eps) {
@@ -110,9 +110,7 @@ void bind_functional_layers(py::module_& m) {
             throw_value_error("batch_norm: give both running_mean and running_var, or neither");
           if (!training && !running_mean) throw_value_error("batch_norm: training=False needs running_mean and running_var");
           if (x.ndim() < 2) throw_value_error("batch_norm: expected input of shape (N, C, *), got ", shape_str(x.shape()));
-          Value w = weight.value_or(Value()), b = bias.value_or(Value());
-          if (w.defined() && !b.defined()) b = ops::full_like(w, 0.0);
-          if (b.defined() && !w.defined()) w = ops::full_like(b, 1.0);
+          const Value w = weight.value_or(Value()), b = bias.value_or(Value());
           const bool update = training && x.graph().training() && running_mean;
           return ops::batch_norm(x, update || !training ? *running_mean : Value(),
                                  update || !training ? *running_var : Value(), w, b, Value(), training, momentum, eps);

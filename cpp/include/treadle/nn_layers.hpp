@@ -24,7 +24,8 @@ TREADLE_API Value layer_norm(Value x, int normalized_ndim, Value weight, Value b
 // x * rsqrt(mean(x^2) + eps) * weight over the last `normalized_ndim` dimensions; eps < 0 means
 // the machine epsilon of x's dtype (torch's default eps=None).
 TREADLE_API Value rms_norm(Value x, int normalized_ndim, Value weight, double eps = -1.0);
-// x of shape (N, C, *), statistics per sample and group of C / num_groups channels.
+// x of shape (N, C, *), statistics per sample and group of C / num_groups channels. In group_norm and
+// batch_norm a weight without a bias (or a bias without a weight) is fine: the missing one is neutral.
 TREADLE_API Value group_norm(Value x, int64_t num_groups, Value weight, Value bias, double eps = 1e-5);
 // x of shape (N, C, *). Training: batch statistics, and when running statistics are given they are
 // updated in place (unbiased variance, momentum < 0: cumulative average as torch's momentum=None).

@@ -101,19 +101,11 @@ GroupNorm::GroupNorm(int64_t num_groups, int64_t num_channels, double eps, bool 
   }
 }
 
-namespace {
-// The bias the norm ops take with their weight: the parameter, or zeros when the layer has a weight
-// and no bias (torch's bias=False; adding 0 changes no value), or none without a weight.
-Value bias_or_zeros(Value x, const std::shared_ptr<Parameter>& weight, const std::shared_ptr<Parameter>& bias) {
-  if (bias) return x.graph().add_parameter(bias);
-  return weight ? ops::full_like(x.graph().add_parameter(weight), 0.0) : Value();
-}
-}  // namespace
 
 Value GroupNorm::forward(Value x) {
   if (x.ndim() < 2 || x.dim(1) != channels_)
     throw_value_error("GroupNorm: expected input of shape (N, ", channels_, ", *), got ", shape_str(x.shape()));
-  return ops::group_norm(x, groups_, param(x, weight_), bias_or_zeros(x, weight_, bias_), eps_);
+  return ops::group_norm(x, groups_, param(x, weight_), param(x, bias_), eps_);
 }
 
 BatchNorm::BatchNorm(int spatial_dims, int64_t num_features, double eps, std::optional<double> momentum, bool affine,
@@ -169,7 +161,7 @@ Value BatchNorm::forward(Value x) {
   const bool update = x.graph().training() && tracked;
   return ops::batch_norm(x, update || !batch_stats ? param(x, running_mean_) : Value(),
                          update || !batch_stats ? param(x, running_var_) : Value(), param(x, weight_),
-                         bias_or_zeros(x, weight_, bias_), update ? param(x, num_batches_) : Value(), batch_stats,
+                         param(x, bias_), update ? param(x, num_batches_) : Value(), batch_stats,
                          momentum_.value_or(-1.0), eps_);
 }
 

@@ -398,9 +398,16 @@ Value rms_norm(Value x, int normalized_ndim, Value weight, double eps) {
   return x.graph().apply("rms_norm", in, {{"normalized_ndim", int64_t{normalized_ndim}}, {"eps", eps}}).at(0);
 }
 
+// The kernels take weight and bias together: a lone one gets its neutral partner (weight 1, bias 0),
+// which changes no value (torch's weight or bias None).
+static void complete_affine(Value& weight, Value& bias) {
+  if (weight.defined() && !bias.defined()) bias = full_like(weight, 0.0);
+  if (bias.defined() && !weight.defined()) weight = full_like(bias, 1.0);
+}
+
 Value group_norm(Value x, int64_t num_groups, Value weight, Value bias, double eps) {
   std::vector<Value> in{x};
-  if (weight.defined() != bias.defined()) throw_value_error("group_norm: give both weight and bias, or neither");
+  complete_affine(weight, bias);
   if (weight.defined()) in.insert(in.end(), {weight, bias});
   return x.graph().apply("group_norm", in, {{"num_groups", num_groups}, {"eps", eps}}).at(0);
 }
@@ -408,7 +415,7 @@ Value group_norm(Value x, int64_t num_groups, Value weight, Value bias, double e
 Value batch_norm(Value x, Value running_mean, Value running_var, Value weight, Value bias,
                  Value num_batches_tracked, bool training, double momentum, double eps) {
   Graph& g = x.graph();
-  if (weight.defined() != bias.defined()) throw_value_error("batch_norm: give both weight and bias, or neither");
+  complete_affine(weight, bias);
   const bool tracked = running_mean.defined() && running_var.defined();
   if (!training) {
     if (!tracked) throw_value_error("batch_norm: eval mode needs running_mean and running_var");
