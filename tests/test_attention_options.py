@@ -26,6 +26,24 @@ def _wrap(mha, average):
     return Net()
 
 
+def _compare_with_torch(net, ref, arrays, average, rng):
+    """Outputs and attention weights of `net` (the layer wrapped by _wrap) against torch's `ref` on
+    (q, k, v, key_padding_mask, attn_mask), then every parameter gradient of sum(out * seed); returns the
+    weights."""
+    q, k, v, kpm, mask = arrays
+    t_out, t_w = ref(*(torch.tensor(a) for a in (q, k, v)), key_padding_mask=torch.tensor(kpm),
+                     attn_mask=torch.tensor(mask), average_attn_weights=average)
+    out, w = net.eval()(*arrays)
+    np.testing.assert_allclose(out, t_out.detach().numpy(), rtol=1e-11, atol=1e-12)
+    np.testing.assert_allclose(w, t_w.detach().numpy(), rtol=1e-11, atol=1e-12)
+    seed = rng.standard_normal(t_out.shape)
+    trainer = tl.Trainer(net, lambda outs, y: (outs[0] * y).sum(), tl.optim.SGD(lr=0.0))
+    trainer.compute_gradients(list(arrays), seed)
+    (t_out * torch.tensor(seed)).sum().backward()
+    assert_grads_like_torch(net, ref, prefix="attn.")
+    return w
+
+
 @pytest.mark.parametrize("kw", OPTIONS)
 @pytest.mark.parametrize("batch_first", [False, True])
 @pytest.mark.parametrize("average", [True, False])
@@ -43,16 +61,7 @@ def test_options_match_torch(kw, batch_first, average):
     kpm = np.zeros((N, S))
     kpm[1, -1] = -np.inf
     mask = 0.1 * rng.standard_normal((L, S))
-    t_out, t_w = ref(*(torch.tensor(a) for a in (q, k, v)), key_padding_mask=torch.tensor(kpm),
-                     attn_mask=torch.tensor(mask), average_attn_weights=average)
-    out, w = net.eval()(q, k, v, kpm, mask)
-    np.testing.assert_allclose(out, t_out.detach().numpy(), rtol=1e-11, atol=1e-12)
-    np.testing.assert_allclose(w, t_w.detach().numpy(), rtol=1e-11, atol=1e-12)
-    seed = rng.standard_normal(t_out.shape)
-    trainer = tl.Trainer(net, lambda outs, y: (outs[0] * y).sum(), tl.optim.SGD(lr=0.0))
-    trainer.compute_gradients([q, k, v, kpm, mask], seed)
-    (t_out * torch.tensor(seed)).sum().backward()
-    assert_grads_like_torch(net, ref, prefix="attn.")
+    _compare_with_torch(net, ref, (q, k, v, kpm, mask), average, rng)
 
 
 def test_plain_options_stay_native_and_bad_sizes_are_named():
@@ -78,17 +87,8 @@ def test_fused_layer_gives_per_head_weights(batch_first, bias):
     q = rng.standard_normal(shape)
     kv = rng.standard_normal((N, L, E) if batch_first else (L, N, E))
     kpm, mask = np.zeros((N, L)), 0.1 * rng.standard_normal((L, L))
-    t_out, t_w = ref(*(torch.tensor(a) for a in (q, kv, kv)), key_padding_mask=torch.tensor(kpm),
-                     attn_mask=torch.tensor(mask), average_attn_weights=False)
-    out, w = net.eval()(q, kv, kv, kpm, mask)
+    w = _compare_with_torch(net, ref, (q, kv, kv, kpm, mask), False, rng)
     assert w.shape == (N, H, L, L)
-    np.testing.assert_allclose(out, t_out.detach().numpy(), rtol=1e-11, atol=1e-12)
-    np.testing.assert_allclose(w, t_w.detach().numpy(), rtol=1e-11, atol=1e-12)
-    seed = rng.standard_normal(t_out.shape)
-    trainer = tl.Trainer(net, lambda outs, y: (outs[0] * y).sum(), tl.optim.SGD(lr=0.0))
-    trainer.compute_gradients([q, kv, kv, kpm, mask], seed)
-    (t_out * torch.tensor(seed)).sum().backward()
-    assert_grads_like_torch(net, ref, prefix="attn.")
 
 
 def test_fused_layer_per_head_weights_unbatched():
