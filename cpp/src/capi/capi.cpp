@@ -52,17 +52,8 @@ int guarded(const char* who, F&& body) {
   }
 }
 
-template <typename T>
-T& need(T* p, const char* what) {
-  if (!p) throw ArgumentError(std::string(what) + " is NULL");
-  return *p;
-}
-
-template <typename T>
-T* non_null(T* p, const char* what) {
-  if (!p) throw ArgumentError(std::string(what) + " is NULL");
-  return p;
-}
+using capi::need;
+using capi::non_null;
 
 Shape make_shape(int ndim, const int64_t* shape, const char* what) {
   if (ndim < 0 || ndim > 16) throw ArgumentError(std::string(what) + ": ndim must be in [0, 16], got " + std::to_string(ndim));

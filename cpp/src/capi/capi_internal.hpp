@@ -25,6 +25,17 @@ namespace treadle::capi {
 struct ArgumentError : std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
+// A pointer argument that must not be NULL (ArgumentError "<what> is NULL" otherwise).
+template <typename T>
+T& need(T* p, const char* what) {
+  if (!p) throw ArgumentError(std::string(what) + " is NULL");
+  return *p;
+}
+template <typename T>
+T* non_null(T* p, const char* what) {
+  if (!p) throw ArgumentError(std::string(what) + " is NULL");
+  return p;
+}
 // Runs body, turning any exception into a status code and this thread's last error (capi.cpp).
 int guarded_call(const char* who, const std::function<void()>& body);
 
