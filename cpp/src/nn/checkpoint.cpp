@@ -285,9 +285,7 @@ void load_checkpoint(const TensorFile& file, Trainer& trainer) {
 }
 
 Metadata load_checkpoint(const std::string& path, Trainer& trainer) {
-  TensorFile f = read_safetensors(path, who_for("load_checkpoint", path));
-  load_checkpoint(f, trainer);
-  return std::move(f.metadata);
+  return load_checkpoint(path, trainer, ReplayBuffers{});
 }
 
 namespace {
