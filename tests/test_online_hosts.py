@@ -1,10 +1,15 @@
-"""examples/fortran/online.f90: a Fortran time loop pushes samples into a replay buffer and trains from
-sampled batches, checkpoints the trainer with its buffer and resumes. The same run through the Python
-API (tl.ReplayBuffer, tl.Trainer, the same JSON model and seeds, the same float64 simulation) must print
-the same losses bit for bit, and the checkpoint the Fortran program wrote must load in Python and resume
-to the same predictions."""
+"""Online training from C and Fortran hosts: examples/fortran/online.f90 and examples/c_api/online.c run
+one program (an ensemble of heat-equation runs pushes samples into a replay buffer from its time loop, a
+surrogate trains from sampled batches, a checkpoint of the trainer with its buffer halfway, a resumed run
+that must repeat the uninterrupted one bit for bit). The same run through the Python API (tl.ReplayBuffer,
+tl.Trainer, the same JSON model and seeds, the same float64 simulation) must print the same losses bit for
+bit, and the checkpoint each program wrote must load in Python and resume to the same predictions.
+
+Both programs link the package of the imported treadle (the wheel's, or `cmake --install` of the
+development build), so the comparisons run one build of the library."""
 import json
 import re
+import shutil
 import subprocess
 
 import numpy as np
@@ -13,9 +18,9 @@ import pytest
 import treadle as tl
 from test_examples import FLOAT, ROOT
 from test_examples import treadle_prefix  # noqa: F401 (fixture that package uses)
-from test_fortran_example import build, package  # noqa: F401 (fixture)
+from test_fortran_example import _installed_wheel_cmake_dir, build, package  # noqa: F401 (fixture)
 
-# As in examples/fortran/online.f90.
+# As in examples/fortran/online.f90 and examples/c_api/online.c.
 NX, RUNS, SUBSTEPS, EPISODE, SMOOTH = 16, 8, 4, 16, 8
 STEPS, CHECKPOINT, BATCH, CAPACITY, WATERMARK, SEED = 2000, 1000, 32, 1024, 64, 11
 R_LOW, R_HIGH, SCALE, LR, HELD_OUT_SEED = 0.05, 0.45, 10.0, 0.003, 4242
@@ -23,21 +28,42 @@ MODEL = {"format": "treadle-architecture/1", "model": {"type": "Sequential", "la
     {"type": "Linear", "config": {"in_features": NX + 1, "out_features": 64}}, {"type": "Tanh"},
     {"type": "Linear", "config": {"in_features": 64, "out_features": 64}}, {"type": "Tanh"},
     {"type": "Linear", "config": {"in_features": 64, "out_features": NX}}]}}
-LOSS_LINE = re.compile(r"^step (\d+) loss\s+([-+0-9.E]+)$", re.MULTILINE)
+LOSS_LINE = re.compile(r"^step (\d+) loss\s+([-+0-9.eE]+)$", re.MULTILINE)  # Fortran: 1.7E-003, C: 1.7e-03
 # Measured: 0.026 after 2000 steps (0.065 after 400); about 2x margin.
 HELD_OUT_ERROR_BELOW = 0.05
 
 
-@pytest.fixture(scope="module")
-def online(package, tmp_path_factory):  # noqa: F811 (fixture)
-    exe = build(package, ROOT / "examples" / "fortran", tmp_path_factory.mktemp("fortran_online"), "fortran_online")
-    out = tmp_path_factory.mktemp("fortran_online_out")
+def run_program(exe, out):
     proc = subprocess.run([str(exe), str(out)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return exe, out, proc.stdout
 
 
-# ---- the Fortran program's simulation, operation for operation -----------------------------------------
+@pytest.fixture(scope="module")
+def fortran_online(package, tmp_path_factory):  # noqa: F811 (fixture)
+    exe = build(package, ROOT / "examples" / "fortran", tmp_path_factory.mktemp("fortran_online"), "fortran_online")
+    return run_program(exe, tmp_path_factory.mktemp("fortran_online_out"))
+
+
+@pytest.fixture(scope="module")
+def c_online(request, tmp_path_factory):
+    if shutil.which("cmake") is None:
+        pytest.skip("cmake is not installed")
+    if not any(shutil.which(cc) for cc in ("cc", "gcc", "clang")):
+        pytest.skip("no C compiler")
+    wheel = _installed_wheel_cmake_dir()
+    package = f"-Dtreadle_DIR={wheel}" if wheel else f"-DCMAKE_PREFIX_PATH={request.getfixturevalue('treadle_prefix')}"
+    exe = build((package,), ROOT / "examples" / "c_api", tmp_path_factory.mktemp("c_online"), "c_online_example")
+    return run_program(exe, tmp_path_factory.mktemp("c_online_out"))
+
+
+@pytest.fixture(scope="module", params=["fortran", "c"])
+def online(request):
+    """(program, its output directory, its standard output) for each host language."""
+    return request.getfixturevalue(f"{request.param}_online")
+
+
+# ---- the programs' simulation, operation for operation -----------------------------------------
 class Ensemble:
     def __init__(self, draws):
         self.u, self.r = np.zeros((RUNS, NX)), np.zeros(RUNS)
@@ -117,7 +143,7 @@ def python_run():
     return net, losses, sim, saved
 
 
-def test_fortran_online_losses_equal_the_python_api(online, python_run):
+def test_online_losses_equal_the_python_api(online, python_run):
     net, losses, sim, _ = python_run
     stdout = online[2]
     printed = {int(step): float(value) for step, value in LOSS_LINE.findall(stdout)}
@@ -131,19 +157,22 @@ def test_fortran_online_losses_equal_the_python_api(online, python_run):
     np.testing.assert_array_equal(predicted, net.predict(sim.features()))
 
 
-def test_fortran_online_surrogate_learns_the_simulation(online, python_run):
-    match = re.search(r"held-out rollout relative L2 error:\s+" + FLOAT, online[2].replace("E", "e"))
-    assert match, online[2]
-    error = held_out_error(python_run[0])
-    # Printed with 5 digits; the sums run in another order in numpy.
-    assert float(match.group(1)) == pytest.approx(error, rel=1e-4)
-    assert error < HELD_OUT_ERROR_BELOW
+def test_online_resumes_bit_for_bit(online):
     assert "resumed run equals the uninterrupted one bit for bit" in online[2]
     assert online[2].rstrip().endswith("done")
 
 
-def test_fortran_checkpoint_resumes_in_python(online, python_run):
-    """The checkpoint the Fortran program wrote halfway (trainer and buffer) loads into Python objects and
+def test_fortran_online_surrogate_learns_the_simulation(fortran_online, python_run):
+    match = re.search(r"held-out rollout relative L2 error:\s+" + FLOAT, fortran_online[2].replace("E", "e"))
+    assert match, fortran_online[2]
+    error = held_out_error(python_run[0])
+    # Printed with 5 digits; the sums run in another order in numpy.
+    assert float(match.group(1)) == pytest.approx(error, rel=1e-4)
+    assert error < HELD_OUT_ERROR_BELOW
+
+
+def test_checkpoint_resumes_in_python(online, python_run):
+    """The checkpoint the program wrote halfway (trainer and buffer) loads into Python objects and
     the second half, run in Python from there, ends with the uninterrupted run's predictions."""
     net_full, losses, sim_full, saved = python_run
     tl.manual_seed(SEED)
@@ -156,7 +185,7 @@ def test_fortran_checkpoint_resumes_in_python(online, python_run):
     np.testing.assert_array_equal(net.predict(sim.features()), net_full.predict(sim_full.features()))
 
 
-def test_fortran_online_reports_bad_arguments(online):
+def test_online_reports_bad_arguments(online):
     proc = subprocess.run([str(online[0])], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
-    assert "usage: fortran_online OUT_DIR" in proc.stderr
+    assert f"usage: {online[0].name} OUT_DIR" in proc.stderr
