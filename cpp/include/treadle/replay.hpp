@@ -86,6 +86,7 @@ class TREADLE_API ReplayBuffer {
   int64_t below(int64_t n);  // uniform in [0, n)
   int64_t take_slot();       // a slot for one new sample (evicting by the policy when full); -1: skip it
   void copy_in(int64_t slot, const std::vector<Tensor>& batch, int64_t row);
+  void prefetch_slot(int64_t slot) const;
   void retire(int64_t position);
   void remember(int64_t slot);  // firo: the slot's new sample joins the arrival order
   int64_t oldest();             // firo: the live slot that arrived first

@@ -199,6 +199,20 @@ void ReplayBuffer::retire(int64_t position) {
   free_.push_back(slot);
 }
 
+void ReplayBuffer::prefetch_slot(int64_t slot) const {
+#if defined(__GNUC__) || defined(__clang__)
+  constexpr std::size_t kLine = 64, kMostBytes = 4096;  // longer rows: the hardware prefetcher follows the stream
+  for (const Tensor& store : storage_) {
+    const std::size_t bytes = store.nbytes() / static_cast<std::size_t>(options_.capacity);
+    const char* row = static_cast<const char*>(store.data()) + static_cast<std::size_t>(slot) * bytes;
+    for (std::size_t offset = 0; offset < std::min(bytes, kMostBytes); offset += kLine)
+      __builtin_prefetch(row + offset);
+  }
+#else
+  (void)slot;
+#endif
+}
+
 void ReplayBuffer::sample(int64_t batch_size, const std::vector<Tensor>& out) {
   if (batch_size <= 0) throw_value_error("ReplayBuffer.sample: batch_size must be positive, got ", batch_size);
   if (!ready(batch_size))
@@ -226,8 +240,13 @@ void ReplayBuffer::sample(int64_t batch_size, const std::vector<Tensor>& out) {
     return;
   }
   // Distinct samples: a partial Fisher-Yates shuffle of the live slots brings the batch to the front.
+  for (int64_t i = 0; i < batch_size; ++i) std::swap(live_[i], live_[i + below(count_ - i)]);
+  // Random rows of a store larger than the caches wait on memory latency, not bandwidth: the rows a few
+  // samples ahead are requested while this one is copied.
+  constexpr int64_t kAhead = 4;
+  for (int64_t i = 0; i < std::min(kAhead, batch_size); ++i) prefetch_slot(live_[i]);
   for (int64_t i = 0; i < batch_size; ++i) {
-    std::swap(live_[i], live_[i + below(count_ - i)]);
+    if (i + kAhead < batch_size) prefetch_slot(live_[i + kAhead]);
     copy_out(live_[i], i);
     ++uses_[live_[i]];
   }
