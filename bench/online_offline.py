@@ -3,11 +3,14 @@
 The simulation (examples/heat_surrogate.py: RUNS 1-D heat equations restarting with fresh random
 initial conditions and diffusivities) runs for --steps coarse steps. Online: one training step between
 two simulation steps, on the newest samples plus older ones drawn from a tl.ReplayBuffer (firo,
-capacity 4096, samples kept until newer ones push them out). Offline: the simulation first runs to the
+capacity 4096, samples kept until newer ones push them out: a sliding window). Online reservoir: the
+same with a reservoir buffer (a uniform random subset of everything the simulation produced so far). Offline: the simulation first runs to the
 end storing every sample, then the model trains on batches drawn uniformly from all of them, for the
-same training time as the online run took (measured, so each gets the same compute). Both report the
-held-out rollout error (8 fresh runs, EPISODE coarse steps) and the samples they had to store; the
-table gives medians over seeds. One thread. Writes bench/results/online-offline-<time>.{json,md} and
+same training time as the online run took (measured, so each gets the same compute). Offline with the
+online run's memory: the simulation keeps a uniform random subset of everything it produced in a
+reservoir buffer of the online buffer's capacity (all an offline trainer holding no more than the online
+one can have), then trains on it for the same time. Each reports the held-out rollout error (8 fresh
+runs, EPISODE coarse steps) and the samples it had to store; the table gives medians over seeds. One thread. Writes bench/results/online-offline-<time>.{json,md} and
 latest-online-offline.{json,md}.
 """
 import argparse
@@ -27,6 +30,8 @@ from heat_surrogate import (EPISODE, NX, RUNS, SCALE, coarse_step, features, hel
                             initial_conditions)
 
 BATCH = 64
+CAPACITY = 4096  # the online buffer's samples, and the equal-memory offline run's
+KINDS = ("online", "online_reservoir", "offline", "offline_same_memory")
 
 
 def build(seed, steps):
@@ -49,9 +54,9 @@ def simulate(rng, steps, on_step):
         age[done] = 0
 
 
-def online(seed, steps):
+def online(seed, steps, policy="firo"):
     net, trainer = build(seed, steps)
-    buffer = tl.ReplayBuffer({"x": (NX + 1,), "y": (NX,)}, capacity=4096, policy="firo", max_reuse=0, seed=seed)
+    buffer = tl.ReplayBuffer({"x": (NX + 1,), "y": (NX,)}, capacity=CAPACITY, policy=policy, max_reuse=0, seed=seed)
     spent = [0.0]
 
     def step(x, y):
@@ -66,12 +71,8 @@ def online(seed, steps):
             "train_steps": steps}
 
 
-def offline(seed, steps, budget):
-    net, trainer = build(seed, steps)
-    xs, ys = [], []
-    simulate(np.random.default_rng(seed), steps, lambda x, y: (xs.append(x), ys.append(y)))
-    x, y = np.concatenate(xs), np.concatenate(ys)
-    draw = np.random.default_rng([seed, 7])
+def train_for(trainer, x, y, budget, draw):
+    """Steps on batches drawn uniformly from (x, y) until `budget` seconds of training are spent."""
     spent, done = 0.0, 0
     while spent < budget or done == 0:
         idx = draw.integers(0, len(x), BATCH)
@@ -79,7 +80,27 @@ def offline(seed, steps, budget):
         trainer.step(x[idx], y[idx])
         spent += time.perf_counter() - t0
         done += 1
-    return {"error": held_out_error(net, np.random.default_rng([seed, 99])), "train_seconds": spent, "stored_samples": len(x), "train_steps": done}
+    return spent, done
+
+
+def offline(seed, steps, budget):
+    net, trainer = build(seed, steps)
+    xs, ys = [], []
+    simulate(np.random.default_rng(seed), steps, lambda x, y: (xs.append(x), ys.append(y)))
+    x, y = np.concatenate(xs), np.concatenate(ys)
+    spent, done = train_for(trainer, x, y, budget, np.random.default_rng([seed, 7]))
+    return {"error": held_out_error(net, np.random.default_rng([seed, 99])), "train_seconds": spent,
+            "stored_samples": len(x), "train_steps": done}
+
+
+def offline_same_memory(seed, steps, budget):
+    net, trainer = build(seed, steps)
+    kept = tl.ReplayBuffer({"x": (NX + 1,), "y": (NX,)}, capacity=CAPACITY, policy="reservoir", seed=seed)
+    simulate(np.random.default_rng(seed), steps, lambda x, y: kept.push(x=x, y=y))
+    held = kept.sample(len(kept))  # every sample it kept (distinct), in random order
+    spent, done = train_for(trainer, held["x"], held["y"], budget, np.random.default_rng([seed, 7]))
+    return {"error": held_out_error(net, np.random.default_rng([seed, 99])), "train_seconds": spent,
+            "stored_samples": len(kept), "train_steps": done}
 
 
 def main():
@@ -91,9 +112,10 @@ def main():
     runs = []
     for seed in range(args.seeds):
         on = online(seed, args.steps)
-        runs.append({"seed": seed, "online": on, "offline": offline(seed, args.steps, on["train_seconds"])})
-    med = {kind: {key: statistics.median(r[kind][key] for r in runs) for key in runs[0][kind]}
-           for kind in ("online", "offline")}
+        runs.append({"seed": seed, "online": on, "online_reservoir": online(seed, args.steps, "reservoir"),
+                     "offline": offline(seed, args.steps, on["train_seconds"]),
+                     "offline_same_memory": offline_same_memory(seed, args.steps, on["train_seconds"])})
+    med = {kind: {key: statistics.median(r[kind][key] for r in runs) for key in runs[0][kind]} for kind in KINDS}
     cpu = machine_info()["cpu_model"]
     result = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
               "conditions": {"cpu": cpu, "threads": 1, "steps": args.steps, "seeds": args.seeds, "batch": BATCH,
@@ -103,9 +125,9 @@ def main():
              f"runs; batch {BATCH}; medians over {args.seeds} seeds)", "",
              "| training | held-out rollout error | training seconds | training steps | samples stored |",
              "|---|---|---|---|---|"]
-    for kind in ("online", "offline"):
+    for kind in KINDS:
         m = med[kind]
-        lines.append(f"| {kind} | {m['error']:.4f} | {m['train_seconds']:.2f} | {m['train_steps']:.0f} "
+        lines.append(f"| {kind.replace('_', ' ')} | {m['error']:.4f} | {m['train_seconds']:.2f} | {m['train_steps']:.0f} "
                      f"| {m['stored_samples']:.0f} |")
     text = "\n".join(lines)
     write_result_files(result, text + "\n", args.out, "online-offline", latest="latest-online-offline")

@@ -115,14 +115,16 @@ def test_device_cuda_needs_a_cuda_build_and_a_gpu(tmp_path, workloads):
 
 
 def test_online_offline_benchmark_runs_and_reports(tmp_path):
-    """bench/online_offline.py on a few steps: both trainings run, the JSON and table carry the conditions."""
+    """bench/online_offline.py on a few steps: the three trainings run, the JSON and table carry the conditions."""
     script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "online_offline.py")
     proc = subprocess.run([sys.executable, script, "--steps", "40", "--seeds", "1", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     result = json.loads((tmp_path / "latest-online-offline.json").read_text())
     assert result["conditions"]["steps"] == 40 and result["conditions"]["threads"] == 1
-    for kind in ("online", "offline"):
+    for kind in ("online", "online_reservoir", "offline", "offline_same_memory"):
         assert 0 < result["median"][kind]["error"] < 10 and result["median"][kind]["train_steps"] >= 1
     assert result["median"]["offline"]["stored_samples"] == 40 * 16
+    # The equal-memory run keeps all 640 samples (below the online buffer's 4096): a reservoir keeps all it can.
+    assert result["median"]["offline_same_memory"]["stored_samples"] == 40 * 16
     assert "| online |" in (tmp_path / "latest-online-offline.md").read_text()
