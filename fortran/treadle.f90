@@ -44,6 +44,7 @@ module treadle
   public :: treadle_trainer_backward, treadle_trainer_update, treadle_trainer_get_gradients
   public :: treadle_model_set_backend, treadle_model_set_precision, treadle_model_set_deterministic
   public :: treadle_model_set_fusion, treadle_verify
+  public :: treadle_check_step_kinds  ! for modules built on this one (treadle_distributed)
 
   ! The kind of an integer(c_int64_t) array (class indices), next to TREADLE_F32/F64; -1: unknown.
   integer(c_int), parameter :: KIND_I64 = 2, KIND_UNKNOWN = -1
@@ -162,6 +163,17 @@ contains
     status = c_treadle_set_last_error(TREADLE_ERROR_TYPE, c_string(who // ': expected ' // what // ' of ' // &
                                       kind_text(expected) // ', got ' // kind_text(given)))
   end function check_kind
+
+  ! The checks of treadle_trainer_step's arrays, for `who` (a step taken through another module): x
+  ! of the model's kind, y of the kind the trainer's loss takes (TREADLE_F32, TREADLE_F64, TREADLE_I64).
+  function treadle_check_step_kinds(who, trainer, x_kind, y_kind) result(status)
+    character(len=*), intent(in) :: who
+    type(treadle_trainer), intent(in) :: trainer
+    integer(c_int), intent(in) :: x_kind, y_kind
+    integer(c_int) :: status
+    status = check_kind(who, 'x', trainer%dtype, x_kind)
+    if (status == TREADLE_OK) status = check_kind(who, 'y', trainer%target, y_kind)
+  end function treadle_check_step_kinds
 
   ! The model's dtype, or KIND_UNKNOWN for a null handle (the C call that follows reports that).
   function dtype_of(model) result(dtype)
@@ -526,8 +538,7 @@ contains
     character(len=:), allocatable :: who
     who = 'treadle_trainer_step'
     if (evaluate) who = 'treadle_trainer_evaluate'
-    status = check_kind(who, 'x', trainer%dtype, x_kind)
-    if (status == TREADLE_OK) status = check_kind(who, 'y', trainer%target, y_kind)
+    status = treadle_check_step_kinds(who, trainer, x_kind, y_kind)
     if (status /= TREADLE_OK) return
     loss_ptr = c_null_ptr
     if (present(loss)) loss_ptr = c_loc(loss)

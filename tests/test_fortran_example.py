@@ -148,7 +148,8 @@ def test_fortran_wrappers(package, tmp_path):
 def test_package_ships_the_fortran_sources(package):
     """The installed sources (what TREADLE_FORTRAN_SOURCE names) are the repository's."""
     installed = sorted(package[1].glob("**/fortran/treadle*.f90"))
-    assert [p.name for p in installed] == ["treadle.f90", "treadle_c.f90", "treadle_online.f90"], installed
+    assert [p.name for p in installed] == ["treadle.f90", "treadle_c.f90", "treadle_distributed.f90",
+                                          "treadle_online.f90"], installed
     for path in installed:
         assert path.read_text() == (ROOT / "fortran" / path.name).read_text(), path
 

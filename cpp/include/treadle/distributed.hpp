@@ -44,6 +44,12 @@ struct DataParallelOptions {
   std::string transport = "auto";
 };
 
+// Throws ValueError naming the problem unless the MPI library in this process is the implementation
+// treadle::distributed was built for (the MPICH ABI or Open MPI: a handle of one means nothing to the
+// other), initialized and not finalized. DataParallel's constructors call it first; a host passing a
+// Fortran handle (MPI_Fint) calls it before MPI_Comm_f2c.
+TREADLE_API void check_host_mpi();
+
 class TREADLE_API DataParallel {
  public:
   // Collective. Checks that every rank holds the same parameter layout, dtype, loss, optimizer
@@ -62,6 +68,10 @@ class TREADLE_API DataParallel {
   // differ in size or be empty. If any rank throws (bad input, model error), no rank updates and
   // every rank throws ValueError("DataParallel::step: rank R failed: ...").
   double step(const Tensor& x, const Tensor& y);
+  // Collective with the other ranks' step(): this rank takes part as one that failed with `error` (a
+  // check of the host's own, arrays it could not pass), and every rank, this one included, throws the
+  // ValueError step() throws for a failing rank. Nothing changes on any rank.
+  [[noreturn]] void fail_step(const std::string& error);
 
   // For a host running the phases itself: after compute_gradients (or forward + backward) on the
   // local shard, sums the gradients into those of the global loss, then the host calls update().

@@ -105,13 +105,15 @@ std::vector<std::string> comma_list(const char* text) {
   return items;
 }
 
-Tensor target(treadle_trainer& t, const void* y, int ndim, const int64_t* shape) {
-  return wrap(y, ndim, shape, t.trainer->loss().target_dtype(t.model->dtype()), "y");
-}
-
 }  // namespace
 
 int capi::guarded_call(const char* who, const std::function<void()>& body) { return guarded(who, body); }
+Tensor capi::step_input(const treadle_trainer& t, const void* x, int ndim, const int64_t* shape) {
+  return wrap(x, ndim, shape, t.model->dtype(), "x");
+}
+Tensor capi::step_target(const treadle_trainer& t, const void* y, int ndim, const int64_t* shape) {
+  return wrap(y, ndim, shape, t.trainer->loss().target_dtype(t.model->dtype()), "y");
+}
 
 extern "C" {
 
@@ -269,7 +271,7 @@ int treadle_trainer_step(treadle_trainer* trainer, const void* x, int x_ndim, co
                          int y_ndim, const int64_t* y_shape, double* loss) {
   return guarded("treadle_trainer_step", [&] {
     treadle_trainer& t = need(trainer, "trainer");
-    double l = t.trainer->step(wrap(x, x_ndim, x_shape, t.model->dtype(), "x"), target(t, y, y_ndim, y_shape));
+    double l = t.trainer->step(capi::step_input(t, x, x_ndim, x_shape), capi::step_target(t, y, y_ndim, y_shape));
     if (loss) *loss = l;
   });
 }
@@ -278,7 +280,8 @@ int treadle_trainer_evaluate(treadle_trainer* trainer, const void* x, int x_ndim
                              const void* y, int y_ndim, const int64_t* y_shape, double* loss) {
   return guarded("treadle_trainer_evaluate", [&] {
     treadle_trainer& t = need(trainer, "trainer");
-    double l = t.trainer->evaluate(wrap(x, x_ndim, x_shape, t.model->dtype(), "x"), target(t, y, y_ndim, y_shape));
+    double l = t.trainer->evaluate(capi::step_input(t, x, x_ndim, x_shape),
+                                        capi::step_target(t, y, y_ndim, y_shape));
     if (loss) *loss = l;
   });
 }

@@ -37,7 +37,11 @@ T* non_null(T* p, const char* what) {
   return p;
 }
 // Runs body, turning any exception into a status code and this thread's last error (capi.cpp).
-int guarded_call(const char* who, const std::function<void()>& body);
+// Exported for the C API of treadle::distributed (treadle_distributed.h), which shares the error channel.
+TREADLE_API int guarded_call(const char* who, const std::function<void()>& body);
+// A trainer step's x and y over caller memory, with treadle_trainer_step's checks (ArgumentError).
+TREADLE_API Tensor step_input(const treadle_trainer& t, const void* x, int ndim, const int64_t* shape);
+TREADLE_API Tensor step_target(const treadle_trainer& t, const void* y, int ndim, const int64_t* shape);
 
 // A module tree from a description {"format": "treadle-architecture/1", "model": node} or a bare node.
 // Returns the module and the canonical description (with the format wrapper) for model files.

@@ -43,6 +43,36 @@ int as_count(int64_t n) {  // MPI counts are int; buffers beyond 2^31 elements w
   return static_cast<int>(n);
 }
 
+// The MPI implementation this library was compiled for: MPICH's ABI (MPICH, Intel MPI, Cray MPICH,
+// MVAPICH: MPI_Comm is an int) or Open MPI's (MPI_Comm is a pointer).
+#if defined(OMPI_MAJOR_VERSION)
+constexpr bool kBuiltForOpenMpi = true;
+#else
+constexpr bool kBuiltForOpenMpi = false;
+#endif
+
+std::string runtime_mpi_library() {  // the first line of MPI_Get_library_version (callable before MPI_Init)
+  char text[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+  int len = 0;
+  MPI_Get_library_version(text, &len);
+  std::string version(text, static_cast<std::size_t>(std::max(0, len)));
+  version = version.substr(0, version.find_first_of("\n,"));
+  return version.empty() ? "an unnamed MPI library" : version;
+}
+
+// Errors about the communicator come back as codes while `comm` is checked, instead of aborting the
+// job (MPI's default handler): MPI_COMM_WORLD's handler, which MPI calls for an invalid handle, is set to
+// MPI_ERRORS_RETURN for the check and put back after.
+int test_intercommunicator(MPI_Comm comm, int* inter) {
+  MPI_Errhandler host_handler = MPI_ERRHANDLER_NULL;
+  if (MPI_Comm_get_errhandler(MPI_COMM_WORLD, &host_handler) != MPI_SUCCESS) return MPI_Comm_test_inter(comm, inter);
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  const int rc = MPI_Comm_test_inter(comm, inter);
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, host_handler);
+  MPI_Errhandler_free(&host_handler);
+  return rc;
+}
+
 // (what, value) lines that must agree on every rank, parameters first.
 using Items = std::vector<std::pair<std::string, std::string>>;
 
@@ -192,6 +222,23 @@ void DataParallel::allreduce_on_device(double) { throw_runtime_error("DataParall
 void DataParallel::sync_buffers_on_device() { throw_runtime_error("DataParallel: no NCCL in this build"); }
 #endif
 
+void check_host_mpi() {
+  const std::string library = runtime_mpi_library();
+  const bool open_mpi = library.find("Open MPI") != std::string::npos;
+  if (open_mpi != kBuiltForOpenMpi)
+    throw_value_error("DataParallel: the host's MPI is ", library, ", but treadle::distributed was built for ",
+                      kBuiltForOpenMpi ? "Open MPI" : "the MPICH ABI (MPICH, Intel MPI, Cray MPICH, MVAPICH)",
+                      ": build treadle against the host's MPI (docs/distributed.md)");
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized)
+    throw_value_error("DataParallel: MPI is ", finalized ? "finalized" : "not initialized", " in ", library,
+                      ", the MPI library treadle::distributed uses: the host initializes MPI (treadle never does) "
+                      "before it lends a communicator, and with this MPI: a host on another MPI library needs a "
+                      "treadle built against it (docs/distributed.md)");
+}
+
 DataParallel::DataParallel(Trainer& trainer, MPI_Comm comm, int root, BufferSync buffers)
     : DataParallel(trainer, comm, DataParallelOptions{root, buffers, "auto"}) {}
 
@@ -200,9 +247,12 @@ DataParallel::~DataParallel() = default;
 DataParallel::DataParallel(Trainer& trainer, MPI_Comm comm, const DataParallelOptions& options)
     : trainer_(trainer), comm_(comm), buffers_(options.buffers) {
   const int root = options.root;
+  check_host_mpi();
   if (comm == MPI_COMM_NULL) throw_value_error("DataParallel: comm is MPI_COMM_NULL (this rank is not in the group)");
   int inter = 0;
-  check_mpi(MPI_Comm_test_inter(comm, &inter), "MPI_Comm_test_inter");
+  if (test_intercommunicator(comm, &inter) != MPI_SUCCESS)
+    throw_value_error("DataParallel: comm is not a valid communicator of ", runtime_mpi_library(),
+                      " (freed, never created, or a handle of another MPI library)");
   if (inter) throw_value_error("DataParallel: comm must be an intra-communicator");
   check_mpi(MPI_Comm_rank(comm, &rank_), "MPI_Comm_rank");
   check_mpi(MPI_Comm_size(comm, &size_), "MPI_Comm_size");
@@ -324,6 +374,11 @@ double DataParallel::step(const Tensor& x, const Tensor& y) {
   }
   trainer_.update();
   return global;
+}
+
+void DataParallel::fail_step(const std::string& error) {
+  reduce(0, 0.0, error.empty() ? "unknown error" : error, "DataParallel::step");
+  throw_runtime_error("DataParallel::fail_step: no rank failed");  // unreachable: reduce raised the failure
 }
 
 double DataParallel::allreduce_gradients(int64_t count, double loss, const std::string& error) {
