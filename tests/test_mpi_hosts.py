@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("mpi4py.MPI", reason="mpi4py is not installed (pip install 'treadle[mpi]')")
-from test_distributed import MPIEXEC, launch  # noqa: E402
+from test_distributed import MPIEXEC, launch, mpi_build_options  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOSTS = os.path.join(REPO, "examples", "mpi_hosts")
@@ -57,9 +57,13 @@ def generator():
 
 def build_package(name, tmp_path_factory, compilers=None):
     """treadle with treadle::distributed (-DTREADLE_WITH_MPI=ON) in build/<name>, installed into a
-    temporary prefix; `compilers` picks the MPI ({language: MPI compiler wrapper}), else CMake's search."""
+    temporary prefix; `compilers` picks the MPI ({language: MPI compiler wrapper}), else this Python's."""
+    if compilers is None:  # this Python's MPI (the one mpi4py and MPIEXEC use)
+        suffix, options = mpi_build_options()
+        name += suffix
+    else:
+        options = [f"-DMPI_{lang}_COMPILER={path}" for lang, path in compilers.items() if lang != "Fortran"]
     build = os.path.join(REPO, "build", name)
-    options = [f"-DMPI_{lang}_COMPILER={path}" for lang, path in (compilers or {}).items() if lang != "Fortran"]
     if shutil.which("ccache"):
         options.append("-DCMAKE_CXX_COMPILER_LAUNCHER=ccache")
     fresh = [] if os.path.exists(os.path.join(build, "CMakeCache.txt")) else generator()
@@ -74,7 +78,10 @@ def build_package(name, tmp_path_factory, compilers=None):
 
 
 def build_hosts(prefix, build, compilers=None):
-    options = [f"-DMPI_{lang}_COMPILER={path}" for lang, path in (compilers or {}).items()]
+    if compilers is None:
+        options = mpi_build_options()[1]
+    else:
+        options = [f"-DMPI_{lang}_COMPILER={path}" for lang, path in compilers.items()]
     cmake("-S", HOSTS, "-B", build, *generator(), f"-DCMAKE_PREFIX_PATH={prefix}", "-DCMAKE_BUILD_TYPE=Release",
           *options)
     cmake("--build", build, "-j", "2")

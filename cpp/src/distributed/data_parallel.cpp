@@ -7,6 +7,7 @@
 // so what is written here (summed gradients, broadcast parameters, running statistics) is uploaded
 // before the next device use, and Trainer::optimizer() does the same for the optimizer state.
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <exception>
@@ -57,7 +58,13 @@ std::string runtime_mpi_library() {  // the first line of MPI_Get_library_versio
   MPI_Get_library_version(text, &len);
   std::string version(text, static_cast<std::size_t>(std::max(0, len)));
   version = version.substr(0, version.find_first_of("\n,"));
-  return version.empty() ? "an unnamed MPI library" : version;
+  std::string words;  // "MPICH Version:      5.0.2" -> "MPICH Version: 5.0.2"
+  for (char c : version) {
+    const bool space = std::isspace(static_cast<unsigned char>(c)) != 0;
+    if (!space || (!words.empty() && words.back() != ' ')) words += space ? ' ' : c;
+  }
+  while (!words.empty() && words.back() == ' ') words.pop_back();
+  return words.empty() ? "an unnamed MPI library" : words;
 }
 
 // Errors about the communicator come back as codes while `comm` is checked, instead of aborting the
