@@ -34,7 +34,7 @@ module treadle
   private
 
   public :: TREADLE_OK, TREADLE_ERROR_VALUE, TREADLE_ERROR_TYPE, TREADLE_ERROR_IO, TREADLE_ERROR_ARGUMENT
-  public :: TREADLE_ERROR_MEMORY, TREADLE_ERROR_INTERNAL, TREADLE_F32, TREADLE_F64
+  public :: TREADLE_ERROR_MEMORY, TREADLE_ERROR_INTERNAL, TREADLE_ERROR_TIMEOUT, TREADLE_F32, TREADLE_F64
   public :: treadle_error_message, treadle_version
   public :: treadle_model_from_json, treadle_model_load, treadle_model_load_weights, treadle_model_save
   public :: treadle_model_free, treadle_model_dtype, treadle_model_num_parameters

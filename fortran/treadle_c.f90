@@ -15,6 +15,7 @@ module treadle_c
   integer(c_int), parameter, public :: TREADLE_ERROR_ARGUMENT = 4  ! null handle, bad rank, array too small
   integer(c_int), parameter, public :: TREADLE_ERROR_MEMORY = 5
   integer(c_int), parameter, public :: TREADLE_ERROR_INTERNAL = 6
+  integer(c_int), parameter, public :: TREADLE_ERROR_TIMEOUT = 7
   integer(c_int), parameter, public :: TREADLE_F32 = 0, TREADLE_F64 = 1
   integer(c_int), parameter, public :: TREADLE_I64 = 2, TREADLE_I32 = 3  ! replay buffer fields only
 

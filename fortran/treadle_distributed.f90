@@ -59,6 +59,13 @@ module treadle_distributed
       integer(c_int) :: status
     end function c_step
 
+    function c_set_timeout(dp, seconds) result(status) bind(C, name="treadle_data_parallel_set_timeout")
+      import :: c_double, c_int, c_ptr
+      type(c_ptr), value :: dp
+      real(c_double), value :: seconds
+      integer(c_int) :: status
+    end function c_set_timeout
+
     function c_fail(dp, error) result(status) bind(C, name="treadle_data_parallel_fail")
       import :: c_char, c_int, c_ptr
       type(c_ptr), value :: dp
@@ -85,13 +92,17 @@ contains
 
   ! Collective over comm. root (default 0): the rank whose weights and optimizer state every rank
   ! starts from. buffers (default 'root'): non-trained state such as BatchNorm's running statistics
-  ! after each step, 'root', 'average' or 'local'. trainer and comm must outlive dp.
-  function treadle_data_parallel_create(dp, trainer, comm, root, buffers) result(status)
+  ! after each step, 'root', 'average' or 'local'. timeout (seconds, default none): how long each step
+  ! waits for every rank to arrive before it returns TREADLE_ERROR_TIMEOUT (a rank that left early);
+  ! dp is unusable after that and the host should end the job (MPI_Abort). trainer and comm must
+  ! outlive dp.
+  function treadle_data_parallel_create(dp, trainer, comm, root, buffers, timeout) result(status)
     type(treadle_data_parallel), intent(out) :: dp
     type(treadle_trainer), intent(in) :: trainer
     integer, intent(in) :: comm
     integer, intent(in), optional :: root
     character(len=*), intent(in), optional :: buffers
+    real(c_double), intent(in), optional :: timeout
     integer(c_int) :: status
     integer(c_int) :: root_rank
     root_rank = 0
@@ -102,6 +113,7 @@ contains
       status = c_create_f(trainer%handle, int(comm, c_int), root_rank, 'root' // c_null_char, dp%handle)
     end if
     if (status == TREADLE_OK) dp%trainer = trainer
+    if (status == TREADLE_OK .and. present(timeout)) status = c_set_timeout(dp%handle, timeout)
   end function treadle_data_parallel_create
 
   subroutine treadle_data_parallel_free(dp)

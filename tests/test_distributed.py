@@ -5,6 +5,7 @@ failing mid-step, a rank dying outside treadle) end with an error on every rank 
 """
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -185,6 +186,33 @@ def test_a_rank_dying_outside_treadle_aborts_the_job(world_size_ok):
     assert rc != 0
     assert "host code failed on rank 1" in out
     assert "rank 0 was not stopped" not in out
+
+
+def check_left_early(out, timeout=2.0):
+    """What tests/mpi_scripts/left_early.py prints when rank 1 leaves and rank 0 steps with a timeout."""
+    assert "rank 1 leaves" in out and "rank 0 was not stopped" not in out, out
+    waited = re.search(r"rank 0 waited ([0-9.]+) s: TimeoutError: DataParallel.step: not every rank of the "
+                       r"communicator arrived within the timeout of 2 s \(a rank left early", out)
+    assert waited, out
+    # It waits the timeout, and not much more (the tests sleep at most 1 ms at a time).
+    assert timeout - 0.05 <= float(waited.group(1)) <= timeout + 3.0, out
+    assert "rank 0 again: TimeoutError: DataParallel.step: this DataParallel cannot be used again: " in out, out
+
+
+def test_a_rank_that_leaves_early_times_out(world_size_ok):
+    """Without a timeout the remaining rank would wait forever (plain python, no abort): with one, its step
+    raises TimeoutError after the timeout, and the object refuses to be used again."""
+    rc, out = launch(2, [os.path.join(SCRIPTS, "left_early.py")], timeout=60, check=False)
+    check_left_early(out)
+
+
+def test_timeout_is_checked_on_every_rank():
+    trainer = cases.build(cases.CASES["f64_adam_mse_2"], seed=0)
+    for bad in (0, -1.0, float("inf"), "10", True):
+        with pytest.raises(ValueError, match=r"DataParallel: rank 0 failed: timeout must be a positive number of "
+                                             r"seconds or None, got"):
+            DataParallel(trainer, MPI.COMM_SELF, timeout=bad)
+    assert DataParallel(trainer, MPI.COMM_SELF, timeout=5).timeout == 5.0
 
 
 def test_example_runs(world_size_ok):

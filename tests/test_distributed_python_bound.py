@@ -65,12 +65,12 @@ def native_build():
     return build
 
 
-def launch_with(build, n, args, timeout=240):
+def launch_with(build, n, args, timeout=240, check=True):
     """launch() with TREADLE_BUILD_DIR=build in the ranks' environment."""
     old = os.environ.get("TREADLE_BUILD_DIR")
     os.environ["TREADLE_BUILD_DIR"] = build  # launch() passes this environment on
     try:
-        return launch(n, args, timeout=timeout)[1]
+        return launch(n, args, timeout=timeout, check=check)[1]
     finally:
         if old is None:
             del os.environ["TREADLE_BUILD_DIR"]
@@ -216,3 +216,10 @@ def test_native_argument_is_checked():
     trainer = cases.build(cases.CASES["f64_adam_mse_2"], seed=0)
     with pytest.raises(ValueError, match=r"native must be None, True or False, got 'yes'"):
         DataParallel(trainer, MPI.COMM_SELF, native="yes")
+
+
+def test_a_rank_that_leaves_early_times_out_in_cpp(native_build):
+    """The timeout in the C++ class: the same TimeoutError, with this class's names, and the same refusal after."""
+    from test_distributed import check_left_early
+    check_left_early(launch_with(native_build, 2, [os.path.join(SCRIPTS, "left_early.py"), "native"], timeout=60,
+                                 check=False))

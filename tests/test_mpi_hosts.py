@@ -110,11 +110,16 @@ def python_run(request, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def c_hosts(tmp_path_factory):
+def package(tmp_path_factory):
+    """A treadle with treadle::distributed built for this Python's MPI, installed."""
+    return build_package("mpi-hosts", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def c_hosts(package, tmp_path_factory):
     if not any(shutil.which(cc) for cc in ("cc", "gcc", "clang")):
         pytest.skip("no C compiler")
-    prefix = build_package("mpi-hosts", tmp_path_factory)
-    return build_hosts(prefix, tmp_path_factory.mktemp("c_hosts"))
+    return build_hosts(package, tmp_path_factory.mktemp("c_hosts"))
 
 
 @pytest.fixture(scope="module")
@@ -175,3 +180,21 @@ def test_python_reference_is_deterministic(python_run, tmp_path):
     _, out = launch(n, ["-m", "mpi4py", os.path.join(HOSTS, "data_parallel.py"), str(tmp_path)], timeout=TIMEOUT)
     assert results(out, tmp_path) == (losses, params)
     assert np.isfinite(np.frombuffer(params[0], dtype=np.float32)).all()
+
+
+def test_c_api_refusals_failures_and_timeout(package):
+    """tests/mpi_scripts/c_api_dp.py drives the C API through ctypes under mpiexec -n 2."""
+    _, out = launch(2, [os.path.join(REPO, "tests", "mpi_scripts", "c_api_dp.py"), str(package / "lib")], timeout=60,
+                    check=False)
+    for rank in (0, 1):
+        assert f"rank {rank}: treadle_data_parallel_rank gives {rank} of 2, status 0" in out, out
+        assert (f"rank {rank} set_timeout(-1): status 1: DataParallel: timeout must be a finite number of seconds "
+                ">= 0 (0: none), got -1") in out, out
+        assert f"rank {rank} step: status 0" in out, out  # the step after the failed one goes through
+    # A rank's own failure (treadle_data_parallel_fail) is every rank's, with the same message.
+    failure = "status 1: DataParallel::step: rank 1 failed: the simulation diverged"
+    assert f"rank 1 fail: {failure}" in out and f"rank 0 step beside a failing rank: {failure}" in out, out
+    # Rank 1 leaves early: rank 0's step gives up after the timeout with TREADLE_ERROR_TIMEOUT (7).
+    waited = re.search(r"rank 0 waited ([0-9.]+) s, step: status 7: DataParallel::step: not every rank of the "
+                       r"communicator arrived within the timeout of 2 s", out)
+    assert waited and 1.95 <= float(waited.group(1)) <= 5.0, out

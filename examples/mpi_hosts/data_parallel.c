@@ -74,6 +74,9 @@ int main(int argc, char** argv) {
   CHECK(treadle_model_from_json(MODEL_JSON, TREADLE_F32, SEED, &model));
   CHECK(treadle_trainer_create(model, "mse", "adam", "{\"lr\": 0.01}", SEED, &trainer));
   CHECK(treadle_data_parallel_create(trainer, comm, 0, NULL, &dp));
+  /* A rank that leaves early would leave the others waiting forever in their next step: with a timeout
+   * their step returns TREADLE_ERROR_TIMEOUT instead, and CHECK ends the job. */
+  CHECK(treadle_data_parallel_set_timeout(dp, 600.0));
   int rank = 0, size = 1;
   CHECK(treadle_data_parallel_rank(dp, &rank, &size));
 

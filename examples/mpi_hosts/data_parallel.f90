@@ -47,7 +47,8 @@ program fortran_data_parallel
   call make_data(x, y)
   call check(treadle_model_from_json(MODEL_JSON, TREADLE_F32, SEED, model), 'treadle_model_from_json')
   call check(treadle_trainer_create(model, 'mse', 'adam', '{"lr": 0.01}', SEED, trainer), 'treadle_trainer_create')
-  call check(treadle_data_parallel_create(dp, trainer, comm), 'treadle_data_parallel_create')
+  ! timeout: a rank that leaves early makes the others' step fail after 10 minutes, not wait forever.
+  call check(treadle_data_parallel_create(dp, trainer, comm, timeout=600.0_c_double), 'treadle_data_parallel_create')
   call check(treadle_data_parallel_rank(dp, group_rank, group_size), 'treadle_data_parallel_rank')
 
   ! This rank's rows of each global batch (the first mod(B, size) ranks take one more).

@@ -46,7 +46,7 @@ def main():
     tl.manual_seed(SEED)
     net = tl.io.build(json.dumps(MODEL))
     trainer = tl.Trainer(net, tl.loss.MSE(), tl.optim.Adam(lr=0.01), seed=SEED)
-    dp = DataParallel(trainer, comm)
+    dp = DataParallel(trainer, comm, timeout=600)  # a rank that leaves early: TimeoutError, not a hang
     rank, size = comm.Get_rank(), comm.Get_size()
     count = B // size + (1 if rank < B % size else 0)
     first = rank * (B // size) + min(rank, B % size)

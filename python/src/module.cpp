@@ -5,6 +5,7 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "treadle's compiled core";
   py::register_exception<treadle::ValueError>(m, "_ValueError", PyExc_ValueError);
   py::register_exception<treadle::TypeError>(m, "_TypeError", PyExc_TypeError);
+  py::register_exception<treadle::TimeoutError>(m, "_TimeoutError", PyExc_TimeoutError);
   treadle::py_bind::bind_executor(m);
   treadle::py_bind::bind_core(m);
   treadle::py_bind::bind_math(m);

@@ -112,6 +112,12 @@ class DataParallel:
     model is on "cuda" (and the C++ class finds a GPU per process, else it keeps to "mpi"); "mpi"
     otherwise. ``self.transport`` is the one in use.
 
+    ``timeout``: seconds a step waits in its first collective for every rank to arrive (None, the
+    default: as long as MPI waits, which is forever for a rank that left early or died outside
+    treadle without aborting the job). When not every rank arrives in time, ``step`` raises
+    TimeoutError on the ranks that did; the collective stays pending on ``comm``, so this object
+    refuses every later call and the host should end the job (``comm.Abort(1)``).
+
     ``native``: which implementation runs. None (default): the C++ class for "nccl" and where "auto"
     chooses it as above, this module's mpi4py code otherwise. True: the C++ class whatever the
     transport (e.g. "mpi" through C++; ValueError without the extension). False: this module's code
@@ -122,7 +128,7 @@ class DataParallel:
     BUFFER_MODES = ("root", "average", "local")
     TRANSPORTS = ("auto", "mpi", "nccl")
 
-    def __init__(self, trainer, comm, root=0, buffers="root", transport="auto", native=None):
+    def __init__(self, trainer, comm, root=0, buffers="root", transport="auto", native=None, timeout=None):
         MPI = _mpi()
         if not isinstance(comm, MPI.Comm):
             raise TypeError(f"DataParallel: comm must be an mpi4py communicator, got {type(comm).__name__}")
@@ -143,6 +149,9 @@ class DataParallel:
             error = f"transport must be one of {self.TRANSPORTS}, got {transport!r}"
         elif native not in (None, True, False):
             error = f"native must be None, True or False, got {native!r}"
+        elif timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.number))
+                                      or not 0 < timeout < float("inf")):
+            error = f"timeout must be a positive number of seconds or None, got {timeout!r}"
         else:
             try:
                 items = self._setup_items()
@@ -154,6 +163,9 @@ class DataParallel:
         wishes = comm.allgather(wish)
         use_native = wish == "native" or (wish == "auto" and all(w in ("native", "auto") for w in wishes))
         self.root, self.buffers = int(root), buffers
+        self.timeout = None if timeout is None else float(timeout)
+        self._broken = None    # why this object can no longer be used (a collective left pending by a timeout)
+        self._pending = None   # that collective's request and buffer, kept alive
         if use_native:
             items += [("buffers", buffers), ("implementation", "treadle._distributed"), ("transport", transport)]
         else:
@@ -167,7 +179,8 @@ class DataParallel:
         if use_native:
             # Collective: the C++ setup check (passes: the same settings were compared above), the
             # state broadcast and, for "nccl", the NCCL communicator.
-            self._native = _native_module().DataParallel(trainer._native, comm, self.root, buffers, transport)
+            self._native = _native_module().DataParallel(trainer._native, comm, self.root, buffers, transport,
+                                                         self.timeout or 0.0)
             self.transport = self._native.transport
         else:
             self.transport = "mpi"
@@ -264,6 +277,7 @@ class DataParallel:
         the global batch. If any rank fails (bad input, an error in the model), no rank updates and
         every rank raises ValueError("DataParallel.step: rank R failed: ...").
         """
+        self._check_usable("DataParallel.step")
         trainer = self.trainer
         trainer.zero_grad()
         # A failed step must change nothing, but the forward pass on the ranks that did not fail has
@@ -306,6 +320,31 @@ class DataParallel:
         """Data-parallel steps taken (successful gradient allreduces)."""
         return self._steps if self._native is None else self._native.steps
 
+    def _check_usable(self, where):
+        if self._broken:
+            raise TimeoutError(f"{where}: this DataParallel cannot be used again: {self._broken}")
+
+    def _allreduce_head(self, head, where):
+        """The step's first collective (count, loss, error flag), where a rank that left early is missed:
+        with a timeout it is posted non-blocking and tested until every rank arrived or the time is up
+        (sleeping up to 1 ms between tests, so a long wait leaves the core to others)."""
+        self._check_usable(where)
+        MPI = self._mpi
+        if self.timeout is None:
+            self.comm.Allreduce(MPI.IN_PLACE, head, op=MPI.SUM)
+            return
+        request = self.comm.Iallreduce(MPI.IN_PLACE, head, op=MPI.SUM)
+        deadline, pause = time.perf_counter() + self.timeout, 1e-5
+        while not request.Test():
+            if time.perf_counter() > deadline:
+                self._pending = (request, head)
+                self._broken = (f"{where}: not every rank of the communicator arrived within the timeout of "
+                                f"{self.timeout:g} s (a rank left early, failed outside treadle, or is still busy); "
+                                "the collective stays pending, so abort the job (comm.Abort)")
+                raise TimeoutError(self._broken)
+            time.sleep(pause)
+            pause = min(2 * pause, 1e-3)
+
     def _reduce(self, count, loss, error, where):
         comm, MPI = self.comm, self._mpi
         mean = self.trainer.loss.reduction == "mean"
@@ -321,7 +360,7 @@ class DataParallel:
         elif count:
             head[0], head[1] = count, float(loss) * count if mean else float(loss)
         start = time.perf_counter()
-        comm.Allreduce(MPI.IN_PLACE, head, op=MPI.SUM)
+        self._allreduce_head(head, where)
         self.wait_seconds += time.perf_counter() - start
         total, loss_total, failures = head
         if failures:
@@ -356,6 +395,8 @@ class DataParallel:
         except ValueError as e:
             text = str(e).replace("DataParallel::allreduce_gradients", where, 1)
             raise ValueError(text) from (error if isinstance(error, BaseException) else None)
+        except TimeoutError as e:
+            raise TimeoutError(str(e).replace("DataParallel::allreduce_gradients", where)) from None
         elapsed = time.perf_counter() - start
         self.last_allreduce_seconds = self._native.allreduce_seconds - seconds
         self.allreduce_seconds += self.last_allreduce_seconds

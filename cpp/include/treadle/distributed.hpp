@@ -42,6 +42,10 @@ struct DataParallelOptions {
   // "auto": "nccl" in a build with NCCL when every rank's model is on backend "cuda" and every rank
   // has a GPU of its own, else "mpi". "nccl" where it cannot run: ValueError saying why.
   std::string transport = "auto";
+  // Seconds a step waits in its first collective for every rank to arrive (0: as long as MPI waits,
+  // which is forever for a rank that left). After a timeout the object is unusable (a collective stays
+  // pending on the communicator): every later call throws, and the host should abort the job.
+  double timeout = 0.0;
 };
 
 // Throws ValueError naming the problem unless the MPI library in this process is the implementation
@@ -67,6 +71,7 @@ class TREADLE_API DataParallel {
   // zero_grad + compute_gradients on the local shard + allreduce_gradients + update. Shards may
   // differ in size or be empty. If any rank throws (bad input, model error), no rank updates and
   // every rank throws ValueError("DataParallel::step: rank R failed: ...").
+  // Throws TimeoutError (on the ranks that arrived) when not every rank arrives within the timeout.
   double step(const Tensor& x, const Tensor& y);
   // Collective with the other ranks' step(): this rank takes part as one that failed with `error` (a
   // check of the host's own, arrays it could not pass), and every rank, this one included, throws the
@@ -86,6 +91,10 @@ class TREADLE_API DataParallel {
   void sync_buffers();
   // Largest |p - p_root| over all parameters and ranks; 0 when the replicas are in sync.
   double parameter_divergence();
+
+  // The timeout of DataParallelOptions (seconds; 0: none), for the following steps.
+  void set_timeout(double seconds);
+  double timeout() const { return timeout_; }
 
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -120,6 +129,11 @@ class TREADLE_API DataParallel {
   Tensor packed_, saved_;                                  // sized once: steps allocate nothing
   int64_t steps_ = 0;
   double allreduce_seconds_ = 0.0;
+  double timeout_ = 0.0;
+  double head_[3] = {0.0, 0.0, 0.0};  // the step's first allreduce: a member, as it may stay pending
+  std::string broken_;                // why this object can no longer be used (a timed-out collective)
+  void check_usable(const char* where) const;
+  void allreduce_head(const char* where);
   std::string transport_ = "mpi";
   // The NCCL communicator and what goes with it (nccl_transport.cpp); null with transport "mpi".
   struct Nccl;

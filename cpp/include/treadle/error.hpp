@@ -27,6 +27,12 @@ class TREADLE_API RuntimeError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// An operation that waits for other processes gave up after the time it was allowed.
+class TREADLE_API TimeoutError : public RuntimeError {
+ public:
+  using RuntimeError::RuntimeError;
+};
+
 namespace detail {
 template <typename... Args>
 std::string concat(const Args&... args) {

@@ -36,7 +36,8 @@ typedef enum treadle_status {
   TREADLE_ERROR_IO = 3,       /* file system error */
   TREADLE_ERROR_ARGUMENT = 4, /* null handle or pointer, bad ndim, buffer too small */
   TREADLE_ERROR_MEMORY = 5,   /* out of memory */
-  TREADLE_ERROR_INTERNAL = 6  /* anything else */
+  TREADLE_ERROR_INTERNAL = 6, /* anything else */
+  TREADLE_ERROR_TIMEOUT = 7   /* other processes did not arrive in time (treadle_data_parallel_set_timeout) */
 } treadle_status;
 
 /* The last enumerator widens the type to every int value, so that a caller's wrong value (a C int

@@ -47,6 +47,11 @@ TREADLE_C_API int treadle_data_parallel_step(treadle_data_parallel* dp, const vo
  * rank's step returns TREADLE_ERROR_VALUE with the same message naming this rank, and nothing changes.
  * Returns that status here too. */
 TREADLE_C_API int treadle_data_parallel_fail(treadle_data_parallel* dp, const char* error);
+/* Seconds each following step waits in its first collective for every rank to arrive (0, the default:
+ * as long as MPI waits, which is forever for a rank that left early). Where not every rank arrives in
+ * time, the step returns TREADLE_ERROR_TIMEOUT on the ranks that did; a collective then stays pending, so
+ * the handle refuses every later step and the host should end the job (MPI_Abort). Not collective. */
+TREADLE_C_API int treadle_data_parallel_set_timeout(treadle_data_parallel* dp, double seconds);
 /* Collective: the largest |p - p_root| over all parameters and ranks (0 when the replicas agree). */
 TREADLE_C_API int treadle_data_parallel_divergence(treadle_data_parallel* dp, double* divergence);
 /* This rank and the communicator's size. */

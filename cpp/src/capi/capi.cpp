@@ -37,6 +37,9 @@ int guarded(const char* who, F&& body) {
   } catch (const TypeError& e) {
     last_error = e.what();
     return TREADLE_ERROR_TYPE;
+  } catch (const TimeoutError& e) {
+    last_error = e.what();
+    return TREADLE_ERROR_TIMEOUT;
   } catch (const std::system_error& e) {
     last_error = std::string(who) + ": " + e.what();
     return TREADLE_ERROR_IO;

@@ -82,6 +82,10 @@ int treadle_data_parallel_fail(treadle_data_parallel* dp, const char* error) {
   });
 }
 
+int treadle_data_parallel_set_timeout(treadle_data_parallel* dp, double seconds) {
+  return guarded_call("treadle_data_parallel_set_timeout", [&] { need(dp, "dp").dp->set_timeout(seconds); });
+}
+
 int treadle_data_parallel_divergence(treadle_data_parallel* dp, double* divergence) {
   return guarded_call("treadle_data_parallel_divergence", [&] {
     need(divergence, "divergence") = need(dp, "dp").dp->parameter_divergence();

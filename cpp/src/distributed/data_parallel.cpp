@@ -8,12 +8,14 @@
 // before the next device use, and Trainer::optimizer() does the same for the optimizer state.
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <exception>
 #include <limits>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -263,16 +265,19 @@ DataParallel::DataParallel(Trainer& trainer, MPI_Comm comm, const DataParallelOp
   if (inter) throw_value_error("DataParallel: comm must be an intra-communicator");
   check_mpi(MPI_Comm_rank(comm, &rank_), "MPI_Comm_rank");
   check_mpi(MPI_Comm_size(comm, &size_), "MPI_Comm_size");
-  // Each rank checks its own root, then all agree, so one bad root never leaves the others waiting.
+  // Each rank checks its own arguments, then all agree, so one bad rank never leaves the others waiting.
   std::string error;
   if (root < 0 || root >= size_)
     error = "root must be a rank in [0, " + std::to_string(size_) + "), got " + std::to_string(root);
+  else if (!(options.timeout >= 0.0) || !std::isfinite(options.timeout))
+    error = "timeout must be a finite number of seconds >= 0 (0: none), got " + std::to_string(options.timeout);
   else
     error = transport_problem(options.transport, trainer_.model());
   int failed = error.empty() ? 0 : 1;
   check_mpi(MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_SUM, comm_), "MPI_Allreduce");
   if (failed) raise_failure(error, "DataParallel");
   root_ = root;
+  timeout_ = options.timeout;
   check_same_setup(options.transport);
   broadcast_state();
   choose_transport(options.transport);
@@ -354,6 +359,7 @@ void DataParallel::broadcast_state() {
 }
 
 double DataParallel::step(const Tensor& x, const Tensor& y) {
+  check_usable("DataParallel::step");
   trainer_.zero_grad();
   // A failed step must change nothing, but the forward pass on the ranks that did not fail updates
   // their running statistics: keep a copy to put back.
@@ -392,6 +398,44 @@ double DataParallel::allreduce_gradients(int64_t count, double loss, const std::
   return reduce(count, loss, error, "DataParallel::allreduce_gradients");
 }
 
+void DataParallel::set_timeout(double seconds) {
+  if (!(seconds >= 0.0) || !std::isfinite(seconds))
+    throw_value_error("DataParallel: timeout must be a finite number of seconds >= 0 (0: none), got ", seconds);
+  timeout_ = seconds;
+}
+
+void DataParallel::check_usable(const char* where) const {
+  if (!broken_.empty()) throw TimeoutError(std::string(where) + ": this DataParallel cannot be used again: " + broken_);
+}
+
+// The step's first collective: where a rank that left early, or failed outside treadle, is missed.
+// With a timeout it is posted non-blocking and tested until every rank has arrived or the time is up;
+// the process sleeps between tests (up to 1 ms, so that a long wait leaves the core to others).
+void DataParallel::allreduce_head(const char* where) {
+  check_usable(where);
+  if (timeout_ <= 0.0) {
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, head_, 3, MPI_DOUBLE, MPI_SUM, comm_), "MPI_Allreduce");
+    return;
+  }
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(MPI_Iallreduce(MPI_IN_PLACE, head_, 3, MPI_DOUBLE, MPI_SUM, comm_, &request), "MPI_Iallreduce");
+  const double deadline = MPI_Wtime() + timeout_;
+  double pause = 1e-5;
+  for (int done = 0;;) {
+    check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    if (done) return;
+    if (MPI_Wtime() > deadline) break;
+    std::this_thread::sleep_for(std::chrono::duration<double>(pause));
+    pause = std::min(2 * pause, 1e-3);
+  }
+  std::ostringstream message;
+  message << where << ": not every rank of the communicator arrived within the timeout of " << timeout_
+          << " s (a rank left early, failed outside treadle, or is still busy); the collective stays pending, so "
+             "abort the job (MPI_Abort)";
+  broken_ = message.str();
+  throw TimeoutError(broken_);
+}
+
 double DataParallel::reduce(int64_t count, double loss, const std::string& given_error, const char* where) {
   std::string error = given_error;
   if (error.empty() && count < 0) error = "count must be non-negative, got " + std::to_string(count);
@@ -400,12 +444,14 @@ double DataParallel::reduce(int64_t count, double loss, const std::string& given
             backend_text(trainer_.model().backend());
   const bool mean = trainer_.loss().reduction == "mean";
   // With "mean" the global loss is sum(count_r * loss_r) / sum(count_r); with "sum", sum(loss_r).
-  double head[3] = {0.0, 0.0, error.empty() ? 0.0 : 1.0};
+  double* head = head_;
+  head[0] = head[1] = 0.0;
+  head[2] = error.empty() ? 0.0 : 1.0;
   if (error.empty() && count > 0) {
     head[0] = static_cast<double>(count);
     head[1] = mean ? loss * static_cast<double>(count) : loss;
   }
-  check_mpi(MPI_Allreduce(MPI_IN_PLACE, head, 3, MPI_DOUBLE, MPI_SUM, comm_), "MPI_Allreduce");
+  allreduce_head(where);
   if (head[2] > 0) raise_failure(error, where);
   if (head[0] <= 0) throw_value_error(where, ": the global batch is empty (every rank passed count 0)");
   // Each rank weights its gradient by count / global count before the sum (see docs/distributed.md).

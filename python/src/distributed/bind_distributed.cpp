@@ -50,13 +50,13 @@ struct BoundDataParallel {
 };
 
 std::unique_ptr<BoundDataParallel> make(std::shared_ptr<treadle::Trainer> trainer, const py::object& comm, int root,
-                                        const std::string& buffers, const std::string& transport) {
+                                        const std::string& buffers, const std::string& transport, double timeout) {
   if (!trainer) treadle::throw_type_error("DataParallel: trainer is None");
   auto bound = std::make_unique<BoundDataParallel>();
   bound->trainer = std::move(trainer);
   bound->comm = comm;
   const MPI_Comm c = comm_of(comm);
-  const treadle::DataParallelOptions options{root, buffer_sync_of(buffers), transport};
+  const treadle::DataParallelOptions options{root, buffer_sync_of(buffers), transport, timeout};
   py::gil_scoped_release release;  // collective: other Python threads run while this rank waits
   bound->dp = std::make_unique<treadle::DataParallel>(*bound->trainer, c, options);
   return bound;
@@ -81,7 +81,7 @@ PYBIND11_MODULE(_distributed, m) {
 
   py::class_<BoundDataParallel>(m, "DataParallel")
       .def(py::init(&make), py::arg("trainer"), py::arg("comm"), py::arg("root") = 0, py::arg("buffers") = "root",
-           py::arg("transport") = "auto")
+           py::arg("transport") = "auto", py::arg("timeout") = 0.0)
       .def("allreduce_gradients",
            [](BoundDataParallel& b, int64_t count, double loss, const std::string& error) {
              py::gil_scoped_release release;
