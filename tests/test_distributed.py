@@ -48,20 +48,26 @@ def mpi_build_options():
 pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec found (pip install 'treadle[mpi]')")
 
 
-def launch(n, args, timeout=TIMEOUT, check=True):
-    """Runs `mpiexec -n n python args...`; kills the whole job if it outlives `timeout`."""
-    cmd = [MPIEXEC, "-n", str(n), sys.executable, *args]
+def run(cmd, timeout=TIMEOUT, env=None):
+    """Runs cmd in its own process group, killed whole if it outlives `timeout`; returns (rc, output)."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, env=dict(os.environ))
+                            start_new_session=True, env=dict(os.environ) if env is None else env)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
-        pytest.fail(f"{' '.join(cmd)} hung for {timeout} s:\n{out[-3000:]}")
-    if check and proc.returncode != 0:
-        pytest.fail(f"{' '.join(cmd)} exited with {proc.returncode}:\n{out[-3000:]}")
+        pytest.fail(f"{' '.join(map(str, cmd))} hung for {timeout} s:\n{out[-3000:]}")
     return proc.returncode, out
+
+
+def launch(n, args, timeout=TIMEOUT, check=True):
+    """Runs `mpiexec -n n python args...`; kills the whole job if it outlives `timeout`."""
+    cmd = [MPIEXEC, "-n", str(n), sys.executable, *args]
+    rc, out = run(cmd, timeout)
+    if check and rc != 0:
+        pytest.fail(f"{' '.join(cmd)} exited with {rc}:\n{out[-3000:]}")
+    return rc, out
 
 
 @pytest.fixture(scope="module")

@@ -11,14 +11,12 @@ Both build directories live under build/ and share ccache with the other builds.
 import os
 import re
 import shutil
-import signal
-import subprocess
 
 import numpy as np
 import pytest
 
 pytest.importorskip("mpi4py.MPI", reason="mpi4py is not installed (pip install 'treadle[mpi]')")
-from test_distributed import MPIEXEC, launch, mpi_build_options  # noqa: E402
+from test_distributed import MPIEXEC, launch, mpi_build_options, run  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOSTS = os.path.join(REPO, "examples", "mpi_hosts")
@@ -29,19 +27,6 @@ SYSTEM_MPIEXEC = "/usr/bin/mpiexec.mpich"
 
 pytestmark = pytest.mark.skipif(MPIEXEC is None or shutil.which("cmake") is None,
                                 reason="needs mpiexec (pip install 'treadle[mpi]') and cmake")
-
-
-def run(cmd, timeout=TIMEOUT, env=None):
-    """Runs cmd in its own process group, killed whole if it outlives `timeout`; returns (rc, output)."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, env=env)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"{' '.join(cmd)} hung for {timeout} s:\n{out[-3000:]}")
-    return proc.returncode, out
 
 
 def cmake(*args):
@@ -135,7 +120,7 @@ def fortran_hosts(tmp_path_factory):
 
 
 def run_host(launcher, exe, n, tmp_path):
-    rc, out = run([launcher, "-n", str(n), exe, str(tmp_path)])
+    rc, out = run([launcher, "-n", str(n), exe, str(tmp_path)], TIMEOUT)
     assert rc == 0, out[-3000:]
     return out
 
@@ -170,7 +155,7 @@ def test_c_host_with_the_system_mpi_equals_python(fortran_hosts, python_run, tmp
 
 
 def test_hosts_report_bad_arguments(c_hosts):
-    rc, out = run([MPIEXEC, "-n", "1", os.path.join(c_hosts, "c_data_parallel")])
+    rc, out = run([MPIEXEC, "-n", "1", os.path.join(c_hosts, "c_data_parallel")], TIMEOUT)
     assert rc == 2 and "usage: c_data_parallel OUT_DIR" in out, out
 
 
