@@ -30,7 +30,8 @@ default_pytests="tests --ignore=tests/test_sanitize.py --ignore=tests/test_onedn
   --ignore=tests/test_onednn.py --ignore=tests/test_cpp.py --ignore=tests/test_distributed.py
   --ignore=tests/test_examples.py --ignore=tests/test_embedding_examples.py --ignore=tests/test_fortran_example.py
   --ignore=tests/test_demo.py --ignore=tests/test_readme.py --ignore=tests/test_bench.py
-  --ignore=tests/test_onnx.py --ignore=tests/test_onnx_conv.py"
+  --ignore=tests/test_onnx.py --ignore=tests/test_onnx_conv.py --ignore=tests/test_online_hosts.py
+  --ignore=tests/test_mpi_hosts.py --ignore=tests/test_mpi_implementations.py"
 pytests="${SANITIZE_PYTESTS:-$default_pytests}"
 
 sanitize="-fsanitize=address,undefined"
