@@ -105,13 +105,12 @@ contains
     real(c_double), intent(in), optional :: timeout
     integer(c_int) :: status
     integer(c_int) :: root_rank
+    character(len=:), allocatable :: mode
     root_rank = 0
     if (present(root)) root_rank = int(root, c_int)
-    if (present(buffers)) then
-      status = c_create_f(trainer%handle, int(comm, c_int), root_rank, trim(buffers) // c_null_char, dp%handle)
-    else
-      status = c_create_f(trainer%handle, int(comm, c_int), root_rank, 'root' // c_null_char, dp%handle)
-    end if
+    mode = 'root'
+    if (present(buffers)) mode = trim(buffers)
+    status = c_create_f(trainer%handle, int(comm, c_int), root_rank, mode // c_null_char, dp%handle)
     if (status == TREADLE_OK) dp%trainer = trainer
     if (status == TREADLE_OK .and. present(timeout)) status = c_set_timeout(dp%handle, timeout)
   end function treadle_data_parallel_create
