@@ -12,6 +12,8 @@ the scale is the largest term's magnitude, and GELU, whose exponent's argument i
 (its rounding moves the result by |argument| x eps). 1e-35 admits results that underflow (float exp
 flushes below ~1e-38). The bounds k are the ones docs/activations.md states.
 """
+import os
+
 import numpy as np
 import pytest
 
@@ -97,6 +99,14 @@ def test_float32_within_its_ulp_bound_of_float64(op, attrs, nin, k):
     assert err[worst] <= allowed[worst], (
         f"{op} {attrs}: {err[worst]:.3g} off at x = {x[check][worst]!r} (float64 {r[worst]!r}, float32 {g[worst]!r}), "
         f"more than {k} ulp")
+
+
+def test_checks_the_kernels_asked_for():
+    # The portable build carries a kernel set per instruction set; tests/test_wheel.py runs this file
+    # under each with TREADLE_EIGEN_KERNELS, so every CPU checks the sets it can run.
+    want = os.environ.get("TREADLE_EIGEN_KERNELS")
+    got = tl.info()["eigen.kernels"]
+    assert got == want if want else got in ("built-in", "baseline", "x86-64-v3", "x86-64-v4")
 
 
 def test_large_inputs_saturate_without_nan():

@@ -158,6 +158,13 @@ def test_portable_wheel_is_manylinux_and_trains_in_a_fresh_environment(tmp_path)
             env, TREADLE_EIGEN_KERNELS=kernels), cwd=tmp_path)
         assert f"eigen.kernels {kernels}" in verified and "checks passed" in verified, verified[-3000:]
         curves[kernels] = got["losses"]
+        # Each variant's float activations against its float64 ones over the whole float range: an
+        # instruction set's own exp (AVX2's clamps its argument) is checked on every CPU that runs it.
+        accuracy = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", REPO / "tests" / "test_activation_accuracy.py"],
+            env=dict(env, TREADLE_EIGEN_KERNELS=kernels, PYTHONPATH=site), cwd=tmp_path, capture_output=True,
+            text=True, timeout=600)
+        assert accuracy.returncode == 0 and " passed" in accuracy.stdout, (kernels, accuracy.stdout[-4000:])
     for kernels, losses in curves.items():  # float32 with and without FMA: same curve to rounding
         np.testing.assert_allclose(losses, curves["baseline"], rtol=1e-4, err_msg=kernels)
     assert curves["baseline"][-1] < 0.5 * curves["baseline"][0]

@@ -104,7 +104,8 @@ void float_binary_blocks(const KernelArgs& a, F&& f) {
 // sigmoid(z) and 1 - sigmoid(z) into s and c, both to a few ulp: from e = exp(-|z|), s = 1 / (1 + e)
 // and c = e / (1 + e) for z >= 0 (mirrored below), so neither is found by cancelling 1 - s.
 inline void sigmoid_and_complement(const ArrayF& z, ArrayF& s, ArrayF& c) {
-  c = (-z.abs()).exp();
+  c = -z.abs();
+  exp_nonpositive(c);
   s = (z >= 0.0f).select(1.0f, c) / (1.0f + c);
   c = (z >= 0.0f).select(c, 1.0f) / (1.0f + c);
 }
@@ -151,7 +152,8 @@ void elu_backward_kernel(const KernelArgs& a) {  // (x, dy)
   const T alpha = attr<T>(a, "alpha");
   if constexpr (std::is_same_v<T, float>) {
     float_binary_blocks(a, [alpha](const ConstArrayF& x, const ConstArrayF& dy, ArrayF& dx, ArrayF& e, ArrayF&) {
-      e = x.min(0.0f).exp();
+      e = x.min(0.0f);
+      exp_nonpositive(e);
       dx = (x > 0.0f).select(dy, dy * alpha * e);
     });
   } else {
@@ -198,7 +200,9 @@ inline void erfc_to(const ArrayF& w, ArrayF& out, ArrayF& e) {
   out = 1.0f / (1.0f + 0.5f * w.abs());  // t
   e = out * kP[9];
   for (int k = 8; k >= 1; --k) e = out * (e + kP[k]);
-  e = (e + kP[0] - w * w).exp() * out;  // erfc(|w|)
+  e += kP[0] - w * w;
+  exp_nonpositive(e);  // the argument is at most P(1) = 3e-8 (at w = 0)
+  e *= out;  // erfc(|w|)
   out = (w >= 0.0f).select(e, 2.0f - e);
 }
 
@@ -239,7 +243,8 @@ void gelu_backward_kernel(const KernelArgs& a) {  // (x, dy)
       float_binary_blocks(a, [](const ConstArrayF& x, const ConstArrayF& dy, ArrayF& dx, ArrayF& cdf, ArrayF& e) {
         dx = x * float(-kInvSqrt2);  // dx holds -x / sqrt 2 until the last line
         erfc_to(dx, cdf, e);
-        e = (-0.5f * x * x).exp();
+        e = -0.5f * x * x;
+        exp_nonpositive(e);
         dx = dy * (0.5f * cdf + x * float(kInvSqrt2Pi) * e);
       });
     } else {
@@ -327,7 +332,9 @@ void softplus_kernel(const KernelArgs& a) {
   const T threshold = attr<T>(a, "threshold");
   if constexpr (std::is_same_v<T, float>) {
     float_unary_blocks(a, [beta, threshold](const ConstArrayF& x, ArrayF& y, ArrayF& l) {
-      l = (-(beta * x).abs()).exp().log1p();
+      l = -(beta * x).abs();
+      exp_nonpositive(l);
+      l = l.log1p();
       y = (beta * x > threshold).select(x, ((beta * x).max(0.0f) + l) / beta);
     });
     return;

@@ -27,14 +27,28 @@ inline void tanh_to(const double* in, double* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = std::tanh(in[i]);
 }
 
-// sigmoid(x) = 1 / (1 + e) for x >= 0, e / (1 + e) below, with e = exp(-|x|) in (0, 1].
+// exp(t), in place, for float arguments t <= 0 (NaN stays NaN; t > 0 takes Eigen's exp as it is),
+// right where it underflows. Eigen's float exp clamps its argument at -88.72 on some instruction
+// sets (AVX2, not AVX-512): any t below gives ~3e-39 where exp(-1e30) is 0, and a factor as large as
+// x (x * exp(-x) in SiLU's or GELU's derivative) turns that into an O(1) error. Below -87 (results
+// under FLT_MIN) the argument is raised by 64 ln 2 (the sum is exact there) and the result scaled by
+// 2^-64, one rounding into the subnormals; below -104, where exp(t) rounds to 0 in float, it is 0.
+inline void exp_nonpositive(Eigen::Map<Eigen::ArrayXf>& t) {
+  using Const = Eigen::ArrayXf;  // Constant(): an expression, nothing allocated
+  const auto lift = Const::Constant(t.size(), 44.3614196f), drop = Const::Constant(t.size(), 5.42101086e-20f);
+  const auto tiny = t < -87.0f;
+  t = (t < -104.0f).select(0.0f, (t + tiny.select(lift, 0.0f)).exp() * tiny.select(drop, 1.0f));  // 64 ln 2, 2^-64
+}
+
+// sigmoid(x) = 1 / (1 + e) for x >= 0, e / (1 + e) below, with e = exp(-|x|) in [0, 1].
 inline void sigmoid_to(const float* in, float* out, int64_t n) {
   alignas(64) float e[kMathBlock];
   for (int64_t i0 = 0; i0 < n; i0 += kMathBlock) {
     const int64_t m = std::min(kMathBlock, n - i0);
     Eigen::Map<const Eigen::ArrayXf> x(in + i0, m);
     Eigen::Map<Eigen::ArrayXf> em(e, m);
-    em = (-x.abs()).exp();
+    em = -x.abs();
+    exp_nonpositive(em);
     Eigen::Map<Eigen::ArrayXf>(out + i0, m) = (x >= 0.0f).select(1.0f, em) / (1.0f + em);
   }
 }
