@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include <Eigen/Core>
 
@@ -27,17 +28,28 @@ inline void tanh_to(const double* in, double* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = std::tanh(in[i]);
 }
 
-// exp(t), in place, for float arguments t <= 0 (NaN stays NaN; t > 0 takes Eigen's exp as it is),
+// exp(t), in place, for float arguments t <= 0 (t > 0 and NaN take Eigen's exp as they are),
 // right where it underflows. Eigen's float exp clamps its argument at -88.72 on some instruction
 // sets (AVX2, not AVX-512): any t below gives ~3e-39 where exp(-1e30) is 0, and a factor as large as
-// x (x * exp(-x) in SiLU's or GELU's derivative) turns that into an O(1) error. Below -87 (results
-// under FLT_MIN) the argument is raised by 64 ln 2 (the sum is exact there) and the result scaled by
-// 2^-64, one rounding into the subnormals; below -104, where exp(t) rounds to 0 in float, it is 0.
+// x (x * exp(-x) in SiLU's or GELU's derivative) turns that into an O(1) error. Arguments below -87
+// (results under FLT_MIN: subnormal or 0) are rare; they are recomputed one by one with the C
+// library's expf, each from its own argument only, so a result never depends on its neighbours
+// (or on how the work was chunked). Eigen 3.4's Select is not vectorised: the test is kept apart
+// from the exp, which stays vectorised.
 inline void exp_nonpositive(Eigen::Map<Eigen::ArrayXf>& t) {
-  using Const = Eigen::ArrayXf;  // Constant(): an expression, nothing allocated
-  const auto lift = Const::Constant(t.size(), 44.3614196f), drop = Const::Constant(t.size(), 5.42101086e-20f);
-  const auto tiny = t < -87.0f;
-  t = (t < -104.0f).select(0.0f, (t + tiny.select(lift, 0.0f)).exp() * tiny.select(drop, 1.0f));  // 64 ln 2, 2^-64
+  for (Eigen::Index i0 = 0; i0 < t.size(); i0 += kMathBlock) {
+    const Eigen::Index m = std::min<Eigen::Index>(kMathBlock, t.size() - i0);
+    auto block = t.segment(i0, m);
+    if (!(block.minCoeff<Eigen::PropagateNumbers>() < -87.0f)) {  // vectorised; NaN never hides a number
+      block = block.exp();
+      continue;
+    }
+    alignas(64) float arg[kMathBlock];
+    Eigen::Map<Eigen::ArrayXf>(arg, m) = block;
+    block = block.exp();
+    for (Eigen::Index i = 0; i < m; ++i)
+      if (arg[i] < -87.0f) block[i] = std::exp(arg[i]);
+  }
 }
 
 // sigmoid(x) = 1 / (1 + e) for x >= 0, e / (1 + e) below, with e = exp(-|x|) in [0, 1].
@@ -59,23 +71,41 @@ constexpr float kTanhSeries[] = {1.0f, -1.0f / 3, 2.0f / 15, -17.0f / 315, 62.0f
                                  21844.0f / 6081075, -929569.0f / 638512875, 6404582.0f / 10854718875.0f,
                                  -443861162.0f / 1856156927625.0f};
 
-// tanh|x| = 1 - 2 / (exp(2|x|) + 1) for |x| >= 0.55 (no cancellation: the result is >= 0.5), the
-// series below.
-inline void tanh_to(const float* in, float* out, int64_t n) {
-  alignas(64) float e[kMathBlock];
-  for (int64_t i0 = 0; i0 < n; i0 += kMathBlock) {
-    const int64_t m = std::min(kMathBlock, n - i0);
-    Eigen::Map<Eigen::ArrayXf>(e, m) = (2.0f * Eigen::Map<const Eigen::ArrayXf>(in + i0, m).abs()).exp();
-    for (int64_t i = 0; i < m; ++i) {
-      const float x = in[i0 + i], z = x * x;
-      float p = kTanhSeries[9];
-      for (int k = 8; k >= 0; --k) p = p * z + kTanhSeries[k];
-      const float large = std::copysign(1.0f - 2.0f / (e[i] + 1.0f), x);
-      out[i0 + i] = std::abs(x) < 0.55f ? x * p : large;
-    }
-  }
+// `a` where `keep`, else `b`, as a blend of bits. A ?: between floats is not if-converted under
+// -ftrapping-math (GCC's default), so a loop choosing between two computed values would not
+// vectorise; this form does.
+inline float blend(bool keep, float a, float b) {
+  uint32_t ua, ub;
+  std::memcpy(&ua, &a, sizeof ua);
+  std::memcpy(&ub, &b, sizeof ub);
+  const uint32_t mask = 0u - static_cast<uint32_t>(keep);
+  const uint32_t r = (ua & mask) | (ub & ~mask);
+  float out;
+  std::memcpy(&out, &r, sizeof out);
+  return out;
 }
 
-
+// tanh|x| = 1 - 2 / (exp(2|x|) + 1) for |x| >= 0.55 (no cancellation: the result is >= 0.5), the
+// series below. exp is Eigen's (vectorised); the series and the choice are one loop that the
+// compiler vectorises, into a scratch block (out may be in; a separate block keeps that loop free of
+// a run-time alias check).
+inline void tanh_to(const float* in, float* out, int64_t n) {
+  alignas(64) float block[kMathBlock];
+  for (int64_t i0 = 0; i0 < n; i0 += kMathBlock) {
+    const int64_t m = std::min(kMathBlock, n - i0);
+    const float* x = in + i0;
+    Eigen::Map<Eigen::ArrayXf> e(block, m);
+    e = (2.0f * Eigen::Map<const Eigen::ArrayXf>(x, m).abs()).exp();
+    for (int64_t i = 0; i < m; ++i) {
+      const float z = x[i] * x[i];
+      float p = kTanhSeries[9];
+#pragma GCC unroll 9
+      for (int k = 8; k >= 0; --k) p = p * z + kTanhSeries[k];
+      const float series = x[i] * p, large = std::copysign(1.0f - 2.0f / (block[i] + 1.0f), x[i]);
+      block[i] = blend(std::abs(x[i]) < 0.55f, series, large);
+    }
+    std::memcpy(out + i0, block, static_cast<std::size_t>(m) * sizeof(float));
+  }
+}
 
 }  // namespace treadle::eigen
