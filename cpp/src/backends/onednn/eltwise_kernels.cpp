@@ -1,11 +1,13 @@
 // Activations on oneDNN's eltwise primitives, where oneDNN computes the op's definition at the
 // reference's float32 accuracy (1e-5 relative, 1e-6 absolute) and is measurably faster:
 //   elu, silu (swish with alpha = 1)   forward and backward (both take the input, as the op does),
-//                                      from 256 elements (Eigen calls libm per element)
-//   tanh                               forward, from 16384 elements (~1.25x Eigen's vectorised tanh)
+//                                      from 256 elements
 // What stays on Eigen, and why (docs/onednn.md has the measurements):
-//   - relu and leaky_relu, forward and backward, sigmoid, and the tanh/sigmoid backward ops: Eigen
-//     runs them vectorised at memory speed, so oneDNN only adds its call overhead;
+//   - relu and leaky_relu, forward and backward, and the tanh/sigmoid backward ops: Eigen runs them
+//     vectorised at memory speed, so oneDNN only adds its call overhead;
+//   - tanh and sigmoid: Eigen's vectorised float kernels are as fast or faster on every instruction
+//     set measured (oneDNN's tanh: ~1.25x Eigen's old tanh on AVX-512, 5x slower on AVX2), and so
+//     every backend computes the same tanh;
 //   - gelu and softplus: oneDNN computes 0.5 x (1 + erf(.)) and log(1 + exp(.)), which cancel in
 //     the negative tail (errors up to ~1e-6 absolute on small results, measured);
 //   - small tensors, where the ~0.5 us per oneDNN call outweighs the faster arithmetic.
@@ -31,7 +33,6 @@ struct EltwiseAlg {
 std::optional<EltwiseAlg> eltwise_alg(const std::string& name, const Attrs& attrs) {
   if (name == "elu") return EltwiseAlg{algorithm::eltwise_elu, static_cast<float>(attrs.f("alpha")), 256};
   if (name == "silu") return EltwiseAlg{algorithm::eltwise_swish, 1.f, 256};
-  if (name == "tanh") return EltwiseAlg{algorithm::eltwise_tanh, 0.f, 16384};
   return std::nullopt;
 }
 
@@ -81,8 +82,8 @@ std::optional<ChunkPlan> plan_backward(const Graph& g, const Node& node) {
 }  // namespace
 
 std::vector<OpEntry> eltwise_entries() {
-  return {{"tanh", &plan_forward},         {"elu", &plan_forward},  {"elu_backward", &plan_backward},
-          {"silu", &plan_forward},         {"silu_backward", &plan_backward}};
+  return {{"elu", &plan_forward}, {"elu_backward", &plan_backward}, {"silu", &plan_forward},
+          {"silu_backward", &plan_backward}};
 }
 
 }  // namespace treadle::onednn

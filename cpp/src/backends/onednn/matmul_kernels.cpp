@@ -105,19 +105,23 @@ Operands operands_of(const Graph& g, const Node& node) {
   return o;
 }
 
-// The primitive attributes of a linear: a fused activation (ops/fusion.hpp) becomes an eltwise
-// post-op applied to each output tile before it is stored.
+// The primitive attributes of a linear: a fused relu (ops/fusion.hpp) becomes an eltwise post-op
+// applied to each output tile before it is stored; tanh and sigmoid are treadle's TileActivation.
 dnnl::primitive_attr linear_attr(const Node& node) {
   dnnl::primitive_attr attr = default_attr();
-  const std::string& act = fused_activation(node.attrs);
-  if (act.empty()) return attr;
-  const dnnl::algorithm alg = act == "relu"   ? dnnl::algorithm::eltwise_relu
-                              : act == "tanh" ? dnnl::algorithm::eltwise_tanh
-                                              : dnnl::algorithm::eltwise_logistic;
+  if (fused_activation(node.attrs) != "relu") return attr;
   dnnl::post_ops ops;
-  ops.append_eltwise(alg, 0.0f, 0.0f);
+  ops.append_eltwise(dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
   attr.set_post_ops(ops);
   return attr;
+}
+
+// The tile activation of a linear whose output is argument `arg`.
+TileActivation linear_tile_activation(const Node& node, int arg) {
+  const std::string& act = fused_activation(node.attrs);
+  if (act == "tanh") return {TileActivation::Kind::tanh, arg};
+  if (act == "sigmoid") return {TileActivation::Kind::sigmoid, arg};
+  return {};
 }
 
 std::optional<ChunkPlan> plan_linear(const Graph& g, const Node& node) {
@@ -131,7 +135,7 @@ std::optional<ChunkPlan> plan_linear(const Graph& g, const Node& node) {
   std::vector<ArgSpec> args = {ops.arg(DNNL_ARG_SRC, 0, in, 0), ops.arg(DNNL_ARG_WEIGHTS, 1, 0, in),
                                {DNNL_ARG_DST, true, 0, out * kF32, kF32}};
   if (bias) args.push_back({DNNL_ARG_BIAS, false, 2, 0, kF32});
-  return ops.attach(plan_chunks(args, tiles_of(rows, out, in, is_bf16_compute(node.attrs)), [&](int64_t r, int64_t c) {
+  std::optional<ChunkPlan> p = ops.attach(plan_chunks(args, tiles_of(rows, out, in, is_bf16_compute(node.attrs)), [&](int64_t r, int64_t c) {
     return try_pd([&]() -> dnnl::primitive_desc {
       const MemDesc src = ops.desc({r, in}, {in, 1}), wt = ops.desc({in, c}, {1, in});
       const MemDesc dst = f32_desc({r, c}, {out, 1});
@@ -140,6 +144,8 @@ std::optional<ChunkPlan> plan_linear(const Graph& g, const Node& node) {
       return dnnl::matmul::primitive_desc(cpu_engine(), src, wt, dst, attr);
     });
   }));
+  if (p) p->activation = linear_tile_activation(node, 2);
+  return p;
 }
 
 std::optional<ChunkPlan> plan_matmul(const Graph& g, const Node& node) {

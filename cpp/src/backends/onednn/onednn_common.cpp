@@ -6,6 +6,7 @@
 #include <array>
 #include <cstring>
 
+#include "backends/eigen/transcendental.hpp"
 #include "core/op_registry.hpp"
 #include "ops/precision.hpp"
 #include "treadle/error.hpp"
@@ -157,6 +158,23 @@ int tile_pointers(const KernelArgs& a, const ChunkedPrimitive& s, const Tile& t,
   return n + 1;
 }
 
+// Applies the node's TileActivation to the tile just written at `y`: one pass when its rows are
+// contiguous, else row by row.
+void activate_tile(const ChunkedPrimitive& s, const Tile& t, float* y) {
+  const Split& sp = s.split;
+  const int64_t rows = std::min(sp.row_grain, sp.rows - t.row0), cols = std::min(sp.col_grain, sp.cols - t.col0);
+  const int64_t stride = s.args[s.activation.arg].row_step / static_cast<int64_t>(sizeof(float));
+  auto apply = [&](float* p, int64_t n) {
+    if (s.activation.kind == TileActivation::Kind::tanh) eigen::tanh_to(p, p, n);
+    else eigen::sigmoid_to(p, p, n);
+  };
+  if (stride == cols) {
+    apply(y, rows * cols);
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r) apply(y + r * stride, cols);
+}
+
 }  // namespace
 
 void run_tile(const KernelArgs& a, const ChunkedPrimitive& s, int64_t index, void* const* overrides) {
@@ -175,6 +193,7 @@ void run_tile(const KernelArgs& a, const ChunkedPrimitive& s, int64_t index, voi
     mds[k] = k < na ? &v.mds[k] : &v.scratch_md;
   }
   execute_pooled(v.prim, *v.pool, n, ids.data(), mds.data(), ptrs.data());
+  if (s.activation.kind != TileActivation::Kind::none) activate_tile(s, t, static_cast<float*>(ptrs[s.activation.arg]));
 }
 
 PreparedNode make_prepared(const ChunkPlan& plan) {
@@ -184,6 +203,7 @@ PreparedNode make_prepared(const ChunkPlan& plan) {
   state->staging = plan.staging;
   state->staging_bytes = plan.staging_bytes;
   state->split = plan.split;
+  state->activation = plan.activation;
   std::size_t scratch = 0;
   for (int r = 0; r < 2; ++r)
     for (int c = 0; c < 2; ++c)

@@ -124,6 +124,16 @@ dnnl_stream_t thread_stream();
 void execute_pooled(const dnnl::primitive& prim, MemoryPool& pool, int n, const int* args,
                     const MemDesc* const* mds, void* const* ptrs);
 
+// An activation treadle applies to each output tile right after oneDNN wrote it (still in cache),
+// with the Eigen backend's float functions (backends/eigen/transcendental.hpp): tanh and sigmoid,
+// which oneDNN's eltwise post-ops compute several times slower on some instruction sets (AVX2:
+// ~5 ns per element for tanh against ~1, measured) and which thus match the Eigen backend's.
+// `arg` is the output's index in ChunkPlan::args (a row-major float32 matrix of tiles).
+struct TileActivation {
+  enum class Kind { none, tanh, sigmoid } kind = Kind::none;
+  int arg = -1;
+};
+
 // One primitive for one tile shape, with the memory descriptor of each ArgSpec.
 struct Variant {
   dnnl::primitive prim;
@@ -143,6 +153,7 @@ struct ChunkedPrimitive {
   Split split;
   Variant variants[2][2];
   std::size_t scratch_stride = 0;  // bytes of workspace per tile
+  TileActivation activation;
 };
 
 // What an op's builder returns: the split and the primitive descriptor of each tile shape, with
@@ -153,6 +164,7 @@ struct ChunkPlan {
   dnnl::primitive_desc pds[2][2];
   std::vector<Staging> staging;
   std::size_t staging_bytes = 0;
+  TileActivation activation;
 };
 
 // Runs make() -> primitive_desc; std::nullopt when oneDNN has no implementation for it.
@@ -173,7 +185,7 @@ std::optional<ChunkPlan> plan_chunks(std::vector<ArgSpec> args, Split split, F&&
   if (split.rows <= 0 || split.cols <= 0 || split.row_grain <= 0 || split.col_grain <= 0) return std::nullopt;
   split.row_grain = std::min(split.row_grain, split.rows);
   split.col_grain = std::min(split.col_grain, split.cols);
-  ChunkPlan p{std::move(args), split, {}, {}, 0};
+  ChunkPlan p{std::move(args), split, {}, {}, 0, {}};
   const int64_t row_sizes[2] = {split.row_grain, split.rows % split.row_grain};
   const int64_t col_sizes[2] = {split.col_grain, split.cols % split.col_grain};
   for (int r = 0; r < 2; ++r)
