@@ -277,6 +277,31 @@ void test_broadcast_steps_allocate_nothing() {
         "30 steps of a model with row/column broadcasting allocate nothing (" + allocations.str() + ")");
 }
 
+// A model whose forward and backward hold chains of elementwise steps over 32768 elements: they
+// run block by block as elementwise runs (core/plan_elementwise.cpp), which must not allocate either.
+void test_elementwise_run_steps_allocate_nothing() {
+  using namespace treadle;
+  manual_seed(7);
+  auto net = std::make_shared<nn::Sequential>();
+  net->add(std::make_shared<nn::Linear>(8, 64)).add(std::make_shared<nn::Activation>("tanh"));
+  auto forward = [net](Graph&, const std::vector<Value>& in) -> std::vector<Value> {
+    Value h = net->forward(in[0]);
+    return {ops::scale(ops::add(ops::mul(h, h), h), 0.5)};
+  };
+  auto model = std::make_shared<Model>(forward, net->named_parameters());
+  Trainer trainer(model, loss::mse(), optim::adam({}));
+  Tensor x, y1;
+  make_data(512, x, y1, 5);
+  Tensor y({512, 64}, DType::f32);
+  for (int64_t i = 0; i < y.numel(); ++i) y.data_as<float>()[i] = 0.01f * static_cast<float>(i % 17);
+  for (int i = 0; i < 3; ++i) trainer.step(x, y);
+  check(model->describe_plans().find(" run=") != std::string::npos, "the plan holds elementwise runs");
+  double loss = 0;
+  const Allocations allocations = count_allocations(30, [&] { loss = trainer.step(x, y); });
+  check(allocations.none() && std::isfinite(loss),
+        "30 steps of a model with elementwise runs allocate nothing (" + allocations.str() + ")");
+}
+
 void test_bad_input_throws_typed_errors() {
   using namespace treadle;
   auto model = make_mlp(4);
@@ -556,6 +581,7 @@ int main(int argc, char** argv) {
       {"bad_input", test_bad_input_throws_typed_errors},
       {"no_alloc", test_steps_allocate_nothing},
       {"no_alloc_broadcast", test_broadcast_steps_allocate_nothing},
+      {"no_alloc_runs", test_elementwise_run_steps_allocate_nothing},
       {"hardening", test_hardening_guards},
       {"tasks", test_tasked_steps},
       {"device_tensors", test_device_tensors_on_the_host},

@@ -97,6 +97,7 @@ std::shared_ptr<Plan> compile_plan(const PlanKey& key, const TraceFn& trace, con
     if (key.input_grad)
       plan->input_grads.assign(grads.begin() + static_cast<std::ptrdiff_t>(num_params), grads.end());
   }
+  plan->fuse_elementwise = key.fuse;
   plan->finalize(offsets, key.backend, key.deterministic);
   return plan;
 }

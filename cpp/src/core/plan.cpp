@@ -78,6 +78,7 @@ void Plan::finalize(const std::vector<int64_t>& param_offsets, const std::string
 #endif
   select_kernels(backend, deterministic);
   plan_memory();
+  find_elementwise_runs();
 }
 
 void Plan::mark_read_values() {
@@ -275,6 +276,20 @@ void Plan::run_with_counter(Context& ctx, const Bindings& b, int begin, int end,
   for (int s = begin; s < end; ++s) {
     const PlanStep& step = steps[s];
     if (!step.kernel) continue;
+    // An elementwise run starting here and ending in range runs block by block (anomaly mode checks
+    // each step's output before the next runs: unfused). A profile shares the run's time equally.
+    const int r = run_of_step_.empty() ? -1 : run_of_step_[s];
+    if (r >= 0 && runs_[r].begin == s && runs_[r].end <= end && !ctx.check_numerics()) {
+      const ElementwiseRun& run = runs_[r];
+      const auto t0 = std::chrono::steady_clock::now();
+      run_elementwise(run, ctx, b, counter);
+      if (profiler) {
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        for (int k = run.begin; k < run.end; ++k) record_time(*profiler, k, seconds / (run.end - run.begin));
+      }
+      s = run.end - 1;
+      continue;
+    }
     const Node& node = graph.nodes()[step.node];
     const int nin = static_cast<int>(node.inputs.size()), nout = static_cast<int>(node.outputs.size());
     if (nin + nout > kMaxOperands) throw_runtime_error("plan: node with more than ", kMaxOperands, " operands");
@@ -402,11 +417,13 @@ std::string Plan::describe() const {
   std::ostringstream os;
   for (const PlanStep& s : steps) {
     const Node& n = graph.nodes()[s.node];
+    const int run = run_of_step_.empty() ? -1 : run_of_step_[&s - steps.data()];
     os << s.node << " " << reg.at(n.op).name << " [" << (s.backend ? s.backend->name() : "view") << "]";
     if (const char* rounding = rounding_label(rounding_of(n.attrs))) os << " " << rounding;
     if (!fused_activation(n.attrs).empty()) os << " +" << fused_activation(n.attrs);
     if (!n.scope.empty()) os << " scope=" << n.scope;
     for (int out : n.outputs) os << " -> " << shape_str(graph.info(out).shape);
+    if (run >= 0) os << " run=" << run;  // an elementwise run, block by block (plan_elementwise.cpp)
     if (!s.cpu_declines.empty()) os << "  # " << s.cpu_declines;
     os << "\n";
   }

@@ -63,6 +63,15 @@ struct Bindings {
 #endif
 };
 
+// A run of consecutive elementwise Eigen steps over values of one shape, executed block by block
+// (plan_elementwise.cpp).
+struct ElementwiseRun {
+  int begin = 0, end = 0;  // steps
+  int64_t numel = 0;
+  DType dtype = DType::f32;
+  Shape block_shape, tail_shape;  // the 1-D shapes a kernel sees for a whole block and the last one
+};
+
 class Plan {
  public:
   explicit Plan(bool training);
@@ -108,6 +117,8 @@ class Plan {
   std::vector<std::pair<int64_t, int>> param_grads;  // (byte offset in flat buffer, gradient value id)
   std::vector<int> input_grads;                      // per input: gradient value id or -1
   std::vector<PlanStep> steps;
+  // Run consecutive elementwise steps block by block (the model's `fusion` setting; set before finalize).
+  bool fuse_elementwise = false;
   const void* owner = nullptr;  // the model that compiled it, and its layout generation then (API checks)
   uint64_t owner_generation = 0;
 
@@ -118,12 +129,18 @@ class Plan {
   // Anomaly mode: throws ValueError if an output of step `s` holds NaN/Inf.
   void check_numerics(int s, const TensorRef* outs) const;
   void select_kernels(const std::string& backend, bool deterministic);
+  // Elementwise runs (plan_elementwise.cpp): found after the memory plan, run by run_with_counter.
+  bool blockable_step(int s) const;
+  void find_elementwise_runs();
+  void run_elementwise(const ElementwiseRun& r, Context& ctx, const Bindings& b, uint64_t counter) const;
   const char* layout_owner_of_inputs(const Node& node) const;
   // Profiling: adds one kernel call of step `s` to `profiler`.
   void record_time(Profiler& profiler, int s, double seconds) const;
   // "forward", "loss" or "backward" for step `s`.
   const char* pass_of(int s) const;
   std::vector<Location> loc_;
+  std::vector<ElementwiseRun> runs_;
+  std::vector<int> run_of_step_;  // per step: its run in runs_, or -1
   uint64_t id_;
   std::vector<int64_t> param_offsets_;
   std::size_t arena_bytes_ = 0, workspace_offset_ = 0;
