@@ -281,7 +281,7 @@ void Plan::run_with_counter(Context& ctx, const Bindings& b, int begin, int end,
     const int r = run_of_step_.empty() ? -1 : run_of_step_[s];
     if (r >= 0 && runs_[r].begin == s && runs_[r].end <= end && !ctx.check_numerics()) {
       const ElementwiseRun& run = runs_[r];
-      const auto t0 = std::chrono::steady_clock::now();
+      const auto t0 = profiler ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
       run_elementwise(run, ctx, b, counter);
       if (profiler) {
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

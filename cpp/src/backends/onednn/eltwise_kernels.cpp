@@ -5,9 +5,10 @@
 // What stays on Eigen, and why (docs/onednn.md has the measurements):
 //   - relu and leaky_relu, forward and backward, and the tanh/sigmoid backward ops: Eigen runs them
 //     vectorised at memory speed, so oneDNN only adds its call overhead;
-//   - tanh and sigmoid: Eigen's vectorised float kernels are as fast or faster on every instruction
-//     set measured (oneDNN's tanh: ~1.25x Eigen's old tanh on AVX-512, 5x slower on AVX2), and so
-//     every backend computes the same tanh;
+//   - tanh and sigmoid: oneDNN's tanh ran 5-7 ns per element on AVX2 (AMD EPYC, Zen 3) against ~1.2
+//     for Eigen's vectorised float tanh; on AVX-512 it was 1.25x faster than Eigen's tanh before that
+//     was vectorised whole (2x faster since, on AVX2). Kept on Eigen on every CPU: one tanh, the
+//     same bits on every backend;
 //   - gelu and softplus: oneDNN computes 0.5 x (1 + erf(.)) and log(1 + exp(.)), which cancel in
 //     the negative tail (errors up to ~1e-6 absolute on small results, measured);
 //   - small tensors, where the ~0.5 us per oneDNN call outweighs the faster arithmetic.

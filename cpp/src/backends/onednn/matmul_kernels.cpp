@@ -135,7 +135,8 @@ std::optional<ChunkPlan> plan_linear(const Graph& g, const Node& node) {
   std::vector<ArgSpec> args = {ops.arg(DNNL_ARG_SRC, 0, in, 0), ops.arg(DNNL_ARG_WEIGHTS, 1, 0, in),
                                {DNNL_ARG_DST, true, 0, out * kF32, kF32}};
   if (bias) args.push_back({DNNL_ARG_BIAS, false, 2, 0, kF32});
-  std::optional<ChunkPlan> p = ops.attach(plan_chunks(args, tiles_of(rows, out, in, is_bf16_compute(node.attrs)), [&](int64_t r, int64_t c) {
+  const Split split = tiles_of(rows, out, in, is_bf16_compute(node.attrs));
+  std::optional<ChunkPlan> p = ops.attach(plan_chunks(args, split, [&](int64_t r, int64_t c) {
     return try_pd([&]() -> dnnl::primitive_desc {
       const MemDesc src = ops.desc({r, in}, {in, 1}), wt = ops.desc({in, c}, {1, in});
       const MemDesc dst = f32_desc({r, c}, {out, 1});
