@@ -169,8 +169,9 @@ def test_python_reference_is_deterministic(python_run, tmp_path):
 
 def test_c_api_refusals_failures_and_timeout(package):
     """tests/mpi_scripts/c_api_dp.py drives the C API through ctypes under mpiexec -n 2."""
-    _, out = launch(2, [os.path.join(REPO, "tests", "mpi_scripts", "c_api_dp.py"), str(package / "lib")], timeout=60,
-                    check=False)
+    rc, out = launch(2, [os.path.join(REPO, "tests", "mpi_scripts", "c_api_dp.py"), str(package / "lib")], timeout=60,
+                     check=False)
+    out = f"(mpiexec exited with {rc})\n{out}"
     for rank in (0, 1):
         assert f"rank {rank}: treadle_data_parallel_rank gives {rank} of 2, status 0" in out, out
         assert (f"rank {rank} set_timeout(-1): status 1: DataParallel: timeout must be a finite number of seconds "
