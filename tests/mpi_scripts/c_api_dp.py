@@ -53,10 +53,9 @@ else:
 say("step", step())
 assert c.treadle_data_parallel_set_timeout(dp, 2.0) == 0
 if rank == 1:
-    # Rank 1 stops taking part without ending its process: tests/mpi_scripts/left_early.py covers a rank
-    # whose process exits (Python API). Here, a process exit raced with rank 0's step under a loaded CI
-    # (2 of ~5 runs there lost rank 0's last line without a message; never reproduced by hand): rank 0's
-    # timeout is what this checks, and it ends the job with MPI_Abort.
+    # Rank 1 stops taking part without ending its process (as in left_early.py): a process exit raced with
+    # rank 0's step under a loaded CI (the job sometimes ended, silently, before rank 0 reported; never
+    # reproduced by hand). Rank 0's timeout is what this checks, and rank 0 ends the job with MPI_Abort.
     print("rank 1 leaves", flush=True)
     while True:
         time.sleep(1)
