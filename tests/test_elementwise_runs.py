@@ -12,7 +12,7 @@ import treadle as tl
 F = tl.functional
 
 
-def _pinn(fusion, width=64, batch=1024, executor=None):
+def _pinn(fusion, width=64, executor=None):
     """The PINN of the benchmark (u_t - 0.1 u_xx residual and a misfit), three tanh layers."""
     tl.manual_seed(0)
     net = tl.nn.Sequential(tl.nn.Linear(2, width), tl.nn.Tanh(), tl.nn.Linear(width, width), tl.nn.Tanh(),
