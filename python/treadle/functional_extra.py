@@ -7,6 +7,7 @@ import math
 import numbers
 
 from . import _core as _c
+from .trace_state import _dtype_name, _tracing
 
 _F = _c.functional
 
@@ -206,7 +207,6 @@ def one_hot(tensor, num_classes=-1, dtype=None):
     if isinstance(tensor, _c.Symbol):
         if num_classes is None or int(num_classes) <= 0:
             raise ValueError("one_hot: inside a forward, num_classes must be given (a plan's shapes are fixed)")
-        from .nn import _dtype_name, _tracing
         name = np.dtype(_dtype_name(dtype, "one_hot")).name if dtype is not None else \
             (getattr(_tracing, "dtype", None) or "float32")
         return _F._one_hot(tensor, int(num_classes), name)

@@ -91,13 +91,13 @@ def _register_builtins():
     register_layer(nn.Dropout, lambda m: {"p": float(m.p)})
     register_layer(nn.Flatten, _flatten_config)
     register_layer(nn.Identity, lambda m: {})
-    from .nn_lstm_projected import ProjectedLSTM  # tl.nn.LSTM(proj_size > 0) builds it
+    from .nn.lstm_projected import ProjectedLSTM  # tl.nn.LSTM(proj_size > 0) builds it
     register_layer(ProjectedLSTM)
 
 
 
 def _register_catalog():
-    """Layers of nn_layers.py, described from the attributes they keep (where a layer gains a
+    """Layers of nn/layers.py, described from the attributes they keep (where a layer gains a
     config() method, that method takes over). Upsample is left out: it does not keep
     recompute_scale_factor, so it cannot be rebuilt faithfully."""
     def has(m, name):
@@ -140,7 +140,7 @@ def _layer_entry(cls):
     for name, (c, config) in _LAYERS.items():
         if c is cls:
             return name, config
-    # A treadle layer (nn.py, nn_*.py) that defines config() needs no registration.
+    # A treadle layer (treadle/nn/) that defines config() needs no registration.
     if callable(getattr(cls, "config", None)) and getattr(nn, cls.__name__, None) is cls:
         return cls.__name__, cls.config
     return None

@@ -6,7 +6,7 @@ import numbers
 
 import numpy as np
 
-from .nn import _dtype_name, _tracing
+from .trace_state import _dtype_name, _tracing
 
 __all__ = ["zeros", "ones", "full"]
 

@@ -12,8 +12,9 @@ function to train with it (a trainer needs a scalar).
 """
 import numpy as np
 
-from . import functional_losses as _fl
-from .loss import BCEWithLogits, Custom, Huber, L1, MSE
+from .. import functional_losses as _fl
+from ..loss_base import BCEWithLogits, Custom, Huber, L1, MSE
+from .module import Module
 
 __all__ = ["MSELoss", "L1Loss", "HuberLoss", "SmoothL1Loss", "CrossEntropyLoss", "NLLLoss", "BCEWithLogitsLoss",
            "BCELoss", "KLDivLoss"]
@@ -21,8 +22,6 @@ __all__ = ["MSELoss", "L1Loss", "HuberLoss", "SmoothL1Loss", "CrossEntropyLoss",
 
 def _evaluate(fn, pred, target):
     """fn(prediction, target) on arrays: traced once into a parameterless model and run."""
-    from .nn import Module
-
     class _Evaluate(Module):
         def forward(self, p, t):
             return fn(p, t)

@@ -6,9 +6,10 @@ PyTorch-style arguments (an int or a tuple) into the lists the core takes.
 """
 import numbers
 
-from . import _core
-from .functional_extra import pad as _pad
-from .nn import Module, _check_cpu, _NativeModule, _int_args, _tracing
+from .. import _core
+from ..functional_extra import pad as _pad
+from ..trace_state import _tracing
+from .module import Module, _check_cpu, _NativeModule, _int_args
 
 __all__ = [
     "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",

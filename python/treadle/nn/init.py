@@ -10,7 +10,7 @@ import numbers
 
 import numpy as np
 
-from . import _core
+from .. import _core
 
 __all__ = [
     "calculate_gain", "uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",

@@ -9,11 +9,11 @@ import math
 
 import numpy as np
 
-from . import functional as F
-from . import tensors
-from .nn import Module, _int_args
-from .nn_init import uniform_
-from .nn_parameter import Parameter
+from .. import functional as F
+from .. import tensors
+from .module import Module, _int_args
+from .init import uniform_
+from .parameter import Parameter
 
 __all__ = []
 

@@ -31,17 +31,15 @@ import os
 
 import numpy as np
 
-from . import functional as F
-from . import nn_init as init
-from .nn import Dropout, Linear, Module, _int_arg, _int_args
-from .nn_activations import GELU, ReLU
-from .nn_attention import MultiheadAttention, TransformerEncoderLayer
-from .nn_containers import ModuleList
-from .nn_layers import LayerNorm
+from . import init
+from .module import Module, _int_arg, _int_args
+from .activations import _ACTIVATIONS, _activation_name
+from .attention import MultiheadAttention, TransformerEncoderLayer
+from .containers import ModuleList
+from .layers import Dropout, LayerNorm, Linear
 
 __all__ = ["TransformerDecoderLayer", "TransformerEncoder", "TransformerDecoder", "Transformer"]
 
-_ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
 _MODULE_BYTES = 4096  # the least a copy of a layer costs besides its parameters
 
 
@@ -59,21 +57,6 @@ def _dtype_name(dtype, owner):
     if name not in ("float32", "float64"):
         raise ValueError(f"{owner}: dtype must be float32 or float64, got {original!r}")
     return name
-
-
-def _activation_name(activation):
-    """"relu" or "gelu" for an activation the native encoder layer has (a name, F.relu / F.gelu, a
-    ReLU or exact GELU module); None for any other callable."""
-    if isinstance(activation, str):
-        return activation if activation in _ACTIVATIONS else None
-    for name, fn in _ACTIVATIONS.items():
-        if activation is fn:
-            return name
-    if type(activation) is ReLU:
-        return "relu"
-    if type(activation) is GELU and activation.approximate == "none":
-        return "gelu"
-    return None
 
 
 def _check_activation(activation, owner):

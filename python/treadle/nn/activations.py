@@ -2,9 +2,9 @@
 import numbers
 import warnings
 
-from . import _core
-from . import functional as F
-from .nn import _NativeModule
+from .. import _core
+from .. import functional as F
+from .module import _NativeModule
 
 __all__ = ["ReLU", "LeakyReLU", "ELU", "GELU", "SiLU", "Tanh", "Sigmoid", "Softplus", "Softmax", "LogSoftmax"]
 
@@ -81,3 +81,22 @@ class LogSoftmax(_Softmax):
     """torch.nn.LogSoftmax(dim=None): without dim, torch's legacy implicit dim (with its warning)."""
 
     _kind = "log_softmax"
+
+
+# torch's activation forms that the native encoder layer has, by its names for them.
+_ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
+
+
+def _activation_name(activation):
+    """"relu" or "gelu" for an activation the native encoder layer has (a name, F.relu / F.gelu, a
+    ReLU or exact GELU module); None for any other callable."""
+    if isinstance(activation, str):
+        return activation if activation in _ACTIVATIONS else None
+    for name, fn in _ACTIVATIONS.items():
+        if activation is fn:
+            return name
+    if type(activation) is ReLU:
+        return "relu"
+    if type(activation) is GELU and activation.approximate == "none":
+        return "gelu"
+    return None

@@ -1,7 +1,9 @@
 """Attention layers (torch.nn names and parameter layouts)."""
-from . import _core
-from . import functional as F
-from .nn import _check_cpu, _NativeModule, _int_args
+from .. import _core
+from .. import functional as F
+from ..trace_state import _tracing
+from .activations import _activation_name  # the one mapping of torch's activation forms
+from .module import _check_cpu, _NativeModule, _int_args
 
 __all__ = ["MultiheadAttention", "TransformerEncoderLayer"]
 
@@ -11,7 +13,6 @@ def _native_activation(activation):
     GELU(); another callable cannot run inside the fused layer."""
     if isinstance(activation, str):
         return activation
-    from .nn_transformer import _activation_name  # the one mapping of torch's activation forms
     name = _activation_name(activation)
     if name is None:
         raise ValueError(f"TransformerEncoderLayer: activation must be relu or gelu (a name, F.relu / F.gelu, "
@@ -35,8 +36,8 @@ class MultiheadAttention(_NativeModule):
                 kdim=None, vdim=None, batch_first=False, device=None, dtype=None):
         if cls is MultiheadAttention and (add_bias_kv or add_zero_attn or kdim not in (None, embed_dim)
                                           or vdim not in (None, embed_dim)):
-            # torch's rarer options: the composed layer (nn_attention_composed), same names and forward.
-            from .nn_attention_composed import ComposedMultiheadAttention
+            # torch's rarer options: the composed layer (attention_composed.py), same names and forward.
+            from .attention_composed import ComposedMultiheadAttention
             return ComposedMultiheadAttention(embed_dim, num_heads, dropout, bias, add_bias_kv, add_zero_attn,
                                               kdim, vdim, batch_first, device=device, dtype=dtype)
         return super().__new__(cls)
@@ -72,9 +73,8 @@ class MultiheadAttention(_NativeModule):
 
     def _per_head(self, query, key, value, key_padding_mask, attn_mask, is_causal):
         """torch's average_attn_weights=False: the fused kernel averages the heads' weights, so this
-        forward runs the composed attention (nn_attention_composed.attend) on the layer's own parameters."""
-        from .nn import _tracing
-        from .nn_attention_composed import AttentionParts, attend
+        forward runs the composed attention (attention_composed.attend) on the layer's own parameters."""
+        from .attention_composed import AttentionParts, attend
 
         graph, e = _tracing.graph, self.embed_dim
         params = {n: graph.parameter(p) for n, p in self._native.named_parameters()}

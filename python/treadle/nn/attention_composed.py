@@ -8,10 +8,11 @@ import math
 
 import numpy as np
 
-from . import functional as F
-from .nn import Linear, Module, _int_args
-from .nn_init import constant_, xavier_normal_, xavier_uniform_
-from .nn_parameter import Parameter
+from .. import functional as F
+from .layers import Linear
+from .module import Module, _int_args
+from .init import constant_, xavier_normal_, xavier_uniform_
+from .parameter import Parameter
 
 __all__ = []
 

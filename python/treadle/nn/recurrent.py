@@ -18,9 +18,10 @@ A typical regression model keeps the last layer's final state:
             out, (h, c) = self.lstm(x)
             return self.fc(h[-1])
 """
-from . import _core
-from . import functional as F
-from .nn import _NativeModule, _int_args
+from .. import _core
+from .. import functional as F
+from .cells import GRUCell, LSTMCell, RNNCell  # noqa: F401 (one step per call)
+from .module import _NativeModule, _int_args
 
 __all__ = ["RNN", "GRU", "LSTM", "RNNCell", "LSTMCell", "GRUCell"]
 
@@ -146,14 +147,14 @@ class GRU(_Recurrent):
 
 class LSTM(_Recurrent):
     """Long short-term memory; gates (i, f, g, o). forward returns (output, (h_n, c_n)). With
-    proj_size > 0 the layer is torch's LSTMP, composed step by step (nn_lstm_projected)."""
+    proj_size > 0 the layer is torch's LSTMP, composed step by step (lstm_projected.py)."""
 
     _is_lstm = True
 
     def __new__(cls, input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
                 bidirectional=False, proj_size=0, device=None, dtype="float32"):
         if cls is LSTM and proj_size:
-            from .nn_lstm_projected import ProjectedLSTM
+            from .lstm_projected import ProjectedLSTM
             return ProjectedLSTM(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
                                  proj_size, device=device, dtype=dtype)
         return super().__new__(cls)
@@ -199,6 +200,3 @@ def _symbol_getitem(self, index):
 
 if not hasattr(_core.Symbol, "__getitem__"):  # until the core binds indexing itself
     _core.Symbol.__getitem__ = _symbol_getitem
-
-
-from .nn_cells import GRUCell, LSTMCell, RNNCell  # noqa: E402,F401 (one step per call)

@@ -1,7 +1,7 @@
 """tl.nn.Parameter and what turns an assigned value into a core parameter."""
 import numpy as np
 
-from . import _core
+from .. import _core
 
 
 def _default_float(data, dtype):

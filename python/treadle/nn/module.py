@@ -1,8 +1,6 @@
-"""Modules, named and initialised like torch.nn so a model ports by renaming the import.
-
-A module's `forward` runs once per input signature, on symbolic tensors, to record the graph that
-treadle compiles; it is not called per step. Write it with the ops in `treadle.functional` and the
-operators +, -, * (residual and branching models are ordinary Python in forward).
+"""The base of every module: Module (submodules, parameters, buffers, compilation, inference) and
+_NativeModule (a layer implemented in the C++ core), with the argument checks the layers share.
+The layers live in the sibling files and import from here; this file imports none of them.
 """
 import contextlib
 import functools
@@ -10,23 +8,17 @@ import inspect
 import math
 import numbers
 import os
-import threading
 import weakref
 
 import numpy as np
 
-from . import _core
-from .nn_inputs import _flatten_inputs, _is_list_data, _list_data, _nested_inputs, _unflatten_inputs
-from .nn_state import _compiled_roots, _ParameterState  # noqa: F401 (nn_utils imports the roots)
-from .nn_parameter import Parameter, _as_parameter, _default_float, _host_array
+from .. import _core
+from ..trace_state import _dtype_name, _tracing
+from .inputs import _flatten_inputs, _is_list_data, _list_data, _nested_inputs, _unflatten_inputs
+from .state import _compiled_roots, _ParameterState
+from .parameter import _as_parameter, _default_float, _host_array
 
-__all__ = [
-    "Module", "Parameter", "Sequential", "ModuleList", "ModuleDict", "Linear", "ReLU", "LeakyReLU", "ELU", "GELU", "SiLU",
-    "Tanh", "Sigmoid", "Softplus", "Softmax", "LogSoftmax", "Dropout", "Flatten", "Identity",
-]
-
-# The graph being traced on this thread and the module names under its root (see Module.__call__).
-_tracing = threading.local()
+__all__ = ["Module"]
 
 
 def _int_arg(owner, name, value):
@@ -406,16 +398,6 @@ class Module(_ParameterState):
         return ""
 
 
-def _dtype_name(dtype, owner):
-    """torch.float64 -> "float64"; names and numpy dtypes pass through (the core checks them)."""
-    text = str(dtype)
-    if text.startswith("torch."):
-        name = text[len("torch."):]
-        if name not in ("float32", "float64"):
-            raise TypeError(f"{owner}: dtype must be float32 or float64, got {text}")
-        return name
-    return dtype
-
 
 def _check_cpu(device, owner):
     if device is not None and str(device) != "cpu":
@@ -485,52 +467,3 @@ class _NativeModule(Module):
     def forward(self, input):  # noqa: A002 (torch's keyword)
         x = input
         return self._native.forward(x)
-
-
-class Linear(_NativeModule):
-    """y = x W^T + b with W of shape (out_features, in_features); PyTorch's default initialisation."""
-
-    def __init__(self, in_features, out_features, bias=True, dtype="float32"):
-        super().__init__(_core.Linear(_int_arg(self, "in_features", in_features),
-                                      _int_arg(self, "out_features", out_features), bool(bias), dtype))
-        self.in_features, self.out_features, self.has_bias = in_features, out_features, bias
-
-    @property
-    def weight(self):
-        return dict(self._native.named_parameters())["weight"].data
-
-    @property
-    def bias(self):
-        params = dict(self._native.named_parameters())
-        return params["bias"].data if "bias" in params else None
-
-    def extra_repr(self):
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.has_bias}"
-
-
-class Dropout(_NativeModule):
-    """Zeroes elements with probability p in training (scaling the rest by 1/(1-p)); identity in predict.
-    torch's inplace flag is accepted and has nothing to do (every value has its own arena slot)."""
-
-    def __init__(self, p=0.5, inplace=False):
-        super().__init__(_core.Dropout(float(p)))
-        self.p = p
-
-
-class Flatten(_NativeModule):
-    def __init__(self, start_dim=1, end_dim=-1):
-        super().__init__(_core.Flatten(int(start_dim), int(end_dim)))
-        self.start_dim, self.end_dim = int(start_dim), int(end_dim)
-
-
-from . import nn_init as init  # noqa: E402,F401 (tl.nn.init, as torch.nn.init)
-from . import nn_utils as utils  # noqa: E402,F401 (tl.nn.utils, as torch.nn.utils)
-from .nn_containers import *  # noqa: E402,F401,F403
-from .nn_activations import *  # noqa: E402,F401,F403
-from .nn_attention import *  # noqa: E402,F401,F403
-from .nn_recurrent import *  # noqa: E402,F401,F403
-from .nn_layers import *  # noqa
-from .nn_conv import *  # noqa: E402,F401,F403
-from .nn_transformer import *  # noqa: E402,F401,F403
-# torch.nn's loss classes live in tl.loss; torch code reaches them as nn.MSELoss(), ...
-from .loss_torch import *  # noqa: E402,F401,F403

@@ -1,4 +1,5 @@
-"""Normalisation, embedding and small layers, with torch.nn's arguments, parameter names and initialisation.
+"""Linear, dropout, normalisation, embedding and small layers, with torch.nn's arguments, parameter
+names and initialisation.
 
 Training plans (Trainer.step, Trainer.forward) run these layers in training mode and inference or
 evaluation (predict, Trainer.evaluate) in eval mode, like torch's module.train() / module.eval():
@@ -14,14 +15,50 @@ import numbers
 
 import numpy as np
 
-from . import _core
-from . import functional as F
-from .nn import _NativeModule, _int_args
+from .. import _core
+from .. import functional as F
+from .module import _NativeModule, _int_arg, _int_args
 
 __all__ = [
-    "LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "Embedding", "Unflatten",
-    "Upsample", "OutputTransform",
+    "Linear", "Dropout", "Flatten", "LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d",
+    "Embedding", "Unflatten", "Upsample", "OutputTransform",
 ]
+
+
+class Linear(_NativeModule):
+    """y = x W^T + b with W of shape (out_features, in_features); PyTorch's default initialisation."""
+
+    def __init__(self, in_features, out_features, bias=True, dtype="float32"):
+        super().__init__(_core.Linear(_int_arg(self, "in_features", in_features),
+                                      _int_arg(self, "out_features", out_features), bool(bias), dtype))
+        self.in_features, self.out_features, self.has_bias = in_features, out_features, bias
+
+    @property
+    def weight(self):
+        return dict(self._native.named_parameters())["weight"].data
+
+    @property
+    def bias(self):
+        params = dict(self._native.named_parameters())
+        return params["bias"].data if "bias" in params else None
+
+    def extra_repr(self):
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.has_bias}"
+
+
+class Dropout(_NativeModule):
+    """Zeroes elements with probability p in training (scaling the rest by 1/(1-p)); identity in predict.
+    torch's inplace flag is accepted and has nothing to do (every value has its own arena slot)."""
+
+    def __init__(self, p=0.5, inplace=False):
+        super().__init__(_core.Dropout(float(p)))
+        self.p = p
+
+
+class Flatten(_NativeModule):
+    def __init__(self, start_dim=1, end_dim=-1):
+        super().__init__(_core.Flatten(int(start_dim), int(end_dim)))
+        self.start_dim, self.end_dim = int(start_dim), int(end_dim)
 
 
 def _dtype(dtype):

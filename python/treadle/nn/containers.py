@@ -2,7 +2,7 @@
 through others and add no op of their own."""
 import numbers
 
-from .nn import Module
+from .module import Module
 
 __all__ = ["Sequential", "ModuleList", "ModuleDict", "Identity"]
 

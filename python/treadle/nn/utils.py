@@ -9,8 +9,8 @@ import math
 
 import numpy as np
 
-from .nn import _compiled_roots
-from .nn_parameter import _as_parameter
+from .parameter import _as_parameter
+from .state import _compiled_roots
 
 __all__ = ["clip_grad_norm_", "clip_grad_value_"]
 
