@@ -14,58 +14,17 @@ Results go to stdout (markdown) and to <out>/bench-<time>.{json,md} plus latest.
 import argparse
 import datetime
 import importlib.util
-import json
 import os
-import platform
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-# The workload pair and the timing live in their own modules; these names stay importable from here.
+# The shared helpers, the workload pair and the timing live in their own modules; these names stay
+# importable from here.
+from .bench_common import _default_out_dir, load_workloads, machine_info, treadle_info, write_result_files  # noqa: F401
 from .bench_pair import INFER_CHECK_TOL, LOSS_CHECK_TOL, Missing, Pair, _as_arrays, _data  # noqa: F401
 from .bench_timing import ROUND_SECONDS, _steps_per_round, time_alternating  # noqa: F401
-
-
-# -- machine --------------------------------------------------------------------------------------
-def machine_info():
-    """CPU model, vector flags of interest, core counts, load, library versions."""
-    info = {"cpu_model": platform.processor() or platform.machine(), "flags": {}, "cores_physical": None}
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        text = ""
-    fields = {}
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())
-    if "model name" in fields:
-        info["cpu_model"] = fields["model name"]
-    flags = set(fields.get("flags", "").split())
-    for f in ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8"):
-        info["flags"][f] = f in flags
-    if "cpu cores" in fields:
-        info["cores_physical"] = int(fields["cpu cores"])
-    info["cpus_logical"] = os.cpu_count()
-    info["cpus_usable"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    info["loadavg_at_start"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
-    info["python"] = platform.python_version()
-    info["numpy"] = np.__version__
-    return info
-
-
-def treadle_info(tl):
-    info = {"version": tl.__version__, "backends": tl.backends(), "git": None,
-            "build": tl.info() if hasattr(tl, "info") else {}}
-    try:
-        here = Path(tl.__file__).resolve().parent
-        info["git"] = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=here, capture_output=True,
-                                     text=True, timeout=5).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return info
 
 
 def gemm_peak(torch, tl, threads, n=1024, min_time=0.3):
@@ -344,20 +303,6 @@ def _best_round_table(rows):
     return lines
 
 
-def write_result_files(result, markdown, out_dir, name, latest=None):
-    """<out_dir>/<name>-<date>.{json,md} and <latest or name-latest>.{json,md}; returns the paths."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stamp = result["date"].replace(":", "").replace("-", "").replace(" ", "-")
-    text = json.dumps(result, indent=1)
-    paths = []
-    for stem in (f"{name}-{stamp}", latest or f"{name}-latest"):
-        (out_dir / f"{stem}.json").write_text(text)
-        (out_dir / f"{stem}.md").write_text(markdown)
-        paths += [out_dir / f"{stem}.json", out_dir / f"{stem}.md"]
-    return paths
-
-
 def write_results(result, out_dir):
     return write_result_files(result, to_markdown(result), out_dir, "bench", latest="latest")
 
@@ -400,30 +345,6 @@ def run_suite(workloads, threads=(1, 2), min_time=1.0, warmup=0.2, gemm=True, pr
     finally:
         torch.set_num_threads(saved_threads)
     return result
-
-
-def load_workloads(path=None):
-    """The workload list: treadle/bench_workloads.py, or a workloads.py of your own at `path` or in
-    $TREADLE_BENCH_DIR."""
-    custom = path or os.environ.get("TREADLE_BENCH_DIR")
-    custom = Path(custom) if custom else None
-    if custom is None:
-        from .bench_workloads import all_workloads
-
-        return all_workloads()
-    f = custom / "workloads.py" if custom.is_dir() else custom
-    if not f.is_file():
-        raise FileNotFoundError(f"bench: no workloads file at {f}")
-    spec = importlib.util.spec_from_file_location("treadle_bench_custom_workloads", f)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module.all_workloads()
-
-
-def _default_out_dir():
-    src = Path(__file__).resolve().parent.parent.parent / "bench"
-    return src / "results" if src.is_dir() else Path.cwd() / "bench-results"
 
 
 def _parser():

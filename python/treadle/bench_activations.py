@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 
-from .bench import _default_out_dir, machine_info, treadle_info, write_result_files
+from .bench_common import _default_out_dir, machine_info, treadle_info, write_result_files
 from .bench_timing import time_alternating
 
 # (name, treadle module factory(tl), torch function factory(torch))

@@ -319,7 +319,7 @@ def _cuda_device_usable(tl):
 
 def run_study(configs, batches, max_macs, min_time, backends=None, log=print, mode="default"):
     import treadle as tl
-    from treadle import bench as tb
+    from treadle import bench_common as tb
 
     built = [b for b in tl.backends() if b != "cuda" or _cuda_device_usable(tl)]  # a CUDA build needs a GPU too
     wanted = [s.name for s in BACKENDS] if backends is None else backends

@@ -7,7 +7,7 @@ work under the same conditions: the batch copied from host memory each step (`.t
 loss read back with `.item()` (the prediction with `.cpu()`). TF32 is off on both sides: treadle's
 float32 products are exact float32 (cuBLASLt without TF32, cuDNN FMA-only convolutions).
 """
-from .bench import Pair
+from .bench_pair import Pair
 
 DEVICE = "cuda"
 

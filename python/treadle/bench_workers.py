@@ -21,7 +21,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from .bench import _default_out_dir, load_workloads, machine_info, treadle_info, write_result_files
+from .bench_common import _default_out_dir, load_workloads, machine_info, treadle_info, write_result_files
 from .bench_pair import _data, torch_loss, treadle_loss
 from .bench_timing import time_alternating
 

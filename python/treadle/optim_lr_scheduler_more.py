@@ -2,7 +2,7 @@
 import bisect
 import math
 
-from .optim_lr_scheduler import LRScheduler, _bind_args, _split, _torch_only
+from .optim_lr_scheduler_base import LRScheduler, _bind_args, _split, _torch_only
 
 
 def _per_group(cls_name, what, optimizer, value):
