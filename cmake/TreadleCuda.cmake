@@ -123,9 +123,8 @@ function(treadle_add_cuda_library name src_root include_root)
 endfunction()
 
 # The backend's core side, compiled with the core's own flags plus the CUDA headers. The definition
-# is PUBLIC: Context, KernelArgs and the plan carry CUDA-only members under TREADLE_WITH_CUDA, so every
-# translation unit that sees those headers (the core, the Python module, a host linking
-# treadle::treadle) must agree on it; CPU-only builds never define it and stay as they were.
+# is PUBLIC for treadle/cuda.hpp (the device-memory helpers a binding or host uses); the core's
+# classes do not depend on it (the core reaches the device through DeviceRuntime).
 function(treadle_add_cuda_backend target src_root)
   file(GLOB _srcs CONFIGURE_DEPENDS ${src_root}/backends/cuda/cuda_backend*.cpp)
   target_sources(${target} PRIVATE ${_srcs})

@@ -2,17 +2,18 @@
 // Everything one step needs that is not a parameter: the activation arena, the executor the host
 // lends, and the dropout RNG. Caller-owned; one per concurrent caller. A context is not shared
 // between threads at the same time, but many contexts may run one plan concurrently.
-#include "treadle/config.hpp"  // TREADLE_WITH_CUDA as the library was built
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <thread>
 
+#include "treadle/dtype.hpp"
 #include "treadle/executor.hpp"
 
 namespace treadle {
 
 class Profiler;
+class DeviceQueue;  // a device backend's queue and arena (internal: backends/device_runtime.hpp)
 
 class TREADLE_API Context {
  public:
@@ -61,8 +62,8 @@ class TREADLE_API Context {
   Profiler* profiler() const { return profiler_; }
   void set_profiler(Profiler* p) { profiler_ = p; }
 
-#ifdef TREADLE_WITH_CUDA
-  // The device side (CUDA builds only), used by plans compiled for "cuda" (device cuda:0).
+  // The device side, used by plans compiled for a device backend ("cuda": cuda:0). Every build
+  // declares it; without a device backend the stream calls raise ValueError and the counts are 0.
   // The stream every kernel of this context is enqueued on: the host's (a cudaStream_t, set between
   // steps; work still queued on the previous stream is waited for first), or null for the
   // context's own non-blocking stream, created on first device use. The legacy default stream
@@ -73,9 +74,11 @@ class TREADLE_API Context {
   // owns; the memory budget applies to it too.
   void* device_arena(std::size_t bytes);
   std::size_t device_arena_bytes() const;
-  // cudaMalloc calls this context's allocator has made so far: constant once steps are steady.
+  // Device allocations this context's allocator has made so far: constant once steps are steady.
   uint64_t device_allocations() const;
-#endif
+  // The queue of device `d`, made on first use (ValueError in a build without its backend); a
+  // context serves one device. Internal: what device plans and the trainer enqueue on.
+  DeviceQueue& device_queue(Device d);
 
  private:
   Executor* executor_;
@@ -86,15 +89,10 @@ class TREADLE_API Context {
   Profiler* profiler_ = nullptr;
   bool check_numerics_ = false;
   std::atomic<std::thread::id> user_{};
-#ifdef TREADLE_WITH_CUDA
-  // Stream, allocator and device arena (cuda_backend_context.cpp), created on first device use.
-  struct DeviceState;
-  struct DeviceStateDeleter {
-    void operator()(DeviceState* d) const noexcept;
+  struct DeviceQueueDeleter {
+    void operator()(DeviceQueue* q) const noexcept;
   };
-  DeviceState& device_state();
-  std::unique_ptr<DeviceState, DeviceStateDeleter> device_;
-#endif
+  std::unique_ptr<DeviceQueue, DeviceQueueDeleter> device_;  // null until the first device use
 };
 
 }  // namespace treadle

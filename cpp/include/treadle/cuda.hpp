@@ -2,6 +2,7 @@
 // Device memory the host owns (CUDA builds, -DTREADLE_WITH_CUDA=ON): what a binding needs to take
 // another library's CUDA arrays (CuPy, torch, Numba: the CUDA array interface) as tensors of a model
 // on backend "cuda" (Tensor::wrap_device). Declares nothing in a build without CUDA.
+#include "treadle/config.hpp"  // TREADLE_WITH_CUDA as the library was built
 #ifdef TREADLE_WITH_CUDA
 #include <cstdint>
 

@@ -1,15 +1,11 @@
 #pragma once
 // A model: a traced forward (a module, or a function over symbolic values) plus its parameters
 // packed into one flat buffer, and a cache of plans compiled per input signature.
-#include "treadle/config.hpp"  // TREADLE_WITH_CUDA as the library was built
 #include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
-#ifdef TREADLE_WITH_CUDA
-#include <span>
-#endif
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,6 +18,7 @@
 namespace treadle {
 
 class Plan;
+class ParameterMirror;  // a device backend's copy of the flat buffers (internal: backends/device_runtime.hpp)
 
 // infer: forward only, eval mode. eval_loss: forward + loss, eval mode, no backward.
 // train_seeded: forward + backward from a host-given output gradient. train_loss: forward + loss + backward.
@@ -155,9 +152,8 @@ class TREADLE_API Model {
   // Checks inputs against the model's dtype and layout rules; builds the inference key.
   PlanKey infer_key(const std::vector<Tensor>& inputs) const;
 
-#ifdef TREADLE_WITH_CUDA
-  // Backend "cuda" (CUDA builds): the flat parameter and gradient buffers have copies on cuda:0,
-  // made on the first device step or prediction (cuda_backend_model.cpp). The host buffers stay the
+  // A device backend ("cuda": cuda:0): the flat parameter and gradient buffers have copies on the
+  // device, made on the first device step or prediction (its runtime's ParameterMirror). The host buffers stay the
   // model's state as seen from outside: every accessor above, state_dict, load_state_dict, to() and
   // checkpoints first copy values the device holds newer back to the host, and values handed out
   // for writing are uploaded again before the next device use. Parameter objects a module still
@@ -168,35 +164,26 @@ class TREADLE_API Model {
   };
   // The device copies, current for work enqueued on `stream` (a cudaStream_t) from now on: the
   // stream waits for the last use's work, host values written since are uploaded, the gradients
-  // zeroed after zero_grad(). Creates the copies on first use (ValueError without a device).
+  // zeroed after zero_grad(). Creates the copies on first use, on the device of the model's backend
+  // (ValueError without a device, or in a build without a device backend).
   DeviceBuffers device_buffers(void* stream);
   // Marks the end of a use whose work is enqueued on `stream` (the next use waits for it); `params`
   // / `grads`: that work writes them, so the host's copies are stale until read.
   void device_written(void* stream, bool params, bool grads);
-  // cudaMalloc calls made for the device copies and predictions' inputs: constant once steady.
+  // Device allocations made for the device copies and predictions' inputs: constant once steady.
   uint64_t device_allocations() const;
-#endif
 
  private:
-#ifdef TREADLE_WITH_CUDA
   // Copies device-newer values back into the host buffers; `will_write`: the host may change them,
   // so the next device use uploads them again.
   void device_to_host(bool will_write) const;
   void host_access() const {
     if (device_) device_to_host(true);
   }
-  void predict_on_device(const Plan& plan, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
-                         Context& ctx);
-  struct DeviceMirror;
-  struct DeviceMirrorDeleter {
-    void operator()(DeviceMirror* d) const noexcept;
+  struct MirrorDeleter {
+    void operator()(ParameterMirror* m) const noexcept;
   };
-  std::unique_ptr<DeviceMirror, DeviceMirrorDeleter> device_;
-  void device_zero_grad();
-  void make_device_copies(void* stream);
-#else
-  void host_access() const {}
-#endif
+  std::unique_ptr<ParameterMirror, MirrorDeleter> device_;  // null until the first device use
   void pack_parameters();
   std::shared_ptr<Plan> compile(const PlanKey& key, const Loss* loss) const;  // no lock held: it traces
   std::vector<Value> trace(Graph& g, const std::vector<Value>& inputs) const;

@@ -6,7 +6,6 @@
 // Parameter groups (torch's param_groups) give sets of parameters their own hyper-parameters: the
 // update still makes one pass over the flat buffers, segment by segment with each segment's
 // group coefficients; parameters in no group are not updated.
-#include "treadle/config.hpp"  // TREADLE_WITH_CUDA as the library was built
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -104,11 +103,9 @@ class TREADLE_API Optimizer {
   // restored (with set_step_count).
   std::vector<std::pair<std::string, Tensor>>& state() { return state_; }
   const std::vector<ParamSlot>& layout() const { return layout_; }
-#ifdef TREADLE_WITH_CUDA
   // The options other than lr by their field names (flags as 0 or 1), for running the same update
-  // on a device (the trainer of backend "cuda"); empty for optimizers without a device update.
+  // on a device (the trainer of a device backend); empty for optimizers without a device update.
   virtual std::vector<std::pair<std::string, double>> hyperparameters() const { return {}; }
-#endif
 
  protected:
   virtual std::vector<std::string> state_names() const = 0;

@@ -2,7 +2,6 @@
 // Training: a model, a loss and an optimizer driven step by step by the host.
 // step() does everything in one call; forward/backward/zero_grad/update let an external scheduler
 // interleave its own work (an allreduce, a policy-gradient objective) between the phases.
-#include "treadle/config.hpp"  // TREADLE_WITH_CUDA as the library was built
 #include <array>
 #include <cstdint>
 #include <memory>
@@ -18,7 +17,8 @@
 
 namespace treadle {
 
-class LossScaler;  // nn/loss_scaler.hpp
+class LossScaler;     // nn/loss_scaler.hpp
+class DeviceTrainer;  // a device backend's training step (internal: backends/device_runtime.hpp)
 
 // Loss scaling for mixed-precision training (Model::set_precision("fp16"), whose rounded gradient
 // operands flush small values to zero), as torch.amp.GradScaler does it. The backward pass is seeded
@@ -57,13 +57,12 @@ struct TrainerOptions {
   // With it, skip_nonfinite's gradient check is the scaler's (its loss check still comes first and
   // leaves the scale alone). Host trainers only for now: a step on backend "cuda" raises ValueError.
   LossScaling loss_scaling;
-#ifdef TREADLE_WITH_CUDA
   // Backend "cuda" (CUDA builds): step() runs as a CUDA graph, captured once per input signature
   // on its second step (the first runs as launched kernels) and replayed: forward, loss, backward,
   // gradient accumulation and the optimizer in one launch. Not with skip_nonfinite, check_finite or
-  // anomaly mode (the update cannot wait for a value read back mid-step): ValueError.
+  // anomaly mode (the update cannot wait for a value read back mid-step): ValueError. Host backends
+  // ignore it.
   bool cuda_graph = false;
-#endif
 };
 
 // One task of a training step split for a host scheduler (Trainer::begin_step).
@@ -167,15 +166,13 @@ class TREADLE_API Trainer {
   // Re-records the parameter checksums (verify_parameters) after a deliberate write to the
   // parameters (loading a checkpoint, editing weights by hand).
   void reseal_parameters();
-#ifdef TREADLE_WITH_CUDA
   // Backend "cuda" (CUDA builds; docs/cuda.md): step, compute_gradients, evaluate and update run on
   // cuda:0 with the model's device copies (Model::device_buffers), inputs and target uploaded once
   // per step through pinned memory, gradients accumulated and clipped and the optimizer (SGD, Adam,
   // AdamW, AMSGrad) run on the device, and the loss the step's one read-back. Returns the cudaMalloc
   // calls made for this trainer's steps (its context's arena, its buffers, the model's copies):
-  // constant once steps are steady.
+  // constant once steps are steady. 0 for a trainer that never ran on a device.
   uint64_t device_allocations() const;
-#endif
 
  private:
   double run_loss_plan(Inputs xs, const Tensor& y, PlanMode mode, StepOutputs* out = nullptr);
@@ -238,34 +235,17 @@ class TREADLE_API Trainer {
   std::unique_ptr<TaskedStep> tasked_;
   std::vector<uint64_t> checksums_;  // per layout slot; empty until the first update
   uint64_t sealed_generation_ = 0;   // the model's generation when checksums_ were taken
-#ifdef TREADLE_WITH_CUDA
-  // The device side of steps (cuda_backend_trainer.cpp), created on the first device step; declared
-  // after ctx_ so that it goes before the context's stream.
-  struct DeviceStep;
-  struct DeviceStepDeleter {
-    void operator()(DeviceStep* d) const noexcept;
+  // The device side of steps (a device backend's DeviceTrainer), made on the first device step;
+  // declared after ctx_ so that it goes before the context's queue. It reaches this trainer's
+  // members through TrainerInternals (nn/trainer_internals.hpp).
+  friend struct TrainerInternals;
+  struct DeviceDeleter {
+    void operator()(DeviceTrainer* d) const noexcept;
   };
-  std::unique_ptr<DeviceStep, DeviceStepDeleter> device_;
-  bool on_device() const;
-  void device_wait() noexcept;  // waits for the context's stream (errors are dropped)
-  // ValueError for what the device step does not do: an optimizer without a device update,
-  // verify_parameters (checksums on the host), cuda_graph with an update that waits for a read-back.
-  void check_device_support(const char* who) const;
-  DeviceStep& device_step();
-  double run_device_loss_plan(const Plan& p, Inputs xs, const Tensor& y, PlanMode mode);
-  double device_graph_step(Inputs xs, const Tensor& y);
-  // Loss scaling on the device: unscales the n gradients in place and applies the host rule to the
-  // non-finite flag read back; false when the update is to be skipped.
-  bool device_unscale_and_check(float* grads, int64_t n, void* stream);
-  void device_update();
-  // Copies the optimizer's device-newer state back; `will_write`: upload it before the next update.
-  void device_optimizer_to_host(bool will_write);
-  void optimizer_host_access() {
-    if (device_) device_optimizer_to_host(true);
-  }
-#else
-  void optimizer_host_access() {}
-#endif
+  std::unique_ptr<DeviceTrainer, DeviceDeleter> device_;
+  bool on_device() const;  // the model's backend runs on a device
+  DeviceTrainer& device_trainer();
+  void optimizer_host_access();
 };
 
 }  // namespace treadle

@@ -37,11 +37,9 @@ struct KernelArgs {
   uint64_t rng_seed;     // the context's seed
   uint64_t rng_counter;  // advances every step; with the node index it names a unique stream
   const void* state = nullptr;  // what the backend prepared for this node (Backend::prepare), or null
-#ifdef TREADLE_WITH_CUDA
-  // The context's cudaStream_t for a plan compiled for a cuda device (every pointer above is then
-  // a device pointer and the kernel only enqueues on this stream); null for host plans.
+  // The context's queue (a cudaStream_t for CUDA) for a plan compiled for a device (every pointer
+  // above is then a device pointer and the kernel only enqueues on it); null for host plans.
   void* stream = nullptr;
-#endif
   const Attrs& attrs() const { return node.attrs; }
 };
 

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <new>
 
+#include "backends/device_runtime.hpp"
 #include "treadle/error.hpp"
 #include "treadle/tensor.hpp"
 
@@ -50,5 +51,34 @@ void* Context::arena(std::size_t bytes) {
   }
   return arena_;
 }
+
+// The device side. The public calls named after CUDA address the device plans for "cuda" run on.
+namespace {
+constexpr Device kCudaPlans{DeviceKind::cuda, 0};
+}
+
+void Context::DeviceQueueDeleter::operator()(DeviceQueue* q) const noexcept { delete q; }
+
+DeviceQueue& Context::device_queue(Device d) {
+  if (!device_) {
+    device_.reset(require_device_runtime(d, "Context").make_queue(d).release());
+  } else if (!(device_->device() == d)) {
+    throw_value_error("Context: this context serves ", device_name(device_->device()), ", not ", device_name(d),
+                      "; use one context per device");
+  }
+  return *device_;
+}
+
+void Context::set_cuda_stream(void* stream) { device_queue(kCudaPlans).set_stream(stream); }
+
+void* Context::cuda_stream() { return device_queue(kCudaPlans).stream(); }
+
+void* Context::device_arena(std::size_t bytes) {
+  return device_queue(device_ ? device_->device() : kCudaPlans).arena(bytes, memory_budget_);
+}
+
+std::size_t Context::device_arena_bytes() const { return device_ ? device_->arena_bytes() : 0; }
+
+uint64_t Context::device_allocations() const { return device_ ? device_->allocations() : 0; }
 
 }  // namespace treadle

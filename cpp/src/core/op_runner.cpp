@@ -6,10 +6,8 @@
 #include <string>
 
 #include "backends/kernel.hpp"
+#include "backends/device_runtime.hpp"
 #include "core/plan.hpp"
-#ifdef TREADLE_WITH_CUDA
-#include "backends/cuda/cuda_backend.hpp"
-#endif
 #include "treadle/error.hpp"
 #include "treadle/testing.hpp"
 
@@ -71,13 +69,13 @@ OpPlan build_op_plan(const std::string& op, const std::vector<Tensor>& inputs, c
   return r;
 }
 
-#ifdef TREADLE_WITH_CUDA
-// A plan compiled for "cuda": host tensors in, host tensors out (the op suite runs unchanged).
-OpRunResult run_on_device(const OpPlan& p, bool backward, std::size_t num_inputs, uint64_t seed) {
+// A plan compiled for a device: host tensors in, host tensors out (the op suite runs unchanged).
+OpRunResult run_on_device(const DeviceRuntime& runtime, const OpPlan& p, bool backward, std::size_t num_inputs,
+                          uint64_t seed) {
   std::vector<int> ids = p.returned;
   if (backward) ids.insert(ids.end(), p.plan->input_grads.begin(), p.plan->input_grads.end());
   Context ctx(nullptr, seed);
-  std::vector<Tensor> got = cuda::run_on_device(*p.plan, ctx, p.held, p.seeds, ids);
+  std::vector<Tensor> got = runtime.run_on_host_data(*p.plan, ctx, p.held, p.seeds, ids);
   OpRunResult result;
   result.plan = p.plan->describe();
   result.outputs.assign(got.begin(), got.begin() + static_cast<std::ptrdiff_t>(p.outs.size()));
@@ -94,14 +92,14 @@ void finalize_on_device(OpPlan& p, const std::string& op, const std::vector<Tens
   try {
     p.plan->finalize({}, backend);
   } catch (const ValueError& e) {
-    if (grad_outputs.empty() || std::string(e.what()).find("no CUDA kernel") == std::string::npos) throw;
+    if (grad_outputs.empty() || std::string(e.what()).find("runs every node on the device") == std::string::npos)
+      throw;
     OpPlan retry = build_op_plan(op, inputs, attrs, grad_outputs, training, false);
     if (retry.plan->outputs.size() == p.plan->outputs.size()) throw;  // nothing left out: the error stands
     retry.plan->finalize({}, backend);
     p = std::move(retry);
   }
 }
-#endif
 
 }  // namespace
 
@@ -113,12 +111,10 @@ OpRunResult run_op(const std::string& op, const std::vector<Tensor>& inputs, con
   if (all_kernels) any_size.emplace();
   const bool backward = !grad_outputs.empty();
   OpPlan p = build_op_plan(op, inputs, attrs, grad_outputs, training, true);
-#ifdef TREADLE_WITH_CUDA
-  if (plan_device(backend).kind == DeviceKind::cuda) {
+  if (const DeviceRuntime* runtime = device_runtime(plan_device(backend).kind)) {
     finalize_on_device(p, op, inputs, attrs, grad_outputs, training, backend);
-    return run_on_device(p, backward, inputs.size(), seed);
+    return run_on_device(*runtime, p, backward, inputs.size(), seed);
   }
-#endif
   Plan& plan = *p.plan;
   plan.finalize({}, backend);
 

@@ -7,14 +7,12 @@
 #include <optional>
 #include <sstream>
 
+#include "backends/device_runtime.hpp"
 #include "core/dispatch_table.hpp"
 #include "core/op_registry.hpp"
 #include "ops/fusion.hpp"
 #include "ops/precision.hpp"
 #include "treadle/error.hpp"
-#ifdef TREADLE_WITH_CUDA
-#include "backends/cuda/cuda_backend.hpp"
-#endif
 
 namespace treadle {
 namespace {
@@ -68,14 +66,13 @@ void Plan::finalize(const std::vector<int64_t>& param_offsets, const std::string
   steps.resize(graph.nodes().size());
   for (int n = 0; n < static_cast<int>(steps.size()); ++n) steps[n].node = n;
   mark_read_values();
-#ifdef TREADLE_WITH_CUDA
   device_ = plan_device(backend);
-  if (device_.kind == DeviceKind::cuda) {
-    select_device_kernels(deterministic);
+  runtime_ = device_runtime(device_.kind);
+  if (runtime_) {  // every node on the device: no fallback, since a host kernel cannot read device memory
+    runtime_->select_kernels(*this, device_, deterministic);
     plan_memory();
     return;
   }
-#endif
   select_kernels(backend, deterministic);
   plan_memory();
   find_elementwise_runs();
@@ -144,9 +141,7 @@ void Plan::select_kernels(const std::string& backend, bool deterministic) {
     const char* owner = layout_owner_of_inputs(node);
     std::vector<const Backend*> candidates = measured ? auto_backend_order(graph, node) : order;
     if (owner) candidates = {backend_by_name(owner)};  // it alone reads its own layout
-#ifdef TREADLE_WITH_CUDA
     std::erase_if(candidates, is_device_backend);  // a host plan's pointers are host memory
-#endif
     for (const Backend* b : candidates) {
       if (deterministic && !b->deterministic(graph, node)) continue;
       take_cpu_decline();
@@ -238,11 +233,7 @@ void* Plan::address(Context& ctx, const Bindings& b, int id) const {
   const Location& l = loc_[id];
   char* base = nullptr;
   switch (l.buffer) {
-#ifdef TREADLE_WITH_CUDA
     case Buffer::arena: base = arena_base(ctx); break;
-#else
-    case Buffer::arena: base = static_cast<char*>(ctx.arena(arena_bytes_)); break;
-#endif
     case Buffer::params: base = static_cast<char*>(b.params); break;
     case Buffer::input: base = static_cast<char*>(b.inputs[l.slot]); break;
     case Buffer::target: base = static_cast<char*>(b.targets[l.slot]); break;
@@ -259,19 +250,13 @@ void Plan::run(Context& ctx, const Bindings& b, int begin, int end) const {
 void Plan::run_with_counter(Context& ctx, const Bindings& b, int begin, int end, uint64_t counter) const {
   constexpr int kMaxOperands = 24;
   ExecutorRun run(ctx.executor());  // the host's workers are called in once for all the steps below
-#ifdef TREADLE_WITH_CUDA
   check_run(ctx, b);
   char* arena = arena_base(ctx);
-  void* stream = device_.kind == DeviceKind::cuda ? ctx.cuda_stream() : nullptr;
-#else
-  char* arena = static_cast<char*>(ctx.arena(arena_bytes_));
-#endif
+  void* stream = runtime_ ? ctx.device_queue(device_).stream() : nullptr;
   Profiler* profiler = ctx.profiler() ? ctx.profiler() : global_profiler();
-#ifdef TREADLE_WITH_CUDA
-  // A device kernel call only enqueues work: device plans are timed with events on the stream.
-  std::optional<cuda::DeviceStepTimer> device_timer;
-  if (profiler && stream) device_timer.emplace(stream);
-#endif
+  // A device kernel call only enqueues work: device plans are timed by the device.
+  std::unique_ptr<DeviceStepTimer> device_timer;
+  if (profiler && runtime_) device_timer = runtime_->step_timer(stream);
   std::array<TensorRef, kMaxOperands> refs;
   for (int s = begin; s < end; ++s) {
     const PlanStep& step = steps[s];
@@ -301,16 +286,12 @@ void Plan::run_with_counter(Context& ctx, const Bindings& b, int begin, int end,
     KernelArgs args{node, refs.data(), nin, refs.data() + nin, nout, ctx.executor(), arena + workspace_offset_,
                     ctx.seed(), counter};
     args.state = step.state.get();
-#ifdef TREADLE_WITH_CUDA
     args.stream = stream;
-#endif
-#ifdef TREADLE_WITH_CUDA
     if (device_timer) {
       step.kernel(args);
       device_timer->mark(s);
       continue;  // no check_numerics: check_run refuses it for device plans (the trainer checks on the device)
     }
-#endif
     if (profiler) {
       const auto t0 = std::chrono::steady_clock::now();
       step.kernel(args);
@@ -320,9 +301,24 @@ void Plan::run_with_counter(Context& ctx, const Bindings& b, int begin, int end,
     }
     if (ctx.check_numerics()) check_numerics(s, refs.data() + nin);
   }
-#ifdef TREADLE_WITH_CUDA
   if (device_timer) device_timer->finish([&](int s, double seconds) { record_time(*profiler, s, seconds); });
-#endif
+}
+
+char* Plan::arena_base(Context& ctx) const {
+  if (runtime_) return static_cast<char*>(ctx.device_queue(device_).arena(arena_bytes_, ctx.memory_budget()));
+  return static_cast<char*>(ctx.arena(arena_bytes_));
+}
+
+void Plan::check_run(const Context& ctx, const Bindings& b) const {
+  if (!(b.device == device_))
+    throw_value_error("plan: compiled for ", device_name(device_), " but run with bindings on ", device_name(b.device),
+                      runtime_ ? " (a device plan runs only with device memory bound; the Trainer and Model::predict "
+                                 "upload host data themselves)"
+                               : "");
+  if (runtime_ && ctx.check_numerics())
+    throw_value_error("plan: check_numerics reads outputs on the host and is not available for ",
+                      device_name(device_), " plans run directly (the Trainer and Model::predict check them on ",
+                      "the device)");
 }
 
 namespace {
@@ -399,12 +395,10 @@ void Plan::accumulate_param_grad(Context& ctx, const Bindings& b, int g, void* g
   const auto& [offset, value] = param_grads[g];
   const ValueInfo& info = graph.values()[value];
   void* dst = static_cast<char*>(grads) + offset;
-#ifdef TREADLE_WITH_CUDA
-  if (device_.kind != DeviceKind::cpu)
+  if (runtime_)
     throw_value_error("plan: accumulating the parameter gradients of a ", device_name(device_),
                       " plan into a host buffer is not implemented (it needs a device axpy); read the gradient ",
                       "values from the device arena instead");
-#endif
   const void* src = address(ctx, b, value);
   if (info.dtype == DType::f32)
     add_into<float>(dst, src, shape_numel(info.shape));

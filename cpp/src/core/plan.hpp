@@ -17,6 +17,8 @@
 
 namespace treadle {
 
+class DeviceRuntime;
+
 // Where a value lives at run time.
 enum class Buffer : uint8_t { arena, params, input, target, seed, none };
 
@@ -56,11 +58,9 @@ struct Bindings {
   std::span<void* const> inputs;
   std::span<void* const> targets;
   std::span<void* const> seeds;
-#ifdef TREADLE_WITH_CUDA
   // Where the pointers above point. A plan runs only with bindings on its own device: a device
   // plan never reads host memory, a host plan never device memory.
   Device device{};
-#endif
 };
 
 // A run of consecutive elementwise Eigen steps over values of one shape, executed block by block
@@ -102,11 +102,9 @@ class Plan {
 
   int num_steps() const { return static_cast<int>(steps.size()); }
   std::size_t arena_bytes() const { return arena_bytes_; }
-#ifdef TREADLE_WITH_CUDA
-  // cuda:0 for a plan finalized with backend "cuda" (its arena is the context's device arena and
-  // every node runs a CUDA kernel), else the CPU.
+  // The device of a plan finalized with a device backend ("cuda": cuda:0; its arena is the
+  // context's device arena and every node runs that backend's kernel), else the CPU.
   Device device() const { return device_; }
-#endif
   std::string describe() const;  // one line per step: node, op, backend, shapes
 
   Graph graph;
@@ -144,17 +142,13 @@ class Plan {
   uint64_t id_;
   std::vector<int64_t> param_offsets_;
   std::size_t arena_bytes_ = 0, workspace_offset_ = 0;
-#ifdef TREADLE_WITH_CUDA
-  // Device plans (cuda_backend_plan.cpp): every node must have a CUDA kernel, checked for all
-  // nodes before any is prepared, so a missing kernel is reported without touching the device.
-  void select_device_kernels(bool deterministic);
-  // The arena a run uses: the context's host or device arena.
+  // The arena a run uses: the context's host arena, or its device queue's for a device plan.
   char* arena_base(Context& ctx) const;
   // Throws ValueError when `b` points to another device than the plan's, or when the context asks
   // for what a device plan cannot do yet (anomaly mode reads outputs on the host).
   void check_run(const Context& ctx, const Bindings& b) const;
   Device device_{};
-#endif
+  const DeviceRuntime* runtime_ = nullptr;  // a device plan's backend runtime; null on the host
 };
 
 // Appends the backward pass to `g`: gradients of `seeds` (value id -> its gradient value) through

@@ -6,10 +6,8 @@
 
 #include <unistd.h>
 
+#include "backends/device_runtime.hpp"
 #include "treadle/error.hpp"
-#ifdef TREADLE_WITH_CUDA
-#include "backends/cuda/cuda_backend.hpp"
-#endif
 
 namespace treadle {
 
@@ -188,13 +186,8 @@ void Tensor::copy_from(const Tensor& src) {
 
 Tensor Tensor::to(Device device, void* stream) const {
   if (device == device_) return *this;
-#ifdef TREADLE_WITH_CUDA
-  return cuda::copy_tensor_between_devices(*this, device, stream);
-#else
-  (void)stream;
-  throw_value_error("Tensor.to: ", device_name(device), " needs a build with CUDA (-DTREADLE_WITH_CUDA=ON); this ",
-                    "build has the CPU only");
-#endif
+  const Device other = device.kind != DeviceKind::cpu ? device : device_;  // the side that is not the host
+  return require_device_runtime(other, "Tensor.to").copy(*this, device, stream);
 }
 
 Tensor Tensor::to(DType dtype) const {

@@ -5,6 +5,7 @@
 #include <optional>
 #include <set>
 
+#include "backends/device_runtime.hpp"
 #include "core/compile.hpp"
 #include "ops/precision.hpp"
 #include "treadle/error.hpp"
@@ -69,9 +70,7 @@ void Model::pack_parameters() {
     }
   if (trainable_layout_.empty()) trainable_total_ = 0;
   for (auto& np : params_) np.second->set_owner(this);  // only once every check has passed
-#ifdef TREADLE_WITH_CUDA
   device_.reset();  // the layout changed: the device copies are made again on their next use
-#endif
   flat_params_ = Tensor({total_}, dtype_);
   flat_grads_ = Tensor({total_}, dtype_);
   trainable_params_ = Tensor(flat_params_.storage(), 0, {trainable_total_}, dtype_);
@@ -102,19 +101,15 @@ void Model::to(DType dtype) {
 
 void Model::zero_grad() {
   std::memset(flat_grads_.data(), 0, flat_grads_.nbytes());
-#ifdef TREADLE_WITH_CUDA
-  if (device_) device_zero_grad();
-#endif
+  if (device_) device_->zero_grad();
 }
 
 void Model::set_backend(const std::string& name) {
   if (!name.empty() && name != "auto") backend_by_name(name);  // validates; "auto": the measured dispatch table
-#ifdef TREADLE_WITH_CUDA
-  if (name != "cuda" && device_) {  // leaving the device: its values come home, its copies go
+  if (device_ && !(plan_device(name) == device_->device())) {  // leaving the device: its values come home
     device_to_host(false);
     device_.reset();
   }
-#endif
   std::lock_guard<std::mutex> lock(mutex_);
   backend_ = name;
   plans_.clear();
@@ -364,11 +359,7 @@ void Model::predict_into(const Plan& plan, const std::vector<Tensor>& inputs, co
   }
   constexpr std::size_t kMaxInputs = 8;
   if (inputs.size() > kMaxInputs) throw_value_error("predict: at most ", kMaxInputs, " inputs");
-#ifdef TREADLE_WITH_CUDA
   const bool on_device = p->device().kind != DeviceKind::cpu;
-#else
-  const bool on_device = false;
-#endif
   if (!on_device) {  // a host plan reads every buffer on the host
     for (const Tensor& t : inputs) t.require_cpu("predict (input of a model on a CPU backend)");
     for (const Tensor& t : outputs) t.require_cpu("predict (output of a model on a CPU backend)");
@@ -383,13 +374,12 @@ void Model::predict_into(const Plan& plan, const std::vector<Tensor>& inputs, co
   Context& c = ctx ? *ctx : *pooled;
   Bindings b{flat_params_.data(), std::span<void* const>(ptrs.data(), inputs.size()), {}, {}};
   try {
-#ifdef TREADLE_WITH_CUDA
     if (on_device) {  // host inputs uploaded, device ones copied on the device; outputs likewise
-      predict_on_device(*p, inputs, outputs, c);
+      device_buffers(c.device_queue(p->device()).stream());  // makes the device copies on first use
+      device_->predict(*p, inputs, outputs, c);
       if (pooled) return_context(std::move(pooled));
       return;
     }
-#endif
     p->run(c, b, 0, p->forward_end);
     for (std::size_t k = 0; k < outputs.size(); ++k)
       std::memcpy(outputs[k].data(), p->address(c, b, p->outputs[k]), outputs[k].nbytes());
@@ -408,9 +398,7 @@ std::vector<Tensor> Model::predict(const std::vector<Tensor>& inputs, Context* c
 }
 
 std::map<std::string, Tensor> Model::state_dict() const {
-#ifdef TREADLE_WITH_CUDA
   if (device_) device_to_host(false);
-#endif
   std::map<std::string, Tensor> out;
   for (const auto& [name, p] : params_) out.emplace(name, p->value().clone());
   return out;
@@ -447,5 +435,29 @@ void Model::load_state_dict(const std::map<std::string, Tensor>& state, bool str
     dst.copy_from(src);
   }
 }
+
+// The device copies (a device backend's ParameterMirror), made on first use for the device of the
+// model's backend.
+void Model::MirrorDeleter::operator()(ParameterMirror* m) const noexcept { delete m; }
+
+Model::DeviceBuffers Model::device_buffers(void* stream) {
+  if (!device_) {
+    std::lock_guard<std::mutex> lock(mutex_);  // concurrent first predictions make them once
+    if (!device_) {
+      const Device d = plan_device(backend_);
+      device_.reset(require_device_runtime(d, "Model").make_mirror(d, flat_params_, flat_grads_).release());
+    }
+  }
+  return device_->buffers(stream);
+}
+
+void Model::device_written(void* stream, bool params, bool grads) {
+  if (!device_) throw_runtime_error("Model: device copies written before they were made");
+  device_->written(stream, params, grads);
+}
+
+uint64_t Model::device_allocations() const { return device_ ? device_->allocations() : 0; }
+
+void Model::device_to_host(bool will_write) const { device_->to_host(will_write); }
 
 }  // namespace treadle

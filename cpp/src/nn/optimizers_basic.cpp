@@ -65,14 +65,12 @@ class SGD final : public detail::FusedOptimizer<SGD, SGDOptions> {
     return true;
   }
   static const char* option_names() { return "momentum, dampening, weight_decay, nesterov"; }
-#ifdef TREADLE_WITH_CUDA
   std::vector<std::pair<std::string, double>> hyperparameters() const override {
     if (!uniform_options()) return {};  // the device update has one set of options
     const SGDOptions& o = opts_[0];
     return {{"momentum", o.momentum}, {"dampening", o.dampening}, {"weight_decay", o.weight_decay},
             {"nesterov", o.nesterov ? 1.0 : 0.0}};
   }
-#endif
 
  protected:
   std::vector<std::string> state_names() const override {
@@ -151,14 +149,12 @@ class Adam final : public detail::FusedOptimizer<Adam, AdamOptions> {
     return true;
   }
   static const char* option_names() { return "betas (beta1, beta2), eps, weight_decay, amsgrad"; }
-#ifdef TREADLE_WITH_CUDA
   std::vector<std::pair<std::string, double>> hyperparameters() const override {
     if (!uniform_options()) return {};  // the device update has one set of options
     const AdamOptions& o = opts_[0];
     return {{"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps}, {"weight_decay", o.weight_decay},
             {"amsgrad", o.amsgrad ? 1.0 : 0.0}};
   }
-#endif
 
  protected:
   std::vector<std::string> state_names() const override {

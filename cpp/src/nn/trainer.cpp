@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "backends/device_runtime.hpp"
 #include "core/plan.hpp"
 #include "nn/loss_scaler.hpp"
 #include "nn/trainer_tasks.hpp"
@@ -36,9 +37,7 @@ Trainer::Trainer(std::shared_ptr<Model> model, Loss loss, std::shared_ptr<Optimi
   if (!optimizer_) throw_value_error("Trainer: optimizer is null");
   // Everything is checked before the optimizer is touched: a refused trainer changes nothing.
   validate_loss_scaling(options_.loss_scaling, "Trainer");
-#ifdef TREADLE_WITH_CUDA
-  if (on_device()) check_device_support("Trainer");  // e.g. an optimizer without a device update
-#endif
+  if (on_device()) device_trainer().check_support("Trainer");  // e.g. an optimizer without a device update
   optimizer_->claim(model_.get(), "Trainer");
   try {
     optimizer_->bind(model_->trainable_layout(), model_->num_trainable(), model_->dtype());
@@ -50,21 +49,35 @@ Trainer::Trainer(std::shared_ptr<Model> model, Loss loss, std::shared_ptr<Optimi
     scaler_ = std::make_unique<LossScaler>(options_.loss_scaling);
 }
 
-#ifdef TREADLE_WITH_CUDA
 Trainer::~Trainer() {
-  if (device_) device_wait();  // the last update may still run: it ends before its buffers go
+  if (device_) device_->wait();  // the last update may still run: it ends before its buffers go
   optimizer_->release(model_.get());
 }
-#else
-Trainer::~Trainer() { optimizer_->release(model_.get()); }
-#endif
+
+void Trainer::DeviceDeleter::operator()(DeviceTrainer* d) const noexcept { delete d; }
+
+bool Trainer::on_device() const { return plan_device(model_->backend()).kind != DeviceKind::cpu; }
+
+DeviceTrainer& Trainer::device_trainer() {
+  if (!device_) {
+    const Device d = plan_device(model_->backend());
+    device_.reset(require_device_runtime(d, "Trainer").make_trainer(d, *this).release());
+  }
+  return *device_;
+}
+
+void Trainer::optimizer_host_access() {
+  if (device_) device_->optimizer_to_host(true);
+}
+
+uint64_t Trainer::device_allocations() const {
+  return ctx_.device_allocations() + (device_ ? device_->allocations() : 0) + model_->device_allocations();
+}
 
 void Trainer::check_input(const Tensor& t, const char* what) const {
   if (!t.defined()) throw_value_error("Trainer: ", what, " is undefined");
-  if (!t.is_cpu()) {  // device memory: read by a model on backend "cuda" only, and on the device
-#ifdef TREADLE_WITH_CUDA
+  if (!t.is_cpu()) {  // device memory: read by a model on a device backend only, and on the device
     if (!on_device())
-#endif
       throw_type_error("Trainer: ", what, " is on ", device_name(t.device()), " but the model runs on the CPU (backend '",
                        model_->backend(), "'); call model.set_backend('cuda') or pass host arrays");
     if (options_.check_finite)
@@ -146,12 +159,12 @@ double Trainer::run_loss_plan(Inputs xs, const Tensor& y, PlanMode mode, StepOut
   std::shared_ptr<const Plan> p = plan_for(mode, xs, &y, false);
   const ValueInfo& out = p->graph.info(p->outputs.at(0));
   loss_.check_target(out.shape, out.dtype, y);  // e.g. class indices in range, before any compute
-#ifdef TREADLE_WITH_CUDA
-  if (p->device().kind == DeviceKind::cuda) {
-    if (step_out) throw_value_error("Trainer: returning a step's outputs is not implemented for backend 'cuda' yet");
-    return run_device_loss_plan(*p, xs, y, mode);
+  if (p->device().kind != DeviceKind::cpu) {
+    if (step_out)
+      throw_value_error("Trainer: returning a step's outputs is not implemented for backend '", model_->backend(),
+                        "' yet");
+    return device_trainer().run_loss_plan(*p, xs, y, mode);
   }
-#endif
   std::array<Tensor, kMaxInputs> x_copies;  // only for non-contiguous inputs
   std::array<void*, kMaxInputs> in_ptr{};
   for (std::size_t i = 0; i < xs.size(); ++i)
@@ -177,12 +190,10 @@ double Trainer::run_loss_plan(Inputs xs, const Tensor& y, PlanMode mode, StepOut
 double Trainer::step(Inputs xs, const Tensor& y, StepOutputs* out) {
   Model::TrainingCall call(*model_, "Trainer.step");
   ExecutorRun run(ctx_.executor());  // one call-in of the host's workers for forward, backward and update
-#ifdef TREADLE_WITH_CUDA
   if (options_.cuda_graph && on_device()) {
     if (out) throw_value_error("Trainer.step: returning the outputs is not implemented for CUDA-graph steps");
-    return device_graph_step(xs, y);
+    return device_trainer().graph_step(xs, y);
   }
-#endif
   zero_grad();
   return finish_with_update(run_loss_plan(xs, y, PlanMode::train_loss, out), "Trainer.step");
 }
@@ -276,11 +287,10 @@ void Trainer::run_forward(Inputs xs, bool input_grad) {
   for (const Tensor& x : xs) check_input(x, "input");
   if (options_.verify_parameters) verify_parameters();
   std::shared_ptr<const Plan> p = plan_for(PlanMode::train_seeded, xs, nullptr, input_grad);
-#ifdef TREADLE_WITH_CUDA
-  if (p->device().kind == DeviceKind::cuda)
+  if (p->device().kind != DeviceKind::cpu)
     throw_value_error("Trainer.forward: the host-driven phases (forward/backward, begin_step) are not implemented ",
-                      "for backend 'cuda' on ", device_name(p->device()), "; use step() or compute_gradients()");
-#endif
+                      "for backend '", model_->backend(), "' on ", device_name(p->device()),
+                      "; use step() or compute_gradients()");
   std::array<void*, kMaxInputs> in_ptr{};
   hold_inputs(xs, in_ptr);  // backward needs them, and the host may reuse its arrays
   Bindings b{model_->flat_parameters().data(), std::span<void* const>(in_ptr.data(), xs.size()), {}, {}};
@@ -402,10 +412,8 @@ void Trainer::update() {
     throw_type_error("Trainer.update: the model changed (dtype ", dtype_name(model_->dtype()), ", ",
                      model_->num_trainable(), " trainable values) since the optimizer was bound (",
                      dtype_name(optimizer_->dtype()), ", ", optimizer_->numel(), "); create a new optimizer");
-#ifdef TREADLE_WITH_CUDA
-  if (on_device()) return device_update();
-  if (device_) device_optimizer_to_host(true);  // back from the device: the host state is updated now
-#endif
+  if (on_device()) return device_trainer().update();
+  if (device_) device_->optimizer_to_host(true);  // back from the device: the host state is updated now
   const Tensor& grads = model_->trainable_gradients();
   if (scaler_ && !unscale_and_check()) return;
   if (options_.skip_nonfinite && !gradients_finite()) {
@@ -423,9 +431,7 @@ void Trainer::follow_model_dtype() {
   // model.to(dtype) keeps the layout: the optimizer's state is converted with it and keeps its step
   // count, so training goes on where it was.
   if (optimizer_->dtype() == model_->dtype() || optimizer_->numel() != model_->num_trainable()) return;
-#ifdef TREADLE_WITH_CUDA
-  if (device_) device_optimizer_to_host(true);
-#endif
+  if (device_) device_->optimizer_to_host(true);
   optimizer_->bind(model_->trainable_layout(), model_->num_trainable(), model_->dtype());
 }
 

@@ -1,6 +1,7 @@
 // A training step handed to the host as tasks (Trainer::begin_step / run_task / finish_step).
 #include <cmath>
 
+#include "backends/device_runtime.hpp"
 #include "nn/trainer_tasks.hpp"
 #include "treadle/error.hpp"
 
@@ -31,10 +32,9 @@ std::vector<StepTask> describe_tasks(const Plan& p, const std::vector<PlanTask>&
 const std::vector<StepTask>& Trainer::begin_step(Inputs xs, const Tensor& y, int depth) {
   Model::TrainingCall call(*model_, "Trainer.begin_step");
   if (depth < 1) throw_value_error("Trainer.begin_step: depth must be >= 1, got ", depth);
-#ifdef TREADLE_WITH_CUDA
   if (on_device())
-    throw_value_error("Trainer.begin_step: tasked steps are not implemented for backend 'cuda' (cuda:0); use step()");
-#endif
+    throw_value_error("Trainer.begin_step: tasked steps are not implemented for backend '", model_->backend(), "' (",
+                      device_name(plan_device(model_->backend())), "); use step()");
   for (const Tensor& x : xs) check_input(x, "input");
   check_input(y, "target");
   if (options_.verify_parameters) verify_parameters();

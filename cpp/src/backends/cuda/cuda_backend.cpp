@@ -1,5 +1,6 @@
 // CudaBackend: the table of op adapters (cuda_backend_ops.cpp) behind the core's Backend interface,
-// and the device helpers the plan uses (plan_device, is_device_backend, require_cuda_device).
+// and CudaRuntime: the device side the core reaches through DeviceRuntime (each piece in its own
+// cuda_backend_*.cpp file).
 #include "backends/cuda/cuda_backend.hpp"
 
 #include <cuda_runtime_api.h>
@@ -8,6 +9,7 @@
 
 #include "backends/cuda/cuda_backend_ops.hpp"
 #include "backends/cuda/cuda_stream.hpp"
+#include "backends/device_runtime.hpp"
 #include "core/op_registry.hpp"
 #include "treadle/error.hpp"
 
@@ -63,11 +65,40 @@ const Backend& cuda_backend() {
   return backend;
 }
 
-Device plan_device(const std::string& backend) {
-  return backend == "cuda" ? Device{DeviceKind::cuda, 0} : Device{};
-}
+namespace {
 
-bool is_device_backend(const Backend* b) { return b == &cuda_backend(); }
+class CudaRuntime final : public DeviceRuntime {
+ public:
+  DeviceKind kind() const override { return DeviceKind::cuda; }
+  const Backend& backend() const override { return cuda_backend(); }
+  void require(Device d) const override { require_cuda_device(d); }
+  void select_kernels(Plan& plan, Device d, bool deterministic) const override {
+    cuda::select_kernels(plan, d, deterministic);
+  }
+  std::unique_ptr<DeviceStepTimer> step_timer(void* stream) const override { return cuda::make_step_timer(stream); }
+  std::vector<Tensor> run_on_host_data(const Plan& plan, Context& ctx, const std::vector<Tensor>& inputs,
+                                       const std::vector<Tensor>& seeds,
+                                       const std::vector<int>& values) const override {
+    return cuda::run_on_device(plan, ctx, inputs, seeds, values);
+  }
+  Tensor copy(const Tensor& t, Device to, void* stream) const override {
+    return cuda::copy_tensor_between_devices(t, to, stream);
+  }
+  std::unique_ptr<DeviceQueue> make_queue(Device d) const override { return cuda::make_queue(d); }
+  std::unique_ptr<ParameterMirror> make_mirror(Device d, Tensor& params, Tensor& grads) const override {
+    return cuda::make_mirror(d, params, grads);
+  }
+  std::unique_ptr<DeviceTrainer> make_trainer(Device d, Trainer& trainer) const override {
+    return cuda::make_trainer(d, trainer);
+  }
+};
+
+}  // namespace
+
+const DeviceRuntime& cuda_runtime() {
+  static const CudaRuntime runtime;
+  return runtime;
+}
 
 void require_cuda_device(Device d) {
   int count = 0;

@@ -6,7 +6,8 @@
 // Host plans never take this backend. Float32 only; the ops covered are listed in
 // cuda_backend.cpp and docs/cuda.md.
 //
-// No CUDA header here: the core's plan.cpp and registry.cpp include it.
+// No CUDA header here. The core reaches this backend only through its DeviceRuntime (cuda_runtime(),
+// cuda_backend.cpp); these declarations are for the backend's own files and the device tests.
 #include <functional>
 #include <memory>
 #include <string>
@@ -21,17 +22,27 @@ namespace treadle {
 
 class Plan;
 struct Bindings;
+class DeviceQueue;
+class DeviceRuntime;
+class DeviceStepTimer;
+class DeviceTrainer;
+class Trainer;
+class ParameterMirror;
 
 const Backend& cuda_backend();
+const DeviceRuntime& cuda_runtime();
 
-// The device of a plan pinned to `backend`: cuda:0 for "cuda", else the CPU.
-Device plan_device(const std::string& backend);
-// Whether a backend's kernels take device pointers (such a backend never serves a host plan).
-bool is_device_backend(const Backend* b);
 // Throws ValueError naming the plan's device when no CUDA device is usable (no driver, no device).
 void require_cuda_device(Device d);
 
 namespace cuda {
+
+// The pieces of the runtime (DeviceRuntime, backends/device_runtime.hpp), one file each.
+void select_kernels(Plan& plan, Device device, bool deterministic);     // cuda_backend_plan.cpp
+std::unique_ptr<DeviceQueue> make_queue(Device d);                      // cuda_backend_context.cpp
+std::unique_ptr<ParameterMirror> make_mirror(Device d, Tensor& params, Tensor& grads);  // cuda_backend_model.cpp
+std::unique_ptr<DeviceStepTimer> make_step_timer(void* stream);         // cuda_backend_profile.cpp
+std::unique_ptr<DeviceTrainer> make_trainer(Device d, Trainer& trainer);  // cuda_backend_trainer.cpp
 
 // Driving a compiled plan by hand, for programs that place their data on the device themselves
 // (the device tests). Exported because Plan's own members are internal to the library.
@@ -42,26 +53,6 @@ TREADLE_API void* plan_value_address(const Plan& plan, Context& ctx, const Bindi
 TREADLE_API Device plan_device_of(const Plan& plan);
 // The plan's steps, one line each, with the backend of every node (Plan::describe).
 TREADLE_API std::string describe_plan(const Plan& plan);
-
-// Device time of each node of a profiled device plan run (cuda_backend_profile.cpp): events on
-// `stream` before the first node and after each node; finish() waits for the stream to reach the
-// last one and calls record(step, seconds) per node, in order. A node's time is what the device
-// spent between the end of the previous node and its own end: its kernels, plus any gap while the
-// host was still launching them (a launch-bound plan shows its launch cost there).
-class DeviceStepTimer {
- public:
-  explicit DeviceStepTimer(void* stream);
-  ~DeviceStepTimer();
-  DeviceStepTimer(const DeviceStepTimer&) = delete;
-  DeviceStepTimer& operator=(const DeviceStepTimer&) = delete;
-  void mark(int step);
-  void finish(const std::function<void(int, double)>& record);
-
- private:
-  struct Events;
-  void* stream_;
-  std::unique_ptr<Events> events_;
-};
 
 // Tensor::to(Device) in a CUDA build: `t` (contiguous or not, on the host or a CUDA device) copied into
 // fresh memory on `device` (cudaMalloc, freed with the storage) on `stream` (null: a non-blocking

@@ -1,76 +1,75 @@
-// Context's device side (CUDA builds): the stream its kernels enqueue on and a device arena from a
-// caching allocator the context owns. Created on first device use, so a context that only runs
-// host plans never touches the CUDA runtime.
+// A context's queue on a CUDA device (DeviceQueue): the stream its kernels enqueue on and a device
+// arena from a caching allocator the queue owns. Made on the context's first device use, so a
+// context that only runs host plans never touches the CUDA runtime.
 #include <cuda_runtime_api.h>
 
+#include "backends/cuda/cuda_backend.hpp"
 #include "backends/cuda/cuda_status.hpp"
 #include "backends/cuda/cuda_stream.hpp"
 #include "backends/cuda/device_allocator.hpp"
 #include "backends/cuda/device_copy.hpp"
-#include "treadle/context.hpp"
+#include "backends/device_runtime.hpp"
 #include "treadle/error.hpp"
 
-namespace treadle {
+namespace treadle::cuda {
+namespace {
 
 // Destroyed in reverse order: the arena goes back to the allocator, the allocator frees the device
-// memory, then the context's own stream is destroyed.
-struct Context::DeviceState {
-  static constexpr int kDevice = 0;  // plans for "cuda" run on cuda:0
-  std::unique_ptr<cuda::CudaStream> own_stream;
-  cudaStream_t host_stream = nullptr;  // the host's, when it lent one
-  std::unique_ptr<cuda::CachingDeviceAllocator> allocator;
-  cuda::DeviceBuffer arena;
-  std::size_t arena_bytes = 0;
+// memory, then the queue's own stream is destroyed.
+class CudaQueue final : public DeviceQueue {
+ public:
+  explicit CudaQueue(Device d) : device_(d) {}
 
-  cudaStream_t stream() {
-    if (host_stream) return host_stream;
-    if (!own_stream) own_stream = std::make_unique<cuda::CudaStream>(kDevice);
-    return own_stream->get();
+  Device device() const override { return device_; }
+
+  // The legacy default stream (stream 0) is never used: a null argument selects the queue's own.
+  void set_stream(void* stream) override {
+    cudaStream_t next = static_cast<cudaStream_t>(stream);
+    const cudaStream_t previous = host_stream_ ? host_stream_ : own_stream_ ? own_stream_->get() : nullptr;
+    if (next == host_stream_) return;
+    // The arena's last users were queued on the previous stream: they finish before another stream
+    // may write the same memory.
+    if (arena_.data() && previous) TREADLE_CUDA_CHECK(cudaStreamSynchronize(previous));
+    host_stream_ = next;
   }
+
+  void* stream() override {
+    if (host_stream_) return host_stream_;
+    if (!own_stream_) own_stream_ = std::make_unique<CudaStream>(device_.index);
+    return own_stream_->get();
+  }
+
+  void* arena(std::size_t bytes, std::size_t budget) override {
+    if (bytes > arena_bytes_) {
+      if (budget && bytes > budget)
+        throw_value_error("Context: a plan needs ", bytes, " bytes of device activations and workspace, over this ",
+                          "context's memory_budget of ", budget, " bytes");
+      DeviceGuard guard(device_.index);
+      cudaStream_t s = static_cast<cudaStream_t>(stream());
+      if (!allocator_) allocator_ = std::make_unique<CachingDeviceAllocator>(device_.index);
+      const std::size_t rounded = (bytes + 255) / 256 * 256;
+      arena_.reset();  // back to the free list of its stream, whose queued work is ordered before reuse
+      arena_ = allocator_->buffer(rounded, s);
+      fill_zero_async(arena_.data(), rounded, s);  // as the host arena: no stale bits from earlier owners
+      arena_bytes_ = rounded;
+    }
+    return arena_.data();
+  }
+
+  std::size_t arena_bytes() const override { return arena_bytes_; }
+  uint64_t allocations() const override { return allocator_ ? allocator_->stats().misses : 0; }
+
+ private:
+  Device device_;
+  std::unique_ptr<CudaStream> own_stream_;
+  cudaStream_t host_stream_ = nullptr;  // the host's, when it lent one
+  std::unique_ptr<CachingDeviceAllocator> allocator_;
+  DeviceBuffer arena_;
+  std::size_t arena_bytes_ = 0;
 };
 
-void Context::DeviceStateDeleter::operator()(DeviceState* d) const noexcept { delete d; }
+}  // namespace
 
-Context::DeviceState& Context::device_state() {
-  if (!device_) device_.reset(new DeviceState());
-  return *device_;
-}
+std::unique_ptr<DeviceQueue> make_queue(Device d) { return std::make_unique<CudaQueue>(d); }
 
-void Context::set_cuda_stream(void* stream) {
-  DeviceState& d = device_state();
-  cudaStream_t next = static_cast<cudaStream_t>(stream);
-  const cudaStream_t previous = d.host_stream ? d.host_stream : d.own_stream ? d.own_stream->get() : nullptr;
-  if (next == d.host_stream) return;
-  // The arena's last users were queued on the previous stream: they finish before another stream
-  // may write the same memory.
-  if (d.arena.data() && previous) TREADLE_CUDA_CHECK(cudaStreamSynchronize(previous));
-  d.host_stream = next;
-}
-
-void* Context::cuda_stream() { return device_state().stream(); }
-
-void* Context::device_arena(std::size_t bytes) {
-  DeviceState& d = device_state();
-  if (bytes > d.arena_bytes) {
-    if (memory_budget_ && bytes > memory_budget_)
-      throw_value_error("Context: a plan needs ", bytes, " bytes of device activations and workspace, over this ",
-                        "context's memory_budget of ", memory_budget_, " bytes");
-    cuda::DeviceGuard guard(DeviceState::kDevice);
-    cudaStream_t s = d.stream();
-    if (!d.allocator) d.allocator = std::make_unique<cuda::CachingDeviceAllocator>(DeviceState::kDevice);
-    const std::size_t rounded = (bytes + 255) / 256 * 256;
-    d.arena.reset();  // back to the free list of its stream, whose queued work is ordered before reuse
-    d.arena = d.allocator->buffer(rounded, s);
-    cuda::fill_zero_async(d.arena.data(), rounded, s);  // as the host arena: no stale bits from earlier owners
-    d.arena_bytes = rounded;
-  }
-  return d.arena.data();
-}
-
-std::size_t Context::device_arena_bytes() const { return device_ ? device_->arena_bytes : 0; }
-
-uint64_t Context::device_allocations() const {
-  return device_ && device_->allocator ? device_->allocator->stats().misses : 0;
-}
-
-}  // namespace treadle
+}  // namespace treadle::cuda

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backends/cuda/cuda_backend.hpp"
+#include "backends/device_runtime.hpp"
 #include "backends/cuda/cuda_status.hpp"
 #include "backends/cuda/device_allocator.hpp"
 #include "backends/cuda/device_copy.hpp"
@@ -43,7 +44,7 @@ std::vector<Tensor> run_on_device(const Plan& plan, Context& ctx, const std::vec
                                   const std::vector<Tensor>& seeds, const std::vector<int>& values) {
   if (plan.device().kind != DeviceKind::cuda)
     throw_value_error("run_on_device: the plan runs on ", device_name(plan.device()), ", not on a CUDA device");
-  auto stream = static_cast<cudaStream_t>(ctx.cuda_stream());
+  auto stream = static_cast<cudaStream_t>(ctx.device_queue(plan.device()).stream());
   CachingDeviceAllocator alloc(plan.device().index);
   std::vector<const Tensor*> staged;
   for (const Tensor& t : inputs) staged.push_back(&t);

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "backends/cuda/device_copy.hpp"
+#include "backends/device_runtime.hpp"
 #include "core/op_registry.hpp"
 #include "treadle/error.hpp"
 
@@ -31,7 +32,7 @@ const char* pass_of(const Plan& plan, int s) {
 }
 
 void check_outputs(const Plan& plan, Context& ctx, const Bindings& b, int s, NonfiniteStats* stats) {
-  const cudaStream_t stream = static_cast<cudaStream_t>(ctx.cuda_stream());
+  const cudaStream_t stream = static_cast<cudaStream_t>(ctx.device_queue(plan.device()).stream());
   const Node& node = plan.graph.nodes()[plan.steps[s].node];
   for (std::size_t k = 0; k < node.outputs.size(); ++k) {
     const ValueInfo& info = plan.graph.info(node.outputs[k]);

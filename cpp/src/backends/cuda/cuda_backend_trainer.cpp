@@ -1,4 +1,4 @@
-// Trainer's device half (CUDA builds): a training step of a plan compiled for "cuda" with the
+// Trainer's device half on CUDA (DeviceTrainer): a training step of a plan compiled for "cuda" with the
 // model's device copies bound. Per step: the inputs and the target are copied into one pinned
 // staging buffer and uploaded with one copy on the context's stream, the plan runs, every parameter
 // gradient is added into the device gradient buffer (Plan::accumulate_param_grads' loop as a
@@ -28,11 +28,16 @@
 #include "backends/cuda/loss_scale.hpp"
 #include "core/op_registry.hpp"
 #include "core/plan.hpp"
+#include "backends/device_runtime.hpp"
 #include "nn/loss_scaler.hpp"
+#include "nn/trainer_internals.hpp"
 #include "treadle/error.hpp"
-#include "treadle/trainer.hpp"
 
 namespace treadle {
+namespace {
+
+using Inputs = Trainer::Inputs;
+constexpr std::size_t kMaxInputs = Trainer::kMaxInputs;
 
 // The coefficient slot of a captured step's upload: the update's coefficients, then the RNG state
 // its dropout kernels read (device_rng.hpp).
@@ -45,10 +50,9 @@ static_assert(sizeof(cuda::AdamCoefficients) <= GraphConstants::kUpdateBytes);
 static_assert(sizeof(cuda::SgdCoefficients) <= GraphConstants::kUpdateBytes);
 
 // Destroyed in reverse order: graphs, buffers and pinned memory first, the allocator (cudaFree) last.
-struct Trainer::DeviceStep {
+struct DeviceStep {
   enum class Side : uint8_t { both, host, device };
-  static constexpr int kDevice = 0;
-  DeviceStep() : alloc(kDevice), readback(64) {}
+  explicit DeviceStep(int device) : alloc(device), readback(64) {}
 
   // Where upload() put the step's data on the device.
   struct Slots {
@@ -133,9 +137,7 @@ struct Trainer::DeviceStep {
                int64_t n, cudaStream_t s, EnqueueUpdate&& enqueue_update);
 };
 
-void Trainer::DeviceStepDeleter::operator()(DeviceStep* d) const noexcept { delete d; }
-
-Trainer::DeviceStep::Slots Trainer::DeviceStep::upload(Inputs xs, const Tensor& y, const void* coefficients,
+DeviceStep::Slots DeviceStep::upload(Inputs xs, const Tensor& y, const void* coefficients,
                                                        std::size_t coefficient_bytes, cudaStream_t s) {
   static_assert(sizeof(cuda::AdamCoefficients) <= kCoefficientSlot);
   static_assert(sizeof(cuda::SgdCoefficients) <= kCoefficientSlot);
@@ -174,12 +176,12 @@ Trainer::DeviceStep::Slots Trainer::DeviceStep::upload(Inputs xs, const Tensor& 
   return slots;
 }
 
-void Trainer::DeviceStep::ready_clip(int64_t n, cudaStream_t s) {
+void DeviceStep::ready_clip(int64_t n, cudaStream_t s) {
   const std::size_t need = cuda::align256(cuda::clip_workspace_bytes(n)) + 256;
   if (clip_scratch.bytes() < need) clip_scratch = alloc.buffer(need, s);
 }
 
-void Trainer::DeviceStep::clip(float* grads, int64_t n, double max_norm, cudaStream_t s) {
+void DeviceStep::clip(float* grads, int64_t n, double max_norm, cudaStream_t s) {
   ready_clip(n, s);
   const std::size_t partial = cuda::align256(cuda::clip_workspace_bytes(n));
   char* base = clip_scratch.ptr<char>();
@@ -187,7 +189,7 @@ void Trainer::DeviceStep::clip(float* grads, int64_t n, double max_norm, cudaStr
                        reinterpret_cast<double*>(base + partial + 128), s);
 }
 
-void Trainer::DeviceStep::ready_state(Optimizer& o, cudaStream_t s) {
+void DeviceStep::ready_state(Optimizer& o, cudaStream_t s) {
   std::vector<std::pair<std::string, Tensor>>& host = o.state();
   bool rebound = state.size() != host.size();
   for (std::size_t i = 0; !rebound && i < host.size(); ++i) rebound = state_host[i] != host[i].second.data();
@@ -207,12 +209,12 @@ void Trainer::DeviceStep::ready_state(Optimizer& o, cudaStream_t s) {
   }
 }
 
-Trainer::DeviceStep::Scaling* Trainer::DeviceStep::scaling_state(cudaStream_t s) {
+DeviceStep::Scaling* DeviceStep::scaling_state(cudaStream_t s) {
   if (!scaling.data()) scaling = alloc.buffer(sizeof(Scaling), s);
   return scaling.ptr<Scaling>();
 }
 
-void Trainer::DeviceStep::sync_scaling(const LossScaler& host, cudaStream_t s) {
+void DeviceStep::sync_scaling(const LossScaler& host, cudaStream_t s) {
   if (scaling_known && known_scale == host.scale() && known_tracker == host.growth_tracker()) return;
   // The device rule counts in int32; a tracker at or beyond the interval (a checkpoint's) grows on
   // the next finite step either way, so interval - 1 stands for it.
@@ -229,7 +231,7 @@ void Trainer::DeviceStep::sync_scaling(const LossScaler& host, cudaStream_t s) {
   known_tracker = host.growth_tracker();
 }
 
-const int32_t* Trainer::DeviceStep::enqueue_unscale(float* grads, int64_t n, const LossScaler& host,
+const int32_t* DeviceStep::enqueue_unscale(float* grads, int64_t n, const LossScaler& host,
                                                      cudaStream_t s) {
   Scaling* st = scaling_state(s);
   cuda::clear_nonfinite_flag(&st->found_nonfinite, s);
@@ -244,7 +246,7 @@ const int32_t* Trainer::DeviceStep::enqueue_unscale(float* grads, int64_t n, con
   return &st->found_nonfinite;
 }
 
-bool Trainer::DeviceStep::settle_scaling(LossScaler& host, const Scaling& back) {
+bool DeviceStep::settle_scaling(LossScaler& host, const Scaling& back) {
   const bool applied = host.update(back.found_nonfinite != 0);
   if (host.dynamic() && (back.scale != host.scale() || back.growth_tracker != host.growth_tracker())) {
     scaling_known = false;  // the next step uploads the host's state
@@ -256,8 +258,6 @@ bool Trainer::DeviceStep::settle_scaling(LossScaler& host, const Scaling& back) 
   known_tracker = host.growth_tracker();
   return applied;
 }
-
-namespace {
 
 using Hyperparameters = std::vector<std::pair<std::string, double>>;
 
@@ -331,23 +331,70 @@ void refuse_in_graph(const Context& ctx, const Tensor& y, const std::string& los
                       "or turn cuda_graph off");
 }
 
-Bindings device_bindings(void* params, std::span<void* const> inputs, void* const* target, void* const* seed = nullptr) {
+Bindings device_bindings(Device device, void* params, std::span<void* const> inputs, void* const* target,
+                         void* const* seed = nullptr) {
   Bindings b{params, inputs, std::span<void* const>(target, 1), std::span<void* const>(seed, seed ? 1 : 0)};
-  b.device = cuda::kTrainDevice;
+  b.device = device;
   return b;
 }
 
-}  // namespace
+// The trainer's members are reached as references of the same names, so the step reads as the
+// trainer's own code; the device side of the step is `step_`, made on the first device step.
+class CudaTrainer final : public DeviceTrainer {
+ public:
+  CudaTrainer(Device device, Trainer& trainer)
+      : t_(trainer), device_(device), model_(TrainerInternals::model(trainer)),
+        optimizer_(TrainerInternals::optimizer(trainer)), options_(TrainerInternals::options(trainer)),
+        ctx_(TrainerInternals::context(trainer)), loss_(TrainerInternals::loss(trainer)),
+        scaler_(TrainerInternals::scaler(trainer)), skipped_(TrainerInternals::skipped(trainer)),
+        pending_(TrainerInternals::pending(trainer)) {}
 
-bool Trainer::on_device() const { return model_->backend() == "cuda"; }
+  void check_support(const char* who) const override;
+  double run_loss_plan(const Plan& p, Inputs xs, const Tensor& y, PlanMode mode) override;
+  double graph_step(Inputs xs, const Tensor& y) override;
+  void update() override;
+  void optimizer_to_host(bool will_write) override;
+  void wait() noexcept override;
+  uint64_t allocations() const override { return step_ ? step_->alloc.stats().misses : 0; }
 
-void Trainer::check_device_support(const char* who) const {
+ private:
+  DeviceStep& step();
+  // Loss scaling on the device: unscales the n gradients in place and applies the host rule to the
+  // non-finite flag read back; false when the update is to be skipped.
+  bool unscale_and_check(float* grads, int64_t n, void* stream);
+  cudaStream_t stream() { return static_cast<cudaStream_t>(ctx_.device_queue(device_).stream()); }
+  void end_tasked_step() { TrainerInternals::end_tasked_step(t_); }
+  std::shared_ptr<const Plan> plan_for(PlanMode mode, Inputs xs, const Tensor* y, bool input_grad) {
+    return TrainerInternals::plan_for(t_, mode, xs, y, input_grad);
+  }
+  void check_input(const Tensor& x, const char* what) const { TrainerInternals::check_input(t_, x, what); }
+  double finish_with_update(double loss, const char* who) {
+    return TrainerInternals::finish_with_update(t_, loss, who);
+  }
+  void zero_grad() { t_.zero_grad(); }
+  double current_lr() const { return t_.current_lr(); }
+  float loss_scale() const { return t_.loss_scale(); }
+
+  Trainer& t_;
+  Device device_;
+  std::shared_ptr<Model>& model_;
+  std::shared_ptr<Optimizer>& optimizer_;
+  const TrainerOptions& options_;
+  Context& ctx_;
+  const Loss& loss_;
+  std::unique_ptr<LossScaler>& scaler_;
+  int64_t& skipped_;
+  std::shared_ptr<const Plan>& pending_;
+  std::unique_ptr<DeviceStep> step_;
+};
+
+void CudaTrainer::check_support(const char* who) const {
   const std::string name = optimizer_->name();
   const bool has_update = name == "SGD" || name == "Adam" || name == "AdamW";
   // Adadelta, Adamax, NAdam, RAdam, RMSprop, Adagrad, ... are refused here by name.
   if (!has_update)
     throw_value_error(who, ": optimizer ", name, " has no update on the device (backend 'cuda', ",
-                      device_name(cuda::kTrainDevice), "); the device trainer runs SGD, Adam and AdamW (amsgrad ",
+                      device_name(device_), "); the device trainer runs SGD, Adam and AdamW (amsgrad ",
                       "included): use one of those, or a CPU backend");
   // The device update applies one set of options at one lr to the whole flat buffer: parameter
   // groups (per-group options, parameters left out) are refused, checked every step since groups
@@ -356,19 +403,19 @@ void Trainer::check_device_support(const char* who) const {
   if (!optimizer_->uniform_options())
     throw_value_error(who, ": optimizer ", name, " has ", optimizer_->param_groups().size(), " parameter group",
                       optimizer_->param_groups().size() == 1 ? "" : "s", " (set_param_groups, torch's param_groups); ",
-                      "the device update (backend 'cuda', ", device_name(cuda::kTrainDevice), ") runs one set of ",
+                      "the device update (backend 'cuda', ", device_name(device_), ") runs one set of ",
                       "options over every parameter: create the optimizer without groups (its options as keywords), ",
                       "or use a CPU backend");
   // Asked again before each update (DeviceStep::refresh_hyperparameters); checked here once.
-  if (!device_ && optimizer_->hyperparameters().empty())
+  if (!step_ && optimizer_->hyperparameters().empty())
     throw_value_error(who, ": optimizer ", name, " reports no options for the device update (backend 'cuda', ",
-                      device_name(cuda::kTrainDevice), ")");
+                      device_name(device_), ")");
   if (model_->dtype() != DType::f32)
-    throw_type_error(who, ": backend 'cuda' trains float32 models on ", device_name(cuda::kTrainDevice), ", got ",
+    throw_type_error(who, ": backend 'cuda' trains float32 models on ", device_name(device_), ", got ",
                      dtype_name(model_->dtype()));
   if (options_.verify_parameters)
     throw_value_error(who, ": verify_parameters is not implemented for backend 'cuda' on ",
-                      device_name(cuda::kTrainDevice), " (the checksums are taken on the host)");
+                      device_name(device_), " (the checksums are taken on the host)");
   if (options_.cuda_graph && (options_.skip_nonfinite || options_.check_finite))
     throw_value_error(who, ": cuda_graph replays the optimizer in the same graph as the backward pass, so the ",
                       "update cannot wait for the loss or gradients read back (skip_nonfinite ",
@@ -376,30 +423,27 @@ void Trainer::check_device_support(const char* who) const {
                       "); turn those off, or cuda_graph off");
 }
 
-void Trainer::device_wait() noexcept {
+void CudaTrainer::wait() noexcept {
+  if (!step_) return;  // nothing was queued
   try {
-    cudaStreamSynchronize(static_cast<cudaStream_t>(ctx_.cuda_stream()));
+    cudaStreamSynchronize(stream());
   } catch (...) {  // a context that cannot make its stream has nothing queued
   }
 }
 
-uint64_t Trainer::device_allocations() const {
-  return ctx_.device_allocations() + (device_ ? device_->alloc.stats().misses : 0) + model_->device_allocations();
-}
-
-Trainer::DeviceStep& Trainer::device_step() {
-  if (!device_) {
-    require_cuda_device(cuda::kTrainDevice);  // a ValueError naming the device, before any CUDA call
-    device_.reset(new DeviceStep());
+DeviceStep& CudaTrainer::step() {
+  if (!step_) {
+    require_cuda_device(device_);  // a ValueError naming the device, before any CUDA call
+    step_ = std::make_unique<DeviceStep>(device_.index);
   }
-  return *device_;
+  return *step_;
 }
 
-double Trainer::run_device_loss_plan(const Plan& p, Inputs xs, const Tensor& y, PlanMode mode) {
-  check_device_support("Trainer");
-  DeviceStep& d = device_step();
-  cuda::DeviceGuard guard(DeviceStep::kDevice);
-  const cudaStream_t s = static_cast<cudaStream_t>(ctx_.cuda_stream());
+double CudaTrainer::run_loss_plan(const Plan& p, Inputs xs, const Tensor& y, PlanMode mode) {
+  check_support("Trainer");
+  DeviceStep& d = step();
+  cuda::DeviceGuard guard(device_.index);
+  const cudaStream_t s = stream();
   const Model::DeviceBuffers mb = model_->device_buffers(s);
   if (!d.stats.data()) d.stats = d.alloc.buffer(sizeof(cuda::NonfiniteStats), s);
   // Loss scaling seeds the backward with the scale: it travels in the (otherwise unused) coefficient
@@ -407,7 +451,7 @@ double Trainer::run_device_loss_plan(const Plan& p, Inputs xs, const Tensor& y, 
   const float seed = loss_scale();
   const bool seeded = !p.seeds.empty();
   const DeviceStep::Slots slots = d.upload(xs, y, seeded ? &seed : nullptr, seeded ? sizeof seed : 0, s);
-  const Bindings b = device_bindings(mb.params, {slots.inputs.data(), xs.size()}, &slots.target,
+  const Bindings b = device_bindings(device_, mb.params, {slots.inputs.data(), xs.size()}, &slots.target,
                                      seeded ? &slots.coefficients : nullptr);
 
   pending_.reset();  // this run reuses the context's activation memory: a pending backward is void
@@ -427,17 +471,17 @@ double Trainer::run_device_loss_plan(const Plan& p, Inputs xs, const Tensor& y, 
   return *loss;
 }
 
-void Trainer::device_update() {
-  check_device_support("Trainer.update");
-  DeviceStep& d = device_step();
-  cuda::DeviceGuard guard(DeviceStep::kDevice);
-  const cudaStream_t s = static_cast<cudaStream_t>(ctx_.cuda_stream());
+void CudaTrainer::update() {
+  check_support("Trainer.update");
+  DeviceStep& d = step();
+  cuda::DeviceGuard guard(device_.index);
+  const cudaStream_t s = stream();
   const Model::DeviceBuffers mb = model_->device_buffers(s);
   if (!d.stats.data()) d.stats = d.alloc.buffer(sizeof(cuda::NonfiniteStats), s);
   auto* p = static_cast<float*>(mb.params);
   const auto* g = static_cast<const float*>(mb.grads);
   const int64_t n = model_->num_trainable();
-  if (scaler_ && !device_unscale_and_check(static_cast<float*>(mb.grads), n, s)) {
+  if (scaler_ && !unscale_and_check(static_cast<float*>(mb.grads), n, s)) {
     model_->device_written(s, false, true);
     return;
   }
@@ -467,9 +511,9 @@ void Trainer::device_update() {
 // Loss scaling on the device: the gradients multiplied by the host scaler's 1/scale in place, the
 // non-finite flag read back (the update waits for it anyway), and the host rule deciding; a skipped
 // step leaves the unscaled gradients, as the host path does.
-bool Trainer::device_unscale_and_check(float* grads, int64_t n, void* stream) {
+bool CudaTrainer::unscale_and_check(float* grads, int64_t n, void* stream) {
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  DeviceStep& d = *device_;
+  DeviceStep& d = *step_;
   DeviceStep::Scaling* st = d.scaling_state(s);
   auto* staged = reinterpret_cast<char*>(d.readback.data()) + 32;  // after the loss and the count
   const float inv_scale = scaler_->inv_scale();
@@ -489,7 +533,7 @@ bool Trainer::device_unscale_and_check(float* grads, int64_t n, void* stream) {
 // replay's own counter later. Loss scaling's unscaling and rule precede clipping, and the update
 // skips on its flag.
 template <typename EnqueueUpdate>
-void Trainer::DeviceStep::capture(Graph& g, const Plan& p, Context& ctx, const Bindings& b,
+void DeviceStep::capture(Graph& g, const Plan& p, Context& ctx, const Bindings& b,
                                   const Model::DeviceBuffers& mb, const void* rng_slot, uint64_t counter,
                                   const LossScaler* scaler, const TrainerOptions& options, int64_t n, cudaStream_t s,
                                   EnqueueUpdate&& enqueue_update) {
@@ -511,8 +555,8 @@ void Trainer::DeviceStep::capture(Graph& g, const Plan& p, Context& ctx, const B
 
 // step() as one graph launch. The first step of a signature runs as launched kernels: it creates
 // what a capture must not (library handles, the grown arena, the optimizer's device state).
-double Trainer::device_graph_step(Inputs xs, const Tensor& y) {
-  check_device_support("Trainer.step");
+double CudaTrainer::graph_step(Inputs xs, const Tensor& y) {
+  check_support("Trainer.step");
   for (const Tensor& x : xs) check_input(x, "input");
   check_input(y, "target");
   refuse_in_graph(ctx_, y, loss_.kind);
@@ -520,14 +564,14 @@ double Trainer::device_graph_step(Inputs xs, const Tensor& y) {
   std::shared_ptr<const Plan> p = plan_for(PlanMode::train_loss, xs, &y, false);
   const ValueInfo& out = p->graph.info(p->outputs.at(0));
   loss_.check_target(out.shape, out.dtype, y);  // class indices in range: the device kernel cannot raise
-  DeviceStep& d = device_step();
+  DeviceStep& d = step();
   auto it = std::find_if(d.graphs.begin(), d.graphs.end(), [&](const DeviceStep::Graph& g) { return g.plan == p; });
   if (it == d.graphs.end()) {
     d.graphs.push_back(DeviceStep::Graph{p, {}, 0, 0, {}});
-    return finish_with_update(run_device_loss_plan(*p, xs, y, PlanMode::train_loss), "Trainer.step");
+    return finish_with_update(run_loss_plan(*p, xs, y, PlanMode::train_loss), "Trainer.step");
   }
-  cuda::DeviceGuard guard(DeviceStep::kDevice);
-  const cudaStream_t s = static_cast<cudaStream_t>(ctx_.cuda_stream());
+  cuda::DeviceGuard guard(device_.index);
+  const cudaStream_t s = stream();
   const Model::DeviceBuffers mb = model_->device_buffers(s);  // enqueues the gradients' zeroing
   d.ready_state(*optimizer_, s);
   if (scaler_) d.sync_scaling(*scaler_, s);
@@ -540,7 +584,7 @@ double Trainer::device_graph_step(Inputs xs, const Tensor& y) {
   constants.rng = {ctx_.seed(), ctx_.next_rng_counter()};
   const DeviceStep::Slots slots = d.upload(xs, y, &constants, sizeof constants, s);
   void* const seed = scaler_ ? &d.scaling_state(s)->scale : nullptr;  // the backward reads the device scale
-  const Bindings b = device_bindings(mb.params, {slots.inputs.data(), xs.size()}, &slots.target,
+  const Bindings b = device_bindings(device_, mb.params, {slots.inputs.data(), xs.size()}, &slots.target,
                                      scaler_ ? &seed : nullptr);
   pending_.reset();
   end_tasked_step();
@@ -575,17 +619,26 @@ double Trainer::device_graph_step(Inputs xs, const Tensor& y) {
   return *loss;
 }
 
-void Trainer::device_optimizer_to_host(bool will_write) {
-  DeviceStep& d = *device_;
+void CudaTrainer::optimizer_to_host(bool will_write) {
+  if (!step_) return;  // no device update yet: the host's state is current
+  DeviceStep& d = *step_;
   std::vector<std::pair<std::string, Tensor>>& state = optimizer_->state();
   if (d.state_at == DeviceStep::Side::device && d.state.size() == state.size()) {
-    cuda::DeviceGuard guard(DeviceStep::kDevice);
-    const cudaStream_t s = static_cast<cudaStream_t>(ctx_.cuda_stream());  // after the update's kernels
+    cuda::DeviceGuard guard(device_.index);
+    const cudaStream_t s = stream();  // after the update's kernels
     for (std::size_t i = 0; i < state.size(); ++i)
       cuda::copy_to_host(state[i].second.data(), d.state[i].data(), state[i].second.nbytes(), s);
     d.state_at = DeviceStep::Side::both;
   }
   if (will_write && d.state_at == DeviceStep::Side::both) d.state_at = DeviceStep::Side::host;
 }
+
+}  // namespace
+
+namespace cuda {
+std::unique_ptr<DeviceTrainer> make_trainer(Device d, Trainer& trainer) {
+  return std::make_unique<CudaTrainer>(d, trainer);
+}
+}  // namespace cuda
 
 }  // namespace treadle
