@@ -66,7 +66,8 @@ def test_core_exe(request):
             if "Eigen" in proc.stdout + proc.stderr:
                 pytest.skip("CMake did not find Eigen 3.4: " + (proc.stderr.strip().splitlines() or [""])[-1])
             pytest.fail("cmake configure failed:\n" + proc.stdout[-3000:] + proc.stderr[-3000:])
-        proc = _run(["cmake", "--build", build, "--target", "test_core", "test_verify", "test_replay", "treadle-verify", "-j",
+        targets = ["test_core", "test_verify", "test_replay", "test_backend_plugin", "treadle-verify"]
+        proc = _run(["cmake", "--build", build, "--target", *targets, "-j",
                      str(min(2, os.cpu_count() or 1))], env, 900)
         assert proc.returncode == 0, "building the C++ tests failed:\n" + proc.stdout[-5000:] + proc.stderr[-5000:]
         exe = os.path.join(build, "cpp", "tests", "test_core")
@@ -127,3 +128,13 @@ def test_cpp_replay(test_core_exe):
     report = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "PASSED: 0 failure(s)" in report, report[-4000:]
     assert report.count("allocated nothing") == 3
+
+
+def test_cpp_backend_plugin(test_core_exe):
+    """A stub backend defined outside the core registers at run time and runs its one kernel (float32 relu)
+    when a plan is pinned to it, the reference taking what it does not (relu's backward, tanh), with the
+    reference's results bitwise; taken and invalid names are refused."""
+    proc = _run([_sibling(test_core_exe, "cpp", "tests", "test_backend_plugin")], None, 120)
+    report = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "PASSED: 0 failure(s)" in report, report[-4000:]
+    assert "0 relu [stub]" in report and "1 relu_backward [eigen]" in report, report

@@ -46,7 +46,7 @@ struct KernelArgs {
 using KernelFn = void (*)(const KernelArgs&);
 
 // One backend's map op -> kernel, keyed by the dtype of the node's first input.
-class KernelTable {
+class TREADLE_API KernelTable {
  public:
   void add(const std::string& op, DType dtype, KernelFn fn);
   KernelFn find(int op_id, DType dtype) const;
@@ -121,8 +121,13 @@ bool size_thresholds_apply();
 // in its backend's own layout for that backward op (PreparedNode::opaque_outputs).
 bool read_only_by(const Graph& g, int value, const std::string& op);
 
-// Backends in priority order (fastest first; the Eigen reference last).
-const std::vector<const Backend*>& available_backends();
+// Backends in priority order (fastest first; the Eigen reference last), registered ones included.
+std::vector<const Backend*> available_backends();
+// Adds a backend the core does not know (a program's own kernels, or a test's stub) after the
+// built-in ones and before the reference: pinned by name (Model::set_backend, run_op) or tried in
+// priority order. `backend` must outlive every plan that uses it. ValueError for a name that is taken
+// or invalid. Only the name and what the Backend interface says are used: no core file changes.
+TREADLE_API void register_backend(const Backend& backend);
 const Backend* backend_by_name(const std::string& name);  // throws ValueError listing the known names
 
 }  // namespace treadle

@@ -1,6 +1,7 @@
 #include "backends/kernel.hpp"
 
 #include <algorithm>
+#include <mutex>
 #include <utility>
 
 #include "backends/device_runtime.hpp"
@@ -65,8 +66,11 @@ bool read_only_by(const Graph& g, int value, const std::string& op) {
   return true;
 }
 
-// In priority order; a device backend serves device plans only (Plan::select_kernels).
-const std::vector<const Backend*>& available_backends() {
+namespace {
+
+// The backends of this build, in priority order; a device backend serves device plans only
+// (Plan::select_kernels).
+const std::vector<const Backend*>& built_in_backends() {
   static const std::vector<const Backend*> backends = {
 #define TREADLE_BACKEND(name) &name##_backend(),
 #define TREADLE_DEVICE_RUNTIME(name)
@@ -79,7 +83,9 @@ const std::vector<const Backend*>& available_backends() {
   return backends;
 }
 
-namespace {
+// Backends a program registered at run time (register_backend), in registration order.
+std::mutex registered_mutex;
+std::vector<const Backend*> registered;
 
 const std::vector<const DeviceRuntime*>& device_runtimes() {
   static const std::vector<const DeviceRuntime*> runtimes = {
@@ -116,6 +122,32 @@ const AbsentBackend* absent_backend(const std::string& name) {
 }
 
 }  // namespace
+
+// A copy under the lock: plans compile on many threads while a program may register a backend.
+// Registered backends come after the built-in ones and before the reference, which stays last.
+std::vector<const Backend*> available_backends() {
+  const std::vector<const Backend*>& built = built_in_backends();
+  std::lock_guard<std::mutex> lock(registered_mutex);
+  std::vector<const Backend*> all(built.begin(), built.end() - 1);
+  all.insert(all.end(), registered.begin(), registered.end());
+  all.push_back(built.back());
+  return all;
+}
+
+void register_backend(const Backend& backend) {
+  const std::string name = backend.name() ? backend.name() : "";
+  if (name.empty() || name == "auto" || name.find_first_of(", ") != std::string::npos)
+    throw_value_error("register_backend: '", name, "' is not a backend name (non-empty, not 'auto', no commas ",
+                      "or spaces)");
+  if (absent_backend(name))
+    throw_value_error("register_backend: '", name, "' is the name of a backend this build leaves out");
+  std::lock_guard<std::mutex> lock(registered_mutex);
+  for (const Backend* b : built_in_backends())
+    if (name == b->name()) throw_value_error("register_backend: a backend named '", name, "' is built in");
+  for (const Backend* b : registered)
+    if (name == b->name()) throw_value_error("register_backend: a backend named '", name, "' is registered already");
+  registered.push_back(&backend);
+}
 
 const Backend* backend_by_name(const std::string& name) {
   std::string known;
