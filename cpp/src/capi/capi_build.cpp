@@ -1,5 +1,5 @@
-// The C API's factories: modules from architecture JSON (the format tl.save writes), optimizers from
-// names and torch.optim keyword arguments, losses from names.
+// The C API's factories: modules from architecture JSON (treadle/architecture.hpp, the format tl.save
+// writes), optimizers from names and torch.optim keyword arguments, losses from names.
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -10,13 +10,12 @@
 #include <vector>
 
 #include "capi/capi_internal.hpp"
+#include "treadle/architecture.hpp"
 #include "nn/json.hpp"
 #include "treadle/error.hpp"
 
 namespace treadle::capi {
 namespace {
-
-constexpr const char* kFormat = "treadle-architecture/1";
 
 // A JSON number as a finite double: 1e999 is refused (ValueError naming it), not an internal error.
 double finite_number(const std::string& text, const std::string& who, const char* key) {
@@ -28,157 +27,12 @@ double finite_number(const std::string& text, const std::string& who, const char
   return v;
 }
 
-int64_t integer_number(const std::string& text, const std::string& who, const char* key) {
-  errno = 0;
-  char* end = nullptr;
-  const long long v = std::strtoll(text.c_str(), &end, 10);
-  if (errno == ERANGE || end != text.c_str() + text.size())
-    throw_value_error(who, ": ", key, " is ", text, ", outside the range of a 64-bit integer");
-  return v;
-}
-
-// Reads the "config" members of one layer, refusing members the layer does not know (a typo must
-// not silently fall back to a default).
-class Config {
- public:
-  Config(const json::Value* config, std::string where) : config_(config), where_(std::move(where)) {
-    if (config_ && config_->kind != json::Kind::object && config_->kind != json::Kind::null)
-      throw_value_error("treadle_model_from_json: config of ", where_, " is not an object");
-  }
-  double number(const char* key, double fallback) {
-    const json::Value* v = take(key);
-    if (!v || v->kind == json::Kind::null) return fallback;
-    if (v->kind != json::Kind::number)
-      throw_value_error("treadle_model_from_json: ", where_, ".", key, " must be a number, got ", json::kind_name(v->kind));
-    return finite_number(v->text, "treadle_model_from_json: " + where_, key);
-  }
-  int64_t integer(const char* key, std::optional<int64_t> fallback = std::nullopt) {
-    const json::Value* v = take(key);
-    if (!v && fallback) return *fallback;
-    if (!v) throw_value_error("treadle_model_from_json: ", where_, " needs config.", key);
-    return to_int(*v, key);
-  }
-  bool boolean(const char* key, bool fallback) {
-    const json::Value* v = take(key);
-    if (!v) return fallback;
-    if (v->kind != json::Kind::boolean)
-      throw_value_error("treadle_model_from_json: ", where_, ".", key, " must be true or false");
-    return v->boolean;
-  }
-  std::string string(const char* key, const std::string& fallback) {
-    const json::Value* v = take(key);
-    if (!v) return fallback;
-    if (v->kind != json::Kind::string) throw_value_error("treadle_model_from_json: ", where_, ".", key, " must be a string");
-    return v->text;
-  }
-  Shape shape(const char* key) {
-    const json::Value* v = take(key);
-    if (!v) throw_value_error("treadle_model_from_json: ", where_, " needs config.", key);
-    if (v->kind == json::Kind::number) return {to_int(*v, key)};
-    if (v->kind != json::Kind::array) throw_value_error("treadle_model_from_json: ", where_, ".", key, " must be a list");
-    Shape s;
-    for (const auto& item : v->items) s.push_back(to_int(item, key));
-    return s;
-  }
-  // Every member must have been read.
-  void finish() const {
-    if (!config_ || config_->kind != json::Kind::object) return;
-    for (const auto& [name, value] : config_->members) {
-      bool known = false;
-      for (const auto& t : taken_) known = known || t == name;
-      if (!known) throw_value_error("treadle_model_from_json: ", where_, " has no argument '", name, "'");
-    }
-  }
-
- private:
-  const json::Value* take(const char* key) {
-    taken_.emplace_back(key);
-    return config_ ? config_->find(key) : nullptr;
-  }
-  int64_t to_int(const json::Value& v, const char* key) const {
-    if (v.kind != json::Kind::number || v.text.find_first_of(".eE") != std::string::npos)
-      throw_value_error("treadle_model_from_json: ", where_, ".", key, " must be an integer");
-    return integer_number(v.text, "treadle_model_from_json: " + where_, key);
-  }
-  const json::Value* config_;
-  std::string where_;
-  std::vector<std::string> taken_;
-};
-
-
-std::shared_ptr<Module> build_layer(const std::string& type, Config& c) {
-  using namespace nn;
-  if (type == "Linear")
-    return std::make_shared<Linear>(c.integer("in_features"), c.integer("out_features"), c.boolean("bias", true));
-  static const std::map<std::string, std::string> plain = {{"ReLU", "relu"}, {"SiLU", "silu"}, {"Tanh", "tanh"},
-                                                           {"Sigmoid", "sigmoid"}};
-  if (auto it = plain.find(type); it != plain.end()) return std::make_shared<Activation>(it->second);
-  if (type == "LeakyReLU") return std::make_shared<Activation>("leaky_relu", c.number("negative_slope", 0.01));
-  if (type == "ELU") return std::make_shared<Activation>("elu", c.number("alpha", 1.0));
-  if (type == "Softplus")
-    return std::make_shared<Activation>("softplus", c.number("beta", 1.0), c.number("threshold", 20.0));
-  if (type == "GELU") {
-    std::string approximate = c.string("approximate", "none");
-    if (approximate != "none" && approximate != "tanh")
-      throw_value_error("treadle_model_from_json: GELU approximate must be 'none' or 'tanh', got '", approximate, "'");
-    return std::make_shared<Activation>(approximate == "none" ? "gelu" : "gelu_tanh");
-  }
-  if (type == "Softmax" || type == "LogSoftmax")
-    return std::make_shared<Activation>(type == "Softmax" ? "softmax" : "log_softmax",
-                                        static_cast<double>(c.integer("dim", -1)));
-  if (type == "Dropout") return std::make_shared<Dropout>(c.number("p", 0.5));
-  if (type == "LayerNorm")
-    return std::make_shared<LayerNorm>(c.shape("normalized_shape"), c.number("eps", 1e-5),
-                                       c.boolean("elementwise_affine", true), c.boolean("bias", true));
-  if (type == "Flatten")
-    return std::make_shared<Flatten>(static_cast<int>(c.integer("start_dim", 1)), static_cast<int>(c.integer("end_dim", -1)));
-  if (type == "Identity") return std::make_shared<Identity>();
-  return nullptr;
-}
-
-std::shared_ptr<Module> build_node(const json::Value& node, const std::string& where) {
-  const json::Value* type = node.find("type");
-  if (node.kind != json::Kind::object || !type || type->kind != json::Kind::string)
-    throw_value_error("treadle_model_from_json: ", where, " is not a layer description {\"type\": ...}");
-  if (type->text == "Sequential") {
-    const json::Value* layers = node.find("layers");
-    if (!layers || layers->kind != json::Kind::array)
-      throw_value_error("treadle_model_from_json: ", where, " (Sequential) has no list of layers");
-    auto seq = std::make_shared<nn::Sequential>();
-    for (std::size_t i = 0; i < layers->items.size(); ++i)
-      seq->add(build_node(layers->items[i], where + "." + std::to_string(i)));
-    return seq;
-  }
-  Config config(node.find("config"), where + " (" + type->text + ")");
-  std::shared_ptr<Module> layer;
-  try {
-    layer = build_layer(type->text, config);
-  } catch (const ValueError& e) {  // the layer's own refusal (an absurd size): say which layer
-    const std::string message = e.what();
-    if (message.rfind("treadle_model_from_json", 0) == 0) throw;
-    throw_value_error("treadle_model_from_json: ", where, " (", type->text, "): ", message);
-  }
-  if (!layer)
-    throw_value_error("treadle_model_from_json: unknown layer type '", type->text, "' at ", where,
-                      " (the C API builds Sequential, Linear, activations, Dropout, LayerNorm, Flatten, Identity)");
-  config.finish();
-  return layer;
-}
-
 }  // namespace
 
 std::shared_ptr<Module> build_module(const std::string& text, std::string* canonical) {
-  json::Value doc = json::parse(text, "treadle_model_from_json");
-  const json::Value* node = &doc;
-  if (const json::Value* format = doc.find("format")) {
-    if (format->kind != json::Kind::string || format->text != kFormat)
-      throw_value_error("treadle_model_from_json: expected format '", kFormat, "', got '", format->text, "'");
-    node = doc.find("model");
-    if (!node) throw_value_error("treadle_model_from_json: the description has no \"model\"");
-  }
-  auto module = build_node(*node, "model");
-  if (canonical)
-    *canonical = node == &doc ? std::string("{\"format\":\"") + kFormat + "\",\"model\":" + text + "}" : text;
+  const architecture::Node root = architecture::parse(text, "treadle_model_from_json", {}, /*allow_bare=*/true);
+  auto module = architecture::build(root, "treadle_model_from_json");
+  if (canonical) *canonical = architecture::write(root);
   return module;
 }
 
