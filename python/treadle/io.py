@@ -14,11 +14,12 @@ verified on load. A corrupt, truncated or mismatched file raises ValueError and 
 - ``from_torch`` / ``to_torch_state_dict``: PyTorch state_dicts (same names and layouts).
 - ``export_onnx``: feed-forward models to ONNX.
 
-Architecture descriptions are JSON: ``{"format": "treadle-architecture/1", "model": node}`` where a
-node is ``{"type": "Sequential", "layers": [node, ...]}`` or ``{"type": name, "config": {...}}`` with
-``config`` the constructor's keyword arguments. Layers plug in through ``register_layer(cls,
-config=None)``; a layer class in ``treadle.nn`` that defines ``config(self) -> dict`` (its
-constructor's keyword arguments) is found without registration.
+Architecture descriptions (``{"format": "treadle-architecture/1", "model": node}``) are read, checked
+and written by the C++ core (treadle/architecture.hpp, docs/file-format.md): the layer types, their
+keys, defaults and checks live there once, for this package and the C API alike. This module walks
+the tl.nn tree, hands each layer's constructor arguments to the core, and makes tl.nn objects from
+the checked configurations the core returns. Layers plug in through ``register_layer(cls,
+config=None)``.
 """
 import json
 import os
@@ -38,7 +39,7 @@ _CLASS_KEY = "treadle.module_class"
 
 # -- architecture descriptions ----------------------------------------------------------------
 
-_LAYERS = {}  # type name -> (class, config function: module -> constructor kwargs)
+_LAYERS = {}  # registered type name -> (class, config function: module -> constructor kwargs)
 
 
 def register_layer(cls, config=None, name=None):
@@ -53,155 +54,65 @@ def register_layer(cls, config=None, name=None):
             raise TypeError(f"register_layer: {cls.__name__} has no config() method; pass config=fn(module) -> kwargs")
         config = cls.config
     name = name or cls.__name__
-    if name == "Sequential":
-        raise ValueError("register_layer: 'Sequential' is built in")
+    if name == "Sequential" or name in _core.architecture_types():
+        raise ValueError(f"register_layer: '{name}' is built in")
     _LAYERS[name] = (cls, config)
     return cls
 
 
-def _flatten_config(m):
-    if hasattr(m, "start_dim"):
-        return {"start_dim": int(m.start_dim), "end_dim": int(m.end_dim)}
-    # nn.Flatten keeps its dims only in the C++ object: recover them from output shapes for inputs
-    # of rank 5 and 6 (distinct prime sizes make the merged range unambiguous; a dim that moves
-    # with the rank was given negative).
-    ranges = []
-    for shape in ((2, 3, 5, 7, 11), (2, 3, 5, 7, 11, 13)):
-        model = _core.Model(lambda graph, inputs: [m._native.forward(inputs[0])], [])
-        try:
-            out = model.predict(np.zeros(shape, np.float32)).shape
-        except ValueError as e:
-            raise ValueError(f"describe: cannot determine the dims of {m!r}: {e}") from None
-        start = next((i for i, (a, b) in enumerate(zip(out, shape)) if a != b), len(out))
-        ranges.append((start, start + len(shape) - len(out)))
-    (s5, e5), (s6, e6) = ranges
-    if s5 == e5:  # merges one dim: the identity for any dims
-        return {"start_dim": 0, "end_dim": 0}
-    return {"start_dim": s5 if s5 == s6 else s5 - 5, "end_dim": e5 if e5 == e6 else e5 - 5}
+def _builtin_class(name):
+    """The tl.nn class that a built-in layer type name denotes (None if it is none)."""
+    if name == "ProjectedLSTM":  # tl.nn.LSTM(proj_size > 0) builds it
+        from .nn.lstm_projected import ProjectedLSTM
+        return ProjectedLSTM
+    cls = getattr(nn, name, None)
+    return cls if isinstance(cls, type) and issubclass(cls, nn.Module) else None
 
 
-def _register_builtins():
-    register_layer(nn.Linear, lambda m: {"in_features": int(m.in_features), "out_features": int(m.out_features),
-                                         "bias": bool(m.has_bias)})
-    for cls in (nn.ReLU, nn.LeakyReLU, nn.ELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Softplus):
-        register_layer(cls, lambda m: dict(m._args))
-    register_layer(nn.GELU, lambda m: {"approximate": m.approximate})
-    register_layer(nn.Softmax, lambda m: {"dim": int(m.dim)})
-    register_layer(nn.LogSoftmax, lambda m: {"dim": int(m.dim)})
-    register_layer(nn.Dropout, lambda m: {"p": float(m.p)})
-    register_layer(nn.Flatten, _flatten_config)
-    register_layer(nn.Identity, lambda m: {})
-    from .nn.lstm_projected import ProjectedLSTM  # tl.nn.LSTM(proj_size > 0) builds it
-    register_layer(ProjectedLSTM)
+def _arguments(module):
+    """A layer's constructor arguments: its config() where it has one, else those it was made with."""
+    config = getattr(module, "config", None)
+    return dict(config()) if callable(config) else dict(getattr(module, "_init_args", {}))
 
 
-
-def _register_catalog():
-    """Layers of nn/layers.py, described from the attributes they keep (where a layer gains a
-    config() method, that method takes over). Upsample is left out: it does not keep
-    recompute_scale_factor, so it cannot be rebuilt faithfully."""
-    def has(m, name):
-        return any(n == name for n, _ in m._native.named_parameters())
-
-    configs = {
-        "LayerNorm": lambda m: {"normalized_shape": list(m.normalized_shape), "eps": m.eps,
-                                "elementwise_affine": bool(m.elementwise_affine),
-                                "bias": has(m, "bias") or not m.elementwise_affine},
-        "RMSNorm": lambda m: {"normalized_shape": list(m.normalized_shape), "eps": m.eps,
-                              "elementwise_affine": bool(m.elementwise_affine)},
-        "GroupNorm": lambda m: {"num_groups": int(m.num_groups), "num_channels": int(m.num_channels), "eps": m.eps,
-                                "affine": bool(m.affine), "bias": has(m, "bias") or not m.affine},
-        "Embedding": lambda m: {"num_embeddings": int(m.num_embeddings), "embedding_dim": int(m.embedding_dim),
-                                "padding_idx": m.padding_idx, "max_norm": m.max_norm, "norm_type": m.norm_type,
-                                "scale_grad_by_freq": m.scale_grad_by_freq, "sparse": m.sparse},
-        "Unflatten": lambda m: {"dim": int(m.dim), "unflattened_size": list(m.unflattened_size)},
-        "OutputTransform": lambda m: {"scale": [float(v) for v in m.scale], "shift": [float(v) for v in m.shift],
-                                      "activations": list(m.activations)},
-    }
-    batch_norm = lambda m: {"num_features": int(m.num_features), "eps": m.eps, "momentum": m.momentum,  # noqa: E731
-                            "affine": bool(m.affine), "track_running_stats": bool(m.track_running_stats),
-                            "bias": has(m, "bias") or not m.affine}
-    configs.update({f"BatchNorm{d}d": batch_norm for d in (1, 2, 3)})
-    for name, config in configs.items():
-        cls = getattr(nn, name, None)
-        if isinstance(cls, type) and not callable(getattr(cls, "config", None)):
-            register_layer(cls, config)
-
-
-_register_builtins()
-_register_catalog()
-
-
-class _NotDescribable(Exception):
-    pass
-
-
-def _layer_entry(cls):
+def _layer_tree(module):
+    """The module tree as the core's describe takes it: a list for a Sequential, else (type, class
+    name, registered, constructor arguments); type is None for a class the format cannot name."""
+    cls = type(module)
+    if cls is nn.Sequential:
+        return [_layer_tree(m) for m in module._modules.values()]
+    class_name = f"{cls.__module__}.{cls.__qualname__}"
     for name, (c, config) in _LAYERS.items():
         if c is cls:
-            return name, config
-    # A treadle layer (treadle/nn/) that defines config() needs no registration.
-    if callable(getattr(cls, "config", None)) and getattr(nn, cls.__name__, None) is cls:
-        return cls.__name__, cls.config
-    return None
-
-
-def _describe(module):
-    if type(module) is nn.Sequential:
-        return {"type": "Sequential", "layers": [_describe(m) for m in module._modules.values()]}
-    entry = _layer_entry(type(module))
-    if entry is None:
-        raise _NotDescribable(f"{type(module).__module__}.{type(module).__qualname__}")
-    name, config = entry
-    return {"type": name, "config": dict(config(module))}
+            return name, class_name, True, dict(config(module))
+    if _builtin_class(cls.__name__) is not cls:
+        return None, class_name, False, {}
+    try:
+        arguments = _arguments(module)
+    except ValueError as e:  # a layer that cannot say how it was made (a custom encoder)
+        raise ValueError(f"describe: {e}") from None
+    return cls.__name__, class_name, False, arguments
 
 
 def describe(model):
     """The architecture description of ``model`` (a dict), or ValueError for custom modules."""
-    try:
-        return {"format": ARCH_FORMAT, "model": _describe(model)}
-    except _NotDescribable as e:
-        raise ValueError(f"describe: {e} is a custom module; register it with tl.io.register_layer(cls, config) "
-                         "or save weights only and load them with tl.load(path, model=net)") from None
+    return json.loads(_core.architecture_describe(_layer_tree(model)))
 
 
-def _build(node, where):
-    if not isinstance(node, dict) or not isinstance(node.get("type"), str):
-        raise ValueError(f"build: {where} is not a layer description: {node!r}")
-    kind = node["type"]
-    if kind == "Sequential":
-        layers = node.get("layers")
-        if not isinstance(layers, list):
-            raise ValueError(f"build: {where} (Sequential) has no list of layers")
-        return nn.Sequential(*[_build(n, f"{where}.{i}") for i, n in enumerate(layers)])
-    entry = _LAYERS.get(kind)
-    if entry is None:
-        cls = getattr(nn, kind, None)
-        if not (isinstance(cls, type) and issubclass(cls, nn.Module) and callable(getattr(cls, "config", None))):
-            raise ValueError(f"build: unknown layer type '{kind}' at {where}; register it with "
-                             "tl.io.register_layer before loading")
-    else:
-        cls = entry[0]
-    config = node.get("config", {})
-    if not isinstance(config, dict):
-        raise ValueError(f"build: config of {where} ({kind}) is not an object")
+def _make(node):
+    if isinstance(node, list):
+        return nn.Sequential(*[_make(n) for n in node])
+    kind, config, where = node
+    cls = _LAYERS[kind][0] if kind in _LAYERS else _builtin_class(kind)
     try:
         return cls(**config)
-    except TypeError as e:
+    except (TypeError, ValueError) as e:
         raise ValueError(f"build: cannot construct {kind} at {where} from {config}: {e}") from None
 
 
 def build(description):
     """A fresh model (new parameters) from an architecture description (dict or JSON string)."""
-    if isinstance(description, str):
-        try:
-            description = json.loads(description)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"build: the architecture description is not JSON: {e}") from None
-    if not isinstance(description, dict) or description.get("format") != ARCH_FORMAT:
-        fmt = description.get("format") if isinstance(description, dict) else None
-        raise ValueError(f"build: expected an architecture description of format {ARCH_FORMAT!r}, got {fmt!r}")
-    return _build(description.get("model"), "model")
+    return _make(_core.architecture_parse(description, list(_LAYERS)))
 
 
 # -- model files and checkpoints ----------------------------------------------------------------
@@ -222,7 +133,7 @@ def _model_metadata(model, metadata, who):
         raise TypeError(f"{who}: expected a treadle Module, got {type(model).__name__}")
     meta = _user_metadata(metadata, who)
     try:
-        meta[_ARCH_KEY] = json.dumps(describe(model), separators=(",", ":"))
+        meta[_ARCH_KEY] = _core.architecture_describe(_layer_tree(model))
     except ValueError:
         meta[_CLASS_KEY] = f"{type(model).__module__}.{type(model).__qualname__}"
     return meta

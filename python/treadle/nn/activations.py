@@ -21,6 +21,7 @@ def _activation(name, kind, params=(), doc=""):
             raise TypeError(f"{name}: unexpected arguments {sorted(kwargs) or extra}")
         _NativeModule.__init__(self, _core.Activation(kind, *values))
         object.__setattr__(self, "_args", dict(zip([p for p, _ in params], values)))
+        object.__setattr__(self, "_init_args", dict(self._args))  # by name, for tl.save
 
     def extra_repr(self):
         return ", ".join(f"{k}={v:g}" for k, v in self._args.items())

@@ -60,6 +60,23 @@ def _shaped_input(shape, dtype):
 
 
 
+def _bound_arguments(signature, module, args, kw):
+    """A constructor's arguments by name, defaults included (tl.save describes a layer by them)."""
+    try:
+        bound = signature.bind(module, *args, **kw)
+    except TypeError:  # the constructor itself refuses the call, with its own message
+        return {}
+    bound.apply_defaults()
+    out = {}
+    for name, value in list(bound.arguments.items())[1:]:
+        kind = signature.parameters[name].kind
+        if kind is inspect.Parameter.VAR_KEYWORD:
+            out.update(value)
+        elif kind is not inspect.Parameter.VAR_POSITIONAL:
+            out[name] = value
+    return out
+
+
 class Module(_ParameterState):
     """Base class: holds submodules, parameters and buffers (set as attributes, or with
     register_buffer) and compiles into a model on first use."""
@@ -82,7 +99,8 @@ class Module(_ParameterState):
         own_init = cls.__dict__.get("__init__")
         if own_init is None or not cls.__module__.startswith("treadle."):
             return
-        takes_device = "device" in inspect.signature(own_init).parameters
+        signature = inspect.signature(own_init)
+        takes_device = "device" in signature.parameters
 
         @functools.wraps(own_init)
         def torch_factory_keywords(self, *args, **kw):
@@ -90,6 +108,8 @@ class Module(_ParameterState):
                 kw["dtype"] = _dtype_name(kw["dtype"], cls.__name__)
             if not takes_device and "device" in kw:
                 _check_cpu(kw.pop("device"), cls.__name__)
+            if "_init_args" not in self.__dict__:  # the outermost constructor: what the user passed
+                object.__setattr__(self, "_init_args", _bound_arguments(signature, self, args, kw))
             own_init(self, *args, **kw)
 
         cls.__init__ = torch_factory_keywords
