@@ -15,7 +15,7 @@ verified on load. A corrupt, truncated or mismatched file raises ValueError and 
 - ``export_onnx``: feed-forward models to ONNX.
 
 Architecture descriptions (``{"format": "treadle-architecture/1", "model": node}``) are read, checked
-and written by the C++ core (treadle/architecture.hpp, docs/file-format.md): the layer types, their
+and written by the C++ core (cpp/include/treadle/architecture.hpp): the layer types, their
 keys, defaults and checks live there once, for this package and the C API alike. This module walks
 the tl.nn tree, hands each layer's constructor arguments to the core, and makes tl.nn objects from
 the checked configurations the core returns. Layers plug in through ``register_layer(cls,
@@ -33,7 +33,6 @@ __all__ = [
     "describe", "build", "register_layer", "from_torch", "to_torch_state_dict", "export_onnx", "register_onnx",
 ]
 
-ARCH_FORMAT = "treadle-architecture/1"
 _ARCH_KEY = "treadle.architecture"
 _CLASS_KEY = "treadle.module_class"
 

@@ -10,9 +10,14 @@
  *   {"format": "treadle-architecture/1", "model": {"type": "Sequential", "layers": [
  *      {"type": "Linear", "config": {"in_features": 4, "out_features": 16}}, {"type": "Tanh"},
  *      {"type": "Linear", "config": {"in_features": 16, "out_features": 1}}]}}
- * (the bare "model" node is accepted too). Layers: Sequential, Linear, ReLU, LeakyReLU, ELU, SiLU,
- * Tanh, Sigmoid, Softplus, GELU, Softmax, LogSoftmax, Dropout, LayerNorm, Flatten, Identity, with the
- * torch.nn constructor arguments as "config".
+ * (the bare "model" node is accepted too), with the torch.nn constructor arguments as "config"; the
+ * format's one reader is treadle/architecture.hpp (layer types, keys, defaults, checks), shared with
+ * Python's tl.load. Built here: Sequential, Linear, the activations, Dropout, Flatten, Identity,
+ * LayerNorm, RMSNorm, GroupNorm, BatchNorm1d/2d/3d, Embedding, Unflatten, OutputTransform,
+ * Conv1d/2d/3d (padding_mode "zeros"), ConvTranspose1d/2d/3d, MaxPool (without return_indices),
+ * AvgPool, AdaptiveAvgPool, GlobalAvgPool2d, RNN, GRU, LSTM, MultiheadAttention and
+ * TransformerEncoderLayer. Layers that only the Python package composes (ProjectedLSTM, MaxUnpool,
+ * TransformerDecoderLayer, Transformer, other padding modes) are refused by name.
  */
 #ifndef TREADLE_TREADLE_H
 #define TREADLE_TREADLE_H
