@@ -45,8 +45,7 @@ class StubBackend final : public treadle::Backend {
   StubBackend() { table_.add("relu", treadle::DType::f32, &stub_relu); }
   const char* name() const override { return "stub"; }
   treadle::KernelFn find(const treadle::Graph& g, const treadle::Node& node) const override {
-    if (node.inputs.empty()) return nullptr;
-    return table_.find(node.op, g.info(node.inputs[0]).dtype);
+    return table_.find(g, node);
   }
   std::vector<treadle::OpSupport> supported_ops() const override { return table_.list(); }
 

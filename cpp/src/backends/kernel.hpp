@@ -3,6 +3,7 @@
 // the host's executor and the step's RNG stream. Kernels never allocate; scratch comes in `workspace`.
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -45,18 +46,6 @@ struct KernelArgs {
 
 using KernelFn = void (*)(const KernelArgs&);
 
-// One backend's map op -> kernel, keyed by the dtype of the node's first input.
-class TREADLE_API KernelTable {
- public:
-  void add(const std::string& op, DType dtype, KernelFn fn);
-  KernelFn find(int op_id, DType dtype) const;
-  // Every op with a kernel and the dtypes it has kernels for (Backend::supported_ops).
-  std::vector<OpSupport> list() const;
-
- private:
-  std::unordered_map<int, std::array<KernelFn, 6>> table_;
-};
-
 // What a backend builds once for a node when a plan is finalized (e.g. oneDNN primitives), so that
 // steps create nothing. The state is immutable afterwards: plans are shared by threads running
 // different contexts. `workspace` is scratch the kernel needs on top of the op's own workspace.
@@ -70,6 +59,47 @@ struct PreparedNode {
   std::shared_ptr<const void> state;
   std::size_t workspace = 0;
   std::vector<std::pair<int, std::size_t>> opaque_outputs;
+};
+
+// One op a backend takes: how every backend (Eigen, oneDNN, CUDA, a registered one) says what it
+// runs. A node of `op` is taken when `choose` gives a kernel (an op with several kernels picks by the
+// node), else when `accepts` says so and then runs `kernel`; without either function the node's key
+// dtype (its first input's, or its output's for an op without inputs) must be one of `dtypes`.
+// `dtypes` are also what supported_ops lists. `prepare` builds the node's state once (null: none);
+// `deterministic`: bitwise the same result on every run with the same inputs.
+using AcceptFn = std::function<bool(const Graph&, const Node&)>;
+using PrepareFn = std::function<PreparedNode(const Graph&, const Node&)>;
+using ChooseFn = std::function<KernelFn(const Graph&, const Node&)>;
+struct OpEntry {
+  OpEntry() = default;
+  OpEntry(std::string op, AcceptFn accepts, PrepareFn prepare, KernelFn kernel, bool deterministic = true)
+      : op(std::move(op)), accepts(std::move(accepts)), prepare(std::move(prepare)), kernel(kernel),
+        deterministic(deterministic) {}
+  std::string op;
+  AcceptFn accepts;
+  PrepareFn prepare;
+  KernelFn kernel = nullptr;
+  bool deterministic = true;
+  std::vector<DType> dtypes = {DType::f32};
+  ChooseFn choose;
+};
+
+// A backend's entries by op (several per op: one per dtype, or alternatives tried in order). Its
+// members are out of line: the Eigen kernel variants, compiled for other instruction sets, fill it.
+class TREADLE_API KernelTable {
+ public:
+  void add(OpEntry entry);
+  void add(const std::string& op, DType dtype, KernelFn fn);  // a kernel for one dtype, taken by dtype
+  // The entry that takes `node` and its kernel (null, null when none does).
+  std::pair<const OpEntry*, KernelFn> find_entry(const Graph& g, const Node& node) const;
+  KernelFn find(const Graph& g, const Node& node) const { return find_entry(g, node).second; }
+  const OpEntry* only_entry(int op_id) const;  // the op's entry when it has exactly one
+  bool all_deterministic(int op_id) const;  // every entry of the op (true for an op without one)
+  // Every op with an entry and the dtypes of its kernels (Backend::supported_ops).
+  std::vector<OpSupport> list() const;
+
+ private:
+  std::unordered_map<int, std::vector<OpEntry>> entries_;
 };
 
 class Backend {
@@ -90,6 +120,19 @@ class Backend {
   // What this backend was built against and runs on here (library version, instruction set in
   // use), as (key, value) pairs for treadle::build_info.
   virtual std::vector<std::pair<std::string, std::string>> build_info() const { return {}; }
+};
+
+// A backend that is its table of entries: find, prepare, deterministic and supported_ops answered
+// from `table_` (Eigen's, oneDNN's and CUDA's backends; each adds what is its own around them).
+class TableBackend : public Backend {
+ public:
+  KernelFn find(const Graph& g, const Node& node) const override { return table_.find(g, node); }
+  PreparedNode prepare(const Graph& g, const Node& node) const override;
+  bool deterministic(const Graph& g, const Node& node) const override;
+  std::vector<OpSupport> supported_ops() const override { return table_.list(); }
+
+ protected:
+  KernelTable table_;
 };
 
 // Why a backend declined a node for a reason that the CPU decides, not the node (oneDNN has no

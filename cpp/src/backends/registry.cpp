@@ -20,25 +20,81 @@ namespace treadle {
 #undef TREADLE_DEVICE_RUNTIME
 #undef TREADLE_ABSENT_BACKEND
 
-void KernelTable::add(const std::string& op, DType dtype, KernelFn fn) {
-  table_[OpRegistry::instance().id(op)][static_cast<int>(dtype)] = fn;
+void KernelTable::add(OpEntry entry) {
+  if (!entry.kernel && !entry.choose)
+    throw_runtime_error("KernelTable: the entry for '", entry.op, "' has neither a kernel nor a choose function");
+  entries_[OpRegistry::instance().id(entry.op)].push_back(std::move(entry));
 }
 
-KernelFn KernelTable::find(int op_id, DType dtype) const {
-  auto it = table_.find(op_id);
-  return it == table_.end() ? nullptr : it->second[static_cast<int>(dtype)];
+void KernelTable::add(const std::string& op, DType dtype, KernelFn fn) {
+  std::vector<OpEntry>& entries = entries_[OpRegistry::instance().id(op)];
+  for (OpEntry& e : entries)  // a later kernel for the same dtype replaces the earlier one
+    if (!e.accepts && !e.choose && e.dtypes == std::vector<DType>{dtype}) {
+      e.kernel = fn;
+      return;
+    }
+  OpEntry e;
+  e.op = op;
+  e.kernel = fn;
+  e.dtypes = {dtype};
+  entries.push_back(std::move(e));
+}
+
+std::pair<const OpEntry*, KernelFn> KernelTable::find_entry(const Graph& g, const Node& node) const {
+  auto it = entries_.find(node.op);
+  if (it == entries_.end()) return {nullptr, nullptr};
+  for (const OpEntry& e : it->second) {
+    if (e.choose) {
+      if (KernelFn fn = e.choose(g, node)) return {&e, fn};
+    } else if (e.accepts) {
+      if (e.accepts(g, node)) return {&e, e.kernel};
+    } else {
+      const DType key = node.inputs.empty() ? g.info(node.outputs.at(0)).dtype : g.info(node.inputs[0]).dtype;
+      if (std::find(e.dtypes.begin(), e.dtypes.end(), key) != e.dtypes.end()) return {&e, e.kernel};
+    }
+  }
+  return {nullptr, nullptr};
+}
+
+const OpEntry* KernelTable::only_entry(int op_id) const {
+  auto it = entries_.find(op_id);
+  return it != entries_.end() && it->second.size() == 1 ? &it->second.front() : nullptr;
+}
+
+bool KernelTable::all_deterministic(int op_id) const {
+  auto it = entries_.find(op_id);
+  if (it == entries_.end()) return true;
+  return std::all_of(it->second.begin(), it->second.end(), [](const OpEntry& e) { return e.deterministic; });
 }
 
 std::vector<OpSupport> KernelTable::list() const {
   const OpRegistry& reg = OpRegistry::instance();
   std::vector<OpSupport> ops;
-  for (const auto& [op, kernels] : table_) {
+  for (const auto& [op, entries] : entries_) {
+    std::vector<DType> dtypes;
+    for (const OpEntry& e : entries) dtypes.insert(dtypes.end(), e.dtypes.begin(), e.dtypes.end());
+    std::sort(dtypes.begin(), dtypes.end());
+    dtypes.erase(std::unique(dtypes.begin(), dtypes.end()), dtypes.end());
     OpSupport s{reg.at(op).name, {}};
-    for (std::size_t d = 0; d < kernels.size(); ++d)
-      if (kernels[d]) s.dtypes.emplace_back(dtype_name(static_cast<DType>(d)));
+    for (DType d : dtypes) s.dtypes.emplace_back(dtype_name(d));
     ops.push_back(std::move(s));
   }
   return ops;
+}
+
+// The entry chosen for the node when it was found: prepare and deterministic are asked of it.
+PreparedNode TableBackend::prepare(const Graph& g, const Node& node) const {
+  const OpEntry* e = table_.only_entry(node.op);  // no second question to accepts (oneDNN's build descriptors)
+  if (!e) e = table_.find_entry(g, node).first;
+  return e && e->prepare ? e->prepare(g, node) : PreparedNode{};
+}
+
+// Without asking which entry takes the node when every entry of its op is deterministic (the
+// planner asks before find, and oneDNN's accepts build primitive descriptors).
+bool TableBackend::deterministic(const Graph& g, const Node& node) const {
+  if (table_.all_deterministic(node.op)) return true;
+  const OpEntry* e = table_.find_entry(g, node).first;
+  return e && e->deterministic;
 }
 
 namespace {

@@ -5,57 +5,31 @@
 
 #include <cuda_runtime_api.h>
 
-#include <unordered_map>
 
 #include "backends/cuda/cuda_backend_ops.hpp"
 #include "backends/cuda/cuda_stream.hpp"
 #include "backends/device_runtime.hpp"
-#include "core/op_registry.hpp"
 #include "treadle/error.hpp"
 
 namespace treadle {
 namespace {
 
-class CudaBackend final : public Backend {
+class CudaBackend final : public TableBackend {
  public:
   CudaBackend() {
-    const OpRegistry& reg = OpRegistry::instance();
-    for (std::vector<cuda::OpEntry> family : {cuda::op_entries(), cuda::cnn_op_entries(), cuda::rnn_op_entries(),
-                                              cuda::norm_op_entries(), cuda::shape_op_entries(),
-                                              cuda::elementwise_op_entries()})
-      for (cuda::OpEntry& e : family) entries_[reg.id(e.op)] = std::move(e);
+    for (std::vector<OpEntry> family : {cuda::op_entries(), cuda::cnn_op_entries(), cuda::rnn_op_entries(),
+                                        cuda::norm_op_entries(), cuda::shape_op_entries(),
+                                        cuda::elementwise_op_entries()})
+      for (OpEntry& e : family) table_.add(std::move(e));
   }
 
   const char* name() const override { return "cuda"; }
 
-  // Float32 nodes of the covered ops whose shapes the adapter handles.
-  KernelFn find(const Graph& g, const Node& node) const override {
-    auto it = entries_.find(node.op);
-    if (it == entries_.end()) return nullptr;
-    return it->second.accepts(g, node) ? it->second.kernel : nullptr;
-  }
-
   // Builds the cuBLASLt products (algorithm choice included) once per node, on device 0.
   PreparedNode prepare(const Graph& g, const Node& node) const override {
-    const cuda::OpEntry& e = entries_.at(node.op);
-    if (!e.prepare) return {};
     cuda::DeviceGuard guard(0);
-    return e.prepare(g, node);
+    return TableBackend::prepare(g, node);
   }
-
-  bool deterministic(const Graph& g, const Node& node) const override {
-    auto it = entries_.find(node.op);
-    return it != entries_.end() && it->second.deterministic;
-  }
-
-  std::vector<OpSupport> supported_ops() const override {
-    std::vector<OpSupport> ops;
-    for (const auto& [op, entry] : entries_) ops.push_back({entry.op, {"float32"}});
-    return ops;
-  }
-
- private:
-  std::unordered_map<int, cuda::OpEntry> entries_;
 };
 
 }  // namespace

@@ -24,15 +24,15 @@
 
 namespace treadle::cuda {
 
-void copy_tensor_async(void* dst, const Tensor& t, cudaStream_t s) {
+void copy_tensor_async(void* dst, const Tensor& t, Device device, cudaStream_t s) {
   if (t.is_cpu()) {
     const Tensor c = t.is_contiguous() ? t : t.clone();
     copy_to_device_async(dst, c.data(), c.nbytes(), s);
-  } else if (t.device() == kTrainDevice) {
+  } else if (t.device() == device) {
     copy_device_to_device_async(dst, t.data(), t.nbytes(), s);
   } else {
     throw_value_error("backend 'cuda': a tensor on ", device_name(t.device()), " was given, but plans run on ",
-                      device_name(kTrainDevice));
+                      device_name(device));
   }
 }
 
@@ -158,7 +158,7 @@ void CudaParameterMirror::predict(const Plan& plan, const std::vector<Tensor>& i
   std::array<void*, kMaxInputs> dev_in{};
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     dev_in[i] = base + offsets[i];
-    copy_tensor_async(dev_in[i], inputs[i], s);
+    copy_tensor_async(dev_in[i], inputs[i], device_, s);
   }
   Bindings b{d.params, std::span<void* const>(dev_in.data(), inputs.size()), {}, {}};
   b.device = device_;

@@ -19,15 +19,9 @@
 
 namespace treadle::cuda {
 
-struct OpEntry {
-  std::string op;
-  bool (*accepts)(const Graph& g, const Node& node) = nullptr;
-  PreparedNode (*prepare)(const Graph& g, const Node& node) = nullptr;  // null: no state, no workspace
-  KernelFn kernel = nullptr;
-  // Bitwise repeatable: the own kernels are (no atomics); cuBLASLt products are not claimed to be,
-  // since the heuristic's algorithm may split K and reduce with atomics.
-  bool deterministic = true;
-};
+// Every family registers OpEntry lists (backends/kernel.hpp: op, accepts, prepare, kernel,
+// deterministic), float32. Deterministic: the own kernels are (no atomics); cuBLASLt products are not
+// claimed to be, since the heuristic's algorithm may split K and reduce with atomics.
 
 // What every adapter reads: the context's stream, float operands, shapes and the op's name.
 inline cudaStream_t stream_of(const KernelArgs& a) { return static_cast<cudaStream_t>(a.stream); }

@@ -52,7 +52,7 @@ void check_outputs(const Plan& plan, Context& ctx, const Bindings& b, int s, Non
                       "' in module '", node.scope.empty() ? "<root>" : node.scope, "' (", pass_of(plan, s),
                       " pass) produced ", std::isnan(v) ? "NaN" : "Inf", " in output ", k, " of shape ",
                       shape_str(info.shape), " (", count, " non-finite value(s), first at flat index ", first,
-                      ") on ", device_name(kTrainDevice));
+                      ") on ", device_name(plan.device()));
   }
 }
 

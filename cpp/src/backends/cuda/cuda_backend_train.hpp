@@ -8,9 +8,6 @@
 
 namespace treadle::cuda {
 
-// Device the trainer and Model::predict run on (plans for "cuda" are on cuda:0).
-inline constexpr Device kTrainDevice{DeviceKind::cuda, 0};
-
 // Rounds a byte count up to the allocator's 256-byte alignment (slots inside one upload buffer).
 inline std::size_t align256(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
 
@@ -23,7 +20,7 @@ void run_device_steps(const Plan& plan, Context& ctx, const Bindings& b, int beg
 
 // Copies tensor `t` to device memory `dst` on `s`: a host tensor is uploaded (a non-contiguous one
 // through a contiguous copy; pageable memory, so the call returns once the host side was read), a
-// tensor on kTrainDevice is copied on the device. ValueError for a tensor on another device.
-void copy_tensor_async(void* dst, const Tensor& t, cudaStream_t s);
+// tensor on `device` (the plan's) is copied on the device. ValueError for a tensor on another device.
+void copy_tensor_async(void* dst, const Tensor& t, Device device, cudaStream_t s);
 
 }  // namespace treadle::cuda

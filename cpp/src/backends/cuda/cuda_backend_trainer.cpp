@@ -52,7 +52,8 @@ static_assert(sizeof(cuda::SgdCoefficients) <= GraphConstants::kUpdateBytes);
 // Destroyed in reverse order: graphs, buffers and pinned memory first, the allocator (cudaFree) last.
 struct DeviceStep {
   enum class Side : uint8_t { both, host, device };
-  explicit DeviceStep(int device) : alloc(device), readback(64) {}
+  explicit DeviceStep(Device d) : device(d), alloc(d.index), readback(64) {}
+  Device device;  // the plans' device (the trainer's model's backend)
 
   // Where upload() put the step's data on the device.
   struct Slots {
@@ -168,7 +169,7 @@ DeviceStep::Slots DeviceStep::upload(Inputs xs, const Tensor& y, const void* coe
   // Device arrays (the host's CuPy/torch data) go into their slots after the upload, on the same
   // stream: the step's pointers stay the trainer's own, so a captured graph replays with them too.
   for (std::size_t i = 0; i <= xs.size(); ++i)
-    if (on_device[i]) cuda::copy_tensor_async(base + offset[i], i < xs.size() ? xs[i] : y, s);
+    if (on_device[i]) cuda::copy_tensor_async(base + offset[i], i < xs.size() ? xs[i] : y, device, s);
   Slots slots;
   slots.coefficients = base;
   for (std::size_t i = 0; i < xs.size(); ++i) slots.inputs[i] = base + offset[i];
@@ -434,7 +435,7 @@ void CudaTrainer::wait() noexcept {
 DeviceStep& CudaTrainer::step() {
   if (!step_) {
     require_cuda_device(device_);  // a ValueError naming the device, before any CUDA call
-    step_ = std::make_unique<DeviceStep>(device_.index);
+    step_ = std::make_unique<DeviceStep>(device_);
   }
   return *step_;
 }

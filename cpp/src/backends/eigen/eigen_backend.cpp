@@ -43,19 +43,14 @@ std::string register_kernels(KernelTable& table) {
 #endif
 }
 
-class EigenBackend final : public Backend {
+// Kernels by op and dtype (KernelTable::add(op, dtype, kernel)): the node's key dtype picks one.
+class EigenBackend final : public TableBackend {
  public:
   EigenBackend() : kernels_(register_kernels(table_)) {}
   const char* name() const override { return "eigen"; }
-  KernelFn find(const Graph& g, const Node& node) const override {
-    DType key = node.inputs.empty() ? g.info(node.outputs.at(0)).dtype : g.info(node.inputs[0]).dtype;
-    return table_.find(node.op, key);
-  }
-  std::vector<OpSupport> supported_ops() const override { return table_.list(); }
   std::vector<std::pair<std::string, std::string>> build_info() const override { return {{"kernels", kernels_}}; }
 
  private:
-  KernelTable table_;
   std::string kernels_;
 };
 

@@ -83,8 +83,8 @@ std::optional<ChunkPlan> plan_backward(const Graph& g, const Node& node) {
 }  // namespace
 
 std::vector<OpEntry> eltwise_entries() {
-  return {{"elu", &plan_forward}, {"elu_backward", &plan_backward}, {"silu", &plan_forward},
-          {"silu_backward", &plan_backward}};
+  return {chunked("elu", &plan_forward), chunked("elu_backward", &plan_backward), chunked("silu", &plan_forward),
+          chunked("silu_backward", &plan_backward)};
 }
 
 }  // namespace treadle::onednn

@@ -191,7 +191,7 @@ std::optional<ChunkPlan> plan_bmm(const Graph& g, const Node& node) {
 }  // namespace
 
 std::vector<OpEntry> matmul_entries() {
-  return {{"linear", &plan_linear}, {"matmul", &plan_matmul}, {"bmm", &plan_bmm}};
+  return {chunked("linear", &plan_linear), chunked("matmul", &plan_matmul), chunked("bmm", &plan_bmm)};
 }
 
 }  // namespace treadle::onednn

@@ -385,10 +385,10 @@ void group_backward_kernel(const KernelArgs& a) {
 }  // namespace
 
 std::vector<OpEntry> norm_entries() {
-  return {{"layer_norm", nullptr, &accepts_forward, &prepare_forward, &forward_kernel},
-          {"group_norm", nullptr, &accepts_forward, &prepare_forward, &forward_kernel},
-          {"layer_norm_backward", nullptr, &accepts_backward, &prepare_backward, &backward_kernel},
-          {"group_norm_backward", nullptr, &accepts_group_backward, &prepare_group_backward, &group_backward_kernel}};
+  return {{"layer_norm", &accepts_forward, &prepare_forward, &forward_kernel},
+          {"group_norm", &accepts_forward, &prepare_forward, &forward_kernel},
+          {"layer_norm_backward", &accepts_backward, &prepare_backward, &backward_kernel},
+          {"group_norm_backward", &accepts_group_backward, &prepare_group_backward, &group_backward_kernel}};
 }
 
 }  // namespace treadle::onednn

@@ -1,9 +1,6 @@
 #include "backends/onednn/onednn_backend.hpp"
 
-#include <unordered_map>
-
 #include "backends/onednn/onednn_common.hpp"
-#include "core/op_registry.hpp"
 #include "ops/precision.hpp"
 #include "treadle/error.hpp"
 
@@ -29,13 +26,12 @@ std::string isa_name(dnnl_cpu_isa_t isa) {
   }
 }
 
-class OnednnBackend final : public Backend {
+class OnednnBackend final : public TableBackend {
  public:
   OnednnBackend() {
-    const OpRegistry& reg = OpRegistry::instance();
     for (auto entries : {matmul_entries(), eltwise_entries(), softmax_entries(), conv_entries(), norm_entries(),
                          pool_entries(), rnn_entries()})
-      for (const OpEntry& e : entries) entries_[reg.id(e.op)] = e;
+      for (OpEntry& e : entries) table_.add(std::move(e));
   }
 
   const char* name() const override { return "onednn"; }
@@ -44,23 +40,14 @@ class OnednnBackend final : public Backend {
   // fp16 compute is declined: oneDNN's f16 products are optimised only on CPUs with native fp16
   // arithmetic, so Eigen's reference path (ops/precision.hpp) takes those nodes.
   KernelFn find(const Graph& g, const Node& node) const override {
-    auto it = entries_.find(node.op);
-    if (it == entries_.end() || is_fp16_compute(node.attrs)) return nullptr;
+    if (is_fp16_compute(node.attrs)) return nullptr;
     OmpSingleThread guard;
-    const OpEntry& e = it->second;
-    if (e.plan) return e.plan(g, node) ? &run_chunked : nullptr;
-    if (e.find) return e.find(g, node);
-    return e.accepts(g, node) ? e.kernel : nullptr;
+    return TableBackend::find(g, node);
   }
 
-  // Every family takes float32 nodes only (bf16 compute is an attribute of float32 nodes; fp16
-  // compute nodes are left to Eigen).
-  std::vector<OpSupport> supported_ops() const override {
-    const OpRegistry& reg = OpRegistry::instance();
-    std::vector<OpSupport> ops;
-    for (const auto& [op, entry] : entries_) ops.push_back({reg.at(op).name, {"float32"}});
-    return ops;
-  }
+  // Every kernel of this backend is deterministic (no question to the entries, which would build
+  // primitive descriptors).
+  bool deterministic(const Graph& g, const Node& node) const override { return true; }
 
   std::vector<std::pair<std::string, std::string>> build_info() const override {
     const dnnl_version_t* v = dnnl_version();
@@ -70,19 +57,12 @@ class OnednnBackend final : public Backend {
 
   PreparedNode prepare(const Graph& g, const Node& node) const override {
     OmpSingleThread guard;
-    const OpEntry& e = entries_.at(node.op);
     try {
-      if (e.prepare) return e.prepare(g, node);
-      std::optional<ChunkPlan> plan = e.plan(g, node);
-      if (!plan) throw_runtime_error("onednn: node ", op_name(node), " is no longer supported at prepare time");
-      return make_prepared(*plan);
+      return TableBackend::prepare(g, node);
     } catch (const dnnl::error& err) {
       throw_runtime_error("onednn: creating the primitive for ", op_name(node), " failed: ", err.what());
     }
   }
-
- private:
-  std::unordered_map<int, OpEntry> entries_;
 };
 
 }  // namespace

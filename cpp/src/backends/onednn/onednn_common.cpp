@@ -217,6 +217,19 @@ PreparedNode make_prepared(const ChunkPlan& plan) {
   return {std::move(state), workspace};
 }
 
+OpEntry chunked(const char* op, PlanFn plan) {
+  OpEntry e;
+  e.op = op;
+  e.accepts = [plan](const Graph& g, const Node& node) { return plan(g, node).has_value(); };
+  e.prepare = [plan](const Graph& g, const Node& node) {
+    std::optional<ChunkPlan> p = plan(g, node);
+    if (!p) throw_runtime_error("onednn: node ", op_name(node), " is no longer supported at prepare time");
+    return make_prepared(*p);
+  };
+  e.kernel = &run_chunked;
+  return e;
+}
+
 namespace {
 
 constexpr int64_t kStagingGrain = 1 << 16;  // elements per conversion chunk

@@ -242,23 +242,13 @@ void for_each_tile(const KernelArgs& a, const ChunkedPrimitive& s, const F& piec
 // Rounds `n` up to a multiple of `m`.
 inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
-// Each op family: whether it takes the node and its state. A chunked family returns the plan of
-// its chunks (one primitive per chunk, run by run_chunked). A family whose chunks chain several
-// primitives (reorders into blocked layouts, reductions of partial results) gives its own
-// accepts / prepare / kernel instead; accepts and prepare run under OmpSingleThread.
+// Each op family gives its OpEntry list (backends/kernel.hpp), float32: accepts and prepare run
+// under OmpSingleThread. A chunked family has the plan of its chunks (one primitive per chunk, run by
+// run_chunked) and makes its entries with chunked(op, plan). A family whose chunks chain several
+// primitives (reorders into blocked layouts, reductions of partial results) gives its own accepts /
+// prepare / kernel; one with several kernels for an op gives `choose`.
 using PlanFn = std::optional<ChunkPlan> (*)(const Graph& g, const Node& node);
-using AcceptFn = bool (*)(const Graph& g, const Node& node);
-using PrepareFn = PreparedNode (*)(const Graph& g, const Node& node);
-// A family with several kernels for one op gives `find` (the kernel, or null) instead of accepts/kernel.
-using FindFn = KernelFn (*)(const Graph& g, const Node& node);
-struct OpEntry {
-  std::string op;
-  PlanFn plan = nullptr;
-  AcceptFn accepts = nullptr;
-  PrepareFn prepare = nullptr;
-  KernelFn kernel = nullptr;
-  FindFn find = nullptr;
-};
+OpEntry chunked(const char* op, PlanFn plan);
 std::vector<OpEntry> matmul_entries();
 std::vector<OpEntry> eltwise_entries();
 std::vector<OpEntry> softmax_entries();

@@ -314,11 +314,11 @@ PreparedNode prepare_adaptive(const Graph& g, const Node& node) {
 }  // namespace
 
 std::vector<OpEntry> pool_entries() {
-  return {{"avg_pool", nullptr, &accepts_avg, &prepare_avg, &avg_kernel},
-          {"avg_pool_backward", nullptr, &accepts_avg, &prepare_avg, &avg_kernel},
-          {"adaptive_avg_pool", nullptr, &accepts_adaptive, &prepare_adaptive, &avg_kernel},
-          {"adaptive_avg_pool_backward", nullptr, &accepts_adaptive, &prepare_adaptive, &avg_kernel},
-          {"max_pool", nullptr, &accepts_max, &prepare_max, &max_kernel}};
+  return {{"avg_pool", &accepts_avg, &prepare_avg, &avg_kernel},
+          {"avg_pool_backward", &accepts_avg, &prepare_avg, &avg_kernel},
+          {"adaptive_avg_pool", &accepts_adaptive, &prepare_adaptive, &avg_kernel},
+          {"adaptive_avg_pool_backward", &accepts_adaptive, &prepare_adaptive, &avg_kernel},
+          {"max_pool", &accepts_max, &prepare_max, &max_kernel}};
 }
 
 }  // namespace treadle::onednn

@@ -184,14 +184,14 @@ PreparedNode prepare_lstm(const Graph& g, const Node& node) {
 std::vector<OpEntry> rnn_entries() {
   std::vector<OpEntry> entries(4);
   entries[0].op = "lstm_layer";
-  entries[0].find = &find_lstm;
+  entries[0].choose = &find_lstm;
   entries[0].prepare = &prepare_lstm;
   entries[1].op = "gru_layer";
-  entries[1].find = &find_train_forward;
+  entries[1].choose = &find_train_forward;
   entries[1].prepare = &prepare_train_forward;
   for (int k : {2, 3}) {
     entries[k].op = k == 2 ? "lstm_layer_backward" : "gru_layer_backward";
-    entries[k].find = &find_train_backward;
+    entries[k].choose = &find_train_backward;
     entries[k].prepare = &prepare_train_backward;
   }
   return entries;

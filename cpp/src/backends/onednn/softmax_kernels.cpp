@@ -76,7 +76,7 @@ std::optional<ChunkPlan> plan_backward(const Graph& g, const Node& node) {
 }  // namespace
 
 std::vector<OpEntry> softmax_entries() {
-  return {{"softmax", &plan_forward}, {"softmax_backward", &plan_backward}};
+  return {chunked("softmax", &plan_forward), chunked("softmax_backward", &plan_backward)};
 }
 
 }  // namespace treadle::onednn
