@@ -16,7 +16,7 @@ import tempfile
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GROUPS = ["training", "chunked_predict", "chunked_training", "bad_input", "no_alloc", "no_alloc_broadcast",
+GROUPS = ["training", "update_rules", "chunked_predict", "chunked_training", "bad_input", "no_alloc", "no_alloc_broadcast",
           "no_alloc_runs", "hardening", "tasks", "device_tensors", "pinn", "work_team"]
 
 

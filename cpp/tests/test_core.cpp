@@ -155,6 +155,29 @@ void test_training_reduces_the_loss() {
   check(std::fabs(trainer.evaluate(x, y) - last) < 0.5 * last + 1e-6, "evaluate agrees with the last step's loss");
 }
 
+// What a device trainer asks an optimizer instead of its name: the update rule (family, decoupled
+// weight decay, options), present for SGD, Adam and AdamW only, in every build.
+void test_update_rules() {
+  using namespace treadle;
+  using Family = Optimizer::UpdateRule::Family;
+  optim::SGDOptions sgd;
+  sgd.momentum = 0.9;
+  sgd.nesterov = true;
+  const auto s = optim::sgd(sgd)->update_rule();
+  check(s && s->family == Family::sgd && !s->decoupled_weight_decay && s->options.size() == 4 &&
+            s->options[0] == std::make_pair(std::string("momentum"), 0.9) && s->options[3].second == 1.0,
+        "SGD reports its rule: momentum 0.9, nesterov as 1");
+  optim::AdamOptions adam;
+  adam.amsgrad = true;
+  adam.weight_decay = 0.01;
+  const auto a = optim::adam(adam)->update_rule(), w = optim::adamw(adam)->update_rule();
+  check(a && a->family == Family::adam && !a->decoupled_weight_decay && a->options.back().second == 1.0,
+        "Adam reports its rule, coupled decay, amsgrad as 1");
+  check(w && w->family == Family::adam && w->decoupled_weight_decay && w->options[3].second == 0.01,
+        "AdamW reports the Adam rule with decoupled decay 0.01");
+  check(!optim::rmsprop({})->update_rule(), "RMSprop has no device rule");
+}
+
 void test_chunked_executor_predict_is_bitwise_serial() {
   using namespace treadle;
   // Shapes where the kernels split rows over the executor: activations of 64k elements and more,
@@ -576,6 +599,7 @@ void test_work_team() {
 int main(int argc, char** argv) {
   const std::pair<std::string, void (*)()> tests[] = {
       {"training", test_training_reduces_the_loss},
+      {"update_rules", test_update_rules},
       {"chunked_predict", test_chunked_executor_predict_is_bitwise_serial},
       {"chunked_training", test_chunked_executor_training_is_bitwise_serial},
       {"bad_input", test_bad_input_throws_typed_errors},

@@ -8,6 +8,7 @@
 // group coefficients; parameters in no group are not updated.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -103,9 +104,17 @@ class TREADLE_API Optimizer {
   // restored (with set_step_count).
   std::vector<std::pair<std::string, Tensor>>& state() { return state_; }
   const std::vector<ParamSlot>& layout() const { return layout_; }
-  // The options other than lr by their field names (flags as 0 or 1), for running the same update
-  // on a device (the trainer of a device backend); empty for optimizers without a device update.
-  virtual std::vector<std::pair<std::string, double>> hyperparameters() const { return {}; }
+  // The update as a rule a device backend runs itself (the trainer of backend "cuda"): its family,
+  // whether weight decay is decoupled (AdamW), and the options other than lr by their field names
+  // (flags as 0 or 1; the first group's: the trainer refuses groups with other options). Absent for
+  // optimizers whose update runs on the host only. A device trainer asks this, never the name.
+  struct UpdateRule {
+    enum class Family : uint8_t { sgd, adam };
+    Family family = Family::sgd;
+    bool decoupled_weight_decay = false;
+    std::vector<std::pair<std::string, double>> options;
+  };
+  virtual std::optional<UpdateRule> update_rule() const { return std::nullopt; }
 
  protected:
   virtual std::vector<std::string> state_names() const = 0;

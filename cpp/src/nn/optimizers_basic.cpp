@@ -65,11 +65,12 @@ class SGD final : public detail::FusedOptimizer<SGD, SGDOptions> {
     return true;
   }
   static const char* option_names() { return "momentum, dampening, weight_decay, nesterov"; }
-  std::vector<std::pair<std::string, double>> hyperparameters() const override {
-    if (!uniform_options()) return {};  // the device update has one set of options
+  std::optional<UpdateRule> update_rule() const override {
+    if (opts_.empty()) return std::nullopt;
     const SGDOptions& o = opts_[0];
-    return {{"momentum", o.momentum}, {"dampening", o.dampening}, {"weight_decay", o.weight_decay},
-            {"nesterov", o.nesterov ? 1.0 : 0.0}};
+    return UpdateRule{UpdateRule::Family::sgd, false,
+                      {{"momentum", o.momentum}, {"dampening", o.dampening}, {"weight_decay", o.weight_decay},
+                       {"nesterov", o.nesterov ? 1.0 : 0.0}}};
   }
 
  protected:
@@ -149,11 +150,12 @@ class Adam final : public detail::FusedOptimizer<Adam, AdamOptions> {
     return true;
   }
   static const char* option_names() { return "betas (beta1, beta2), eps, weight_decay, amsgrad"; }
-  std::vector<std::pair<std::string, double>> hyperparameters() const override {
-    if (!uniform_options()) return {};  // the device update has one set of options
+  std::optional<UpdateRule> update_rule() const override {
+    if (opts_.empty()) return std::nullopt;
     const AdamOptions& o = opts_[0];
-    return {{"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps}, {"weight_decay", o.weight_decay},
-            {"amsgrad", o.amsgrad ? 1.0 : 0.0}};
+    return UpdateRule{UpdateRule::Family::adam, decoupled_,
+                      {{"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps}, {"weight_decay", o.weight_decay},
+                       {"amsgrad", o.amsgrad ? 1.0 : 0.0}}};
   }
 
  protected:

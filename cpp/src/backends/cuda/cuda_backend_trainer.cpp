@@ -95,16 +95,17 @@ struct DeviceStep {
   // into a fresh flag, and (dynamic) the rule on the device. Returns the flag for the update.
   const int32_t* enqueue_unscale(float* grads, int64_t n, const LossScaler& host, cudaStream_t s);
 
-  // The optimizer's options, asked again only when they changed (set_group_option between updates,
-  // as OneCycleLR's momentum / beta1 cycling does on the host): a step allocates nothing on the host.
-  std::vector<std::pair<std::string, double>> hyperparameters;
-  uint64_t hyperparameters_version = ~uint64_t{0};
-  const std::vector<std::pair<std::string, double>>& refresh_hyperparameters(const Optimizer& o) {
-    if (hyperparameters_version != o.options_version()) {
-      hyperparameters = o.hyperparameters();
-      hyperparameters_version = o.options_version();
+  // The optimizer's update rule, asked again only when its options changed (set_group_option
+  // between updates, as OneCycleLR's momentum / beta1 cycling does on the host): a step allocates
+  // nothing on the host. check_support made sure there is one.
+  Optimizer::UpdateRule rule;
+  uint64_t rule_version = ~uint64_t{0};
+  const Optimizer::UpdateRule& refresh_rule(const Optimizer& o) {
+    if (rule_version != o.options_version()) {
+      rule = *o.update_rule();
+      rule_version = o.options_version();
     }
-    return hyperparameters;
+    return rule;
   }
   cuda::CachingDeviceAllocator alloc;
   cuda::DeviceBuffer io;  // coefficients, inputs, target: each slot 256-byte aligned
@@ -283,16 +284,17 @@ struct UpdateCoefficients {
   }
 };
 
-UpdateCoefficients update_coefficients(const Optimizer& o, const Hyperparameters& hp, double lr, int64_t t) {
+UpdateCoefficients update_coefficients(const Optimizer::UpdateRule& rule, double lr, int64_t t) {
+  const Hyperparameters& hp = rule.options;
   UpdateCoefficients k;
-  k.sgd = o.name() == "SGD";
+  k.sgd = rule.family == Optimizer::UpdateRule::Family::sgd;
   if (k.sgd)
     k.sgd_k = cuda::sgd_coefficients(lr, hyperparameter(hp, "momentum"), hyperparameter(hp, "dampening"),
                                      hyperparameter(hp, "weight_decay"), hyperparameter(hp, "nesterov") != 0, t);
   else
     k.adam_k = cuda::adam_coefficients(lr, hyperparameter(hp, "beta1"), hyperparameter(hp, "beta2"),
                                        hyperparameter(hp, "eps"), hyperparameter(hp, "weight_decay"), t,
-                                       o.name() == "AdamW", hyperparameter(hp, "amsgrad") != 0);
+                                       rule.decoupled_weight_decay, hyperparameter(hp, "amsgrad") != 0);
   return k;
 }
 
@@ -391,9 +393,9 @@ class CudaTrainer final : public DeviceTrainer {
 
 void CudaTrainer::check_support(const char* who) const {
   const std::string name = optimizer_->name();
-  const bool has_update = name == "SGD" || name == "Adam" || name == "AdamW";
-  // Adadelta, Adamax, NAdam, RAdam, RMSprop, Adagrad, ... are refused here by name.
-  if (!has_update)
+  // The optimizer says whether it has an update rule the device runs (SGD, Adam, AdamW); Adadelta,
+  // Adamax, NAdam, RAdam, RMSprop, Adagrad, ... have none.
+  if (!optimizer_->update_rule())
     throw_value_error(who, ": optimizer ", name, " has no update on the device (backend 'cuda', ",
                       device_name(device_), "); the device trainer runs SGD, Adam and AdamW (amsgrad ",
                       "included): use one of those, or a CPU backend");
@@ -407,10 +409,6 @@ void CudaTrainer::check_support(const char* who) const {
                       "the device update (backend 'cuda', ", device_name(device_), ") runs one set of ",
                       "options over every parameter: create the optimizer without groups (its options as keywords), ",
                       "or use a CPU backend");
-  // Asked again before each update (DeviceStep::refresh_hyperparameters); checked here once.
-  if (!step_ && optimizer_->hyperparameters().empty())
-    throw_value_error(who, ": optimizer ", name, " reports no options for the device update (backend 'cuda', ",
-                      device_name(device_), ")");
   if (model_->dtype() != DType::f32)
     throw_type_error(who, ": backend 'cuda' trains float32 models on ", device_name(device_), ", got ",
                      dtype_name(model_->dtype()));
@@ -502,7 +500,7 @@ void CudaTrainer::update() {
   // The schedule's rate before this update, as the host's optimizer_->step(params, grads,
   // schedule_.get(), exec) gives its one group: schedule_->lr_at(step_count(), lr()) = current_lr().
   const UpdateCoefficients k =
-      update_coefficients(*optimizer_, d.refresh_hyperparameters(*optimizer_), current_lr(), t);
+      update_coefficients(d.refresh_rule(*optimizer_), current_lr(), t);
   enqueue_update(k, nullptr, p, g, {d.state_ptr(0), d.state_ptr(1), d.state_ptr(2)}, n, s);
   optimizer_->set_step_count(t);
   d.state_at = DeviceStep::Side::device;
@@ -578,7 +576,7 @@ double CudaTrainer::graph_step(Inputs xs, const Tensor& y) {
   if (scaler_) d.sync_scaling(*scaler_, s);
   const int64_t t = optimizer_->step_count() + 1;
   const UpdateCoefficients k =
-      update_coefficients(*optimizer_, d.refresh_hyperparameters(*optimizer_), current_lr(), t);
+      update_coefficients(d.refresh_rule(*optimizer_), current_lr(), t);
   // The counter this step stands for, whether it captures or replays: one per step, as launched.
   GraphConstants constants{};
   std::memcpy(constants.update, k.data(), k.bytes());
