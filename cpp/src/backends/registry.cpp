@@ -139,9 +139,16 @@ const std::vector<const Backend*>& built_in_backends() {
   return backends;
 }
 
-// Backends a program registered at run time (register_backend), in registration order.
-std::mutex registered_mutex;
-std::vector<const Backend*> registered;
+// Backends a program registered at run time (register_backend), in registration order, and their
+// lock (function statics: usable from any other static's initialisation).
+std::mutex& registered_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::vector<const Backend*>& registered() {
+  static std::vector<const Backend*> backends;
+  return backends;
+}
 
 const std::vector<const DeviceRuntime*>& device_runtimes() {
   static const std::vector<const DeviceRuntime*> runtimes = {
@@ -183,9 +190,9 @@ const AbsentBackend* absent_backend(const std::string& name) {
 // Registered backends come after the built-in ones and before the reference, which stays last.
 std::vector<const Backend*> available_backends() {
   const std::vector<const Backend*>& built = built_in_backends();
-  std::lock_guard<std::mutex> lock(registered_mutex);
+  std::lock_guard<std::mutex> lock(registered_mutex());
   std::vector<const Backend*> all(built.begin(), built.end() - 1);
-  all.insert(all.end(), registered.begin(), registered.end());
+  all.insert(all.end(), registered().begin(), registered().end());
   all.push_back(built.back());
   return all;
 }
@@ -197,12 +204,12 @@ void register_backend(const Backend& backend) {
                       "or spaces)");
   if (absent_backend(name))
     throw_value_error("register_backend: '", name, "' is the name of a backend this build leaves out");
-  std::lock_guard<std::mutex> lock(registered_mutex);
+  std::lock_guard<std::mutex> lock(registered_mutex());
   for (const Backend* b : built_in_backends())
     if (name == b->name()) throw_value_error("register_backend: a backend named '", name, "' is built in");
-  for (const Backend* b : registered)
+  for (const Backend* b : registered())
     if (name == b->name()) throw_value_error("register_backend: a backend named '", name, "' is registered already");
-  registered.push_back(&backend);
+  registered().push_back(&backend);
 }
 
 const Backend* backend_by_name(const std::string& name) {

@@ -5,8 +5,8 @@
 #include <optional>
 #include <string>
 
-#include "backends/kernel.hpp"
 #include "backends/device_runtime.hpp"
+#include "backends/kernel.hpp"
 #include "core/plan.hpp"
 #include "treadle/error.hpp"
 #include "treadle/testing.hpp"

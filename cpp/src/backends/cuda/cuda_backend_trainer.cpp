@@ -26,9 +26,9 @@
 #include "backends/cuda/device_copy.hpp"
 #include "backends/cuda/device_rng.hpp"
 #include "backends/cuda/loss_scale.hpp"
+#include "backends/device_runtime.hpp"
 #include "core/op_registry.hpp"
 #include "core/plan.hpp"
-#include "backends/device_runtime.hpp"
 #include "nn/loss_scaler.hpp"
 #include "nn/trainer_internals.hpp"
 #include "treadle/error.hpp"
@@ -140,7 +140,7 @@ struct DeviceStep {
 };
 
 DeviceStep::Slots DeviceStep::upload(Inputs xs, const Tensor& y, const void* coefficients,
-                                                       std::size_t coefficient_bytes, cudaStream_t s) {
+                                     std::size_t coefficient_bytes, cudaStream_t s) {
   static_assert(sizeof(cuda::AdamCoefficients) <= kCoefficientSlot);
   static_assert(sizeof(cuda::SgdCoefficients) <= kCoefficientSlot);
   static_assert(sizeof(GraphConstants) <= kCoefficientSlot);
@@ -233,8 +233,7 @@ void DeviceStep::sync_scaling(const LossScaler& host, cudaStream_t s) {
   known_tracker = host.growth_tracker();
 }
 
-const int32_t* DeviceStep::enqueue_unscale(float* grads, int64_t n, const LossScaler& host,
-                                                     cudaStream_t s) {
+const int32_t* DeviceStep::enqueue_unscale(float* grads, int64_t n, const LossScaler& host, cudaStream_t s) {
   Scaling* st = scaling_state(s);
   cuda::clear_nonfinite_flag(&st->found_nonfinite, s);
   // 1 / scale in float32 on the device equals the host's float(1 / double(scale)): both are the
@@ -532,10 +531,9 @@ bool CudaTrainer::unscale_and_check(float* grads, int64_t n, void* stream) {
 // replay's own counter later. Loss scaling's unscaling and rule precede clipping, and the update
 // skips on its flag.
 template <typename EnqueueUpdate>
-void DeviceStep::capture(Graph& g, const Plan& p, Context& ctx, const Bindings& b,
-                                  const Model::DeviceBuffers& mb, const void* rng_slot, uint64_t counter,
-                                  const LossScaler* scaler, const TrainerOptions& options, int64_t n, cudaStream_t s,
-                                  EnqueueUpdate&& enqueue_update) {
+void DeviceStep::capture(Graph& g, const Plan& p, Context& ctx, const Bindings& b, const Model::DeviceBuffers& mb,
+                         const void* rng_slot, uint64_t counter, const LossScaler* scaler,
+                         const TrainerOptions& options, int64_t n, cudaStream_t s, EnqueueUpdate&& enqueue_update) {
   g.exec = cuda::GraphExec();
   if (options.clip_grad_norm > 0) ready_clip(n, s);  // no allocation in a capture
   cuda::StreamCapture capture(s);
