@@ -119,6 +119,29 @@ def test_installed_package_holds_only_the_public_api(treadle_prefix):
     assert not list(treadle_prefix.rglob("Eigen*")), "Eigen is private to treadle and must not be installed"
 
 
+def test_public_classes_have_one_layout_in_every_build(treadle_prefix, tmp_path):
+    """A host compiled against the installed headers sees the same size and alignment of every public class
+    whether or not TREADLE_WITH_CUDA is defined: a device backend's state hangs off opaque pointers, so a CUDA
+    build's library and a program compiled for a CPU one (or the reverse) agree on the objects they share."""
+    if shutil.which("c++") is None:
+        pytest.skip("no C++ compiler")
+    src = tmp_path / "layout.cpp"
+    classes = ["Context", "Model", "Trainer", "TrainerOptions", "Optimizer", "Tensor", "Loss", "Model::DeviceBuffers",
+               "Optimizer::UpdateRule"]
+    src.write_text('#include <cstdio>\n#include "treadle/treadle.hpp"\n#include "treadle/cuda.hpp"\nint main() {\n' +
+                   "".join(f'  std::printf("{c} %zu %zu\\n", sizeof(treadle::{c}), alignof(treadle::{c}));\n'
+                           for c in classes) + "}\n")
+    layouts = []
+    for defines in ([], ["-DTREADLE_WITH_CUDA"]):
+        exe = tmp_path / f"layout{len(layouts)}"
+        proc = subprocess.run(["c++", "-std=c++20", *defines, f"-I{treadle_prefix / 'include'}", str(src), "-o", str(exe)],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        layouts.append(subprocess.run([str(exe)], capture_output=True, text=True, timeout=60).stdout)
+    assert layouts[0].count("\n") == len(classes), layouts[0]
+    assert layouts[0] == layouts[1], f"without CUDA:\n{layouts[0]}with TREADLE_WITH_CUDA:\n{layouts[1]}"
+
+
 def test_installed_verify_program_checks_the_installed_library(treadle_prefix):
     """<prefix>/bin/treadle-verify finds the installed libtreadle by itself (no LD_LIBRARY_PATH) and passes."""
     exe = treadle_prefix / "bin" / "treadle-verify"
