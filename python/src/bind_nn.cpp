@@ -139,6 +139,16 @@ void bind_nn(py::module_& m) {
   py::class_<nn::Activation, Module, std::shared_ptr<nn::Activation>>(m, "Activation")
       .def(py::init<std::string, double, double>(), py::arg("kind"), py::arg("param") = nn::Activation::kDefault,
            py::arg("param2") = nn::Activation::kDefault);
+  // The pointwise activation modules' one list: (torch.nn class name, op, doc, [(option, default)]).
+  m.def("activation_modules", [] {
+    py::list out;
+    for (const nn::ActivationModule& a : nn::activation_modules()) {
+      py::list params;
+      for (const auto& [name, value] : a.params) params.append(py::make_tuple(name, value));
+      out.append(py::make_tuple(a.module, a.op, a.doc, params));
+    }
+    return out;
+  });
   py::class_<nn::Dropout, Module, std::shared_ptr<nn::Dropout>>(m, "Dropout").def(py::init<double>(), py::arg("p") = 0.5);
   py::class_<nn::Flatten, Module, std::shared_ptr<nn::Flatten>>(m, "Flatten")
       .def(py::init<int, int>(), py::arg("start_dim") = 1, py::arg("end_dim") = -1);

@@ -81,11 +81,25 @@ class TREADLE_API Linear : public Module {
 };
 
 // A parameter-free module applying one activation op (ReLU, Tanh, GELU, ...).
+// The pointwise activation modules, one per activation op whose options are numbers: torch.nn's
+// class name, the op, what it computes, and the op's attributes (torch's keyword names and defaults)
+// in order. nn::Activation, the architecture format (treadle/architecture.hpp) and the Python
+// classes (tl.nn.ReLU, ...) are made from this list, so a new pointwise activation is its op
+// (ops/activation.cpp), its kernels and its tests. GELU, Softmax and LogSoftmax are written by hand.
+struct ActivationModule {
+  std::string module;
+  std::string op;
+  std::string doc;
+  std::vector<std::pair<std::string, double>> params;
+};
+TREADLE_API const std::vector<ActivationModule>& activation_modules();
+
 class TREADLE_API Activation : public Module {
  public:
-  // kind: relu, leaky_relu, elu, gelu, gelu_tanh, silu, tanh, sigmoid, softplus, softmax, log_softmax.
-  // param/param2: negative_slope (0.01), alpha (1), beta (1) and threshold (20), or the axis (-1) of
-  // softmax/log_softmax; NaN selects the PyTorch default shown.
+  // kind: the op of an activation_modules() entry (relu, leaky_relu, elu, silu, tanh, sigmoid,
+  // softplus), gelu, gelu_tanh, softmax or log_softmax. param/param2: the entry's attributes in order
+  // (negative_slope 0.01; alpha 1; beta 1 and threshold 20), or the axis (-1) of softmax/log_softmax;
+  // NaN selects the default.
   explicit Activation(std::string kind, double param = kDefault, double param2 = kDefault);
   static constexpr double kDefault = std::numeric_limits<double>::quiet_NaN();
   Value forward(Value x) override;

@@ -4,14 +4,17 @@
 #include "treadle/architecture.hpp"
 
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <deque>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "nn/json.hpp"
 #include "treadle/error.hpp"
+#include "treadle/module.hpp"
 
 namespace treadle::architecture {
 namespace {
@@ -39,6 +42,31 @@ struct Key {
 
 using Catalog = std::vector<std::pair<std::string, std::vector<Key>>>;
 
+// A number as the catalog's defaults write it (as Python's repr does: 0.01, 1.0, 20.0).
+std::string number_text(double v) {
+  char buf[32];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  std::string s(buf, end);
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";  // an integral value keeps its ".0"
+  return s;
+}
+
+// The pointwise activations' types come from their one list (nn::activation_modules()): a number
+// key per option, with its default.
+void add_pointwise_activations(Catalog& c) {
+  static std::deque<std::string> defaults;  // the keys' text, alive as long as the catalog
+  for (const nn::ActivationModule& m : nn::activation_modules()) {
+    std::vector<Key> keys;
+    for (const auto& [name, value] : m.params) {
+      defaults.push_back(name);
+      const char* key = defaults.back().c_str();
+      defaults.push_back(number_text(value));
+      keys.push_back({key, Type::number, defaults.back().c_str()});
+    }
+    c.push_back({m.module, std::move(keys)});
+  }
+}
+
 // Every layer type and its keys, in the order descriptions write them. Defaults are torch.nn's
 // (Softmax's dim: the last axis, as a description cannot express torch's implicit choice).
 const Catalog& catalog() {
@@ -46,10 +74,6 @@ const Catalog& catalog() {
     const Key bias{"bias", Type::boolean, "true"};
     Catalog c = {
         {"Linear", {{"in_features", Type::integer, nullptr}, {"out_features", Type::integer, nullptr}, bias}},
-        {"ReLU", {}}, {"SiLU", {}}, {"Tanh", {}}, {"Sigmoid", {}},
-        {"LeakyReLU", {{"negative_slope", Type::number, "0.01"}}},
-        {"ELU", {{"alpha", Type::number, "1.0"}}},
-        {"Softplus", {{"beta", Type::number, "1.0"}, {"threshold", Type::number, "20.0"}}},
         {"GELU", {{"approximate", Type::string, "\"none\"", false, "none|tanh"}}},
         {"Softmax", {{"dim", Type::integer, "-1"}}},
         {"LogSoftmax", {{"dim", Type::integer, "-1"}}},
@@ -129,6 +153,7 @@ const Catalog& catalog() {
                   {"activation", Type::string, "\"relu\"", false, "relu|gelu"},
                   {"layer_norm_eps", Type::number, "1e-05"}, {"batch_first", Type::boolean, "false"},
                   {"norm_first", Type::boolean, "false"}, bias}});
+    add_pointwise_activations(c);
     return c;
   }();
   return kinds;

@@ -76,13 +76,12 @@ class Config {
 
 std::shared_ptr<Module> activation(const std::string& type, const Config& c) {
   using nn::Activation;
-  if (type == "ReLU") return std::make_shared<Activation>("relu");
-  if (type == "SiLU") return std::make_shared<Activation>("silu");
-  if (type == "Tanh") return std::make_shared<Activation>("tanh");
-  if (type == "Sigmoid") return std::make_shared<Activation>("sigmoid");
-  if (type == "LeakyReLU") return std::make_shared<Activation>("leaky_relu", c.number("negative_slope"));
-  if (type == "ELU") return std::make_shared<Activation>("elu", c.number("alpha"));
-  if (type == "Softplus") return std::make_shared<Activation>("softplus", c.number("beta"), c.number("threshold"));
+  for (const nn::ActivationModule& m : nn::activation_modules()) {  // the pointwise ones, from their list
+    if (type != m.module) continue;
+    double p[2] = {Activation::kDefault, Activation::kDefault};
+    for (std::size_t i = 0; i < m.params.size() && i < 2; ++i) p[i] = c.number(m.params[i].first.c_str());
+    return std::make_shared<Activation>(m.op, p[0], p[1]);
+  }
   if (type == "GELU") return std::make_shared<Activation>(c.string("approximate") == "none" ? "gelu" : "gelu_tanh");
   if (type == "Softmax" || type == "LogSoftmax")
     return std::make_shared<Activation>(type == "Softmax" ? "softmax" : "log_softmax",

@@ -147,26 +147,42 @@ Value Linear::forward(Value x) {
   return ops::linear(x, g.add_parameter(weight_), b);
 }
 
+namespace {
+
+const ActivationModule* pointwise_activation(const std::string& op) {
+  for (const ActivationModule& m : activation_modules())
+    if (m.op == op) return &m;
+  return nullptr;
+}
+
+double or_default(double v, double d) { return std::isnan(v) ? d : v; }
+
+}  // namespace
+
 Activation::Activation(std::string kind, double param, double param2)
     : kind_(std::move(kind)), param_(param), param2_(param2) {
-  static const char* known[] = {"relu", "leaky_relu", "elu", "gelu", "gelu_tanh", "silu", "tanh",
-                                "sigmoid", "softplus", "softmax", "log_softmax"};
-  for (const char* k : known)
+  if (const ActivationModule* m = pointwise_activation(kind_)) {
+    if (m->params.size() > 2)
+      throw_runtime_error("Activation: '", kind_, "' has ", m->params.size(), " options; the module holds two");
+    return;
+  }
+  for (const char* k : {"gelu", "gelu_tanh", "softmax", "log_softmax"})
     if (kind_ == k) return;
-  throw_value_error("Activation: unknown kind '", kind_, "'");
+  std::string known;
+  for (const ActivationModule& m : activation_modules()) known += m.op + ", ";
+  throw_value_error("Activation: unknown kind '", kind_, "' (known: ", known, "gelu, gelu_tanh, softmax, log_softmax)");
 }
 
 Value Activation::forward(Value x) {
-  auto or_default = [](double v, double d) { return std::isnan(v) ? d : v; };
-  if (kind_ == "relu") return ops::relu(x);
-  if (kind_ == "leaky_relu") return ops::leaky_relu(x, or_default(param_, 0.01));
-  if (kind_ == "elu") return ops::elu(x, or_default(param_, 1.0));
+  if (const ActivationModule* m = pointwise_activation(kind_)) {  // the op with the module's options
+    if (!x.defined()) throw_value_error(kind_, ": input is an undefined value");
+    Attrs attrs;
+    for (std::size_t i = 0; i < m->params.size(); ++i)
+      attrs.set(m->params[i].first, or_default(i == 0 ? param_ : param2_, m->params[i].second));
+    return x.graph().apply1(kind_, {x}, std::move(attrs));
+  }
   if (kind_ == "gelu") return ops::gelu(x, false);
   if (kind_ == "gelu_tanh") return ops::gelu(x, true);
-  if (kind_ == "silu") return ops::silu(x);
-  if (kind_ == "tanh") return ops::tanh(x);
-  if (kind_ == "sigmoid") return ops::sigmoid(x);
-  if (kind_ == "softplus") return ops::softplus(x, or_default(param_, 1.0), or_default(param2_, 20.0));
   const int axis = static_cast<int>(or_default(param_, -1.0));
   if (kind_ == "softmax") return ops::softmax(x, axis);
   return ops::log_softmax(x, axis);

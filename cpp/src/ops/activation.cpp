@@ -12,6 +12,7 @@
 
 #include "core/op_registry.hpp"
 #include "treadle/error.hpp"
+#include "treadle/module.hpp"
 #include "treadle/ops.hpp"
 
 namespace treadle {
@@ -27,6 +28,10 @@ using Curvature = Value (*)(const Value& saved, const Value& h, const Attrs& att
 
 struct UnarySpec {
   const char* name;
+  // torch.nn's module for it and what the module does, or null: the op's module is not pointwise
+  // with numeric options (GELU's `approximate` is a string: its module is written by hand).
+  const char* module;
+  const char* doc;
   bool backward_uses_output;  // backward takes (y, dy) instead of (x, dy)
   std::vector<NumAttr> num_attrs;
   void (*check)(const std::string& op, Attrs& attrs) = nullptr;  // op-specific attribute checks
@@ -164,14 +169,15 @@ OpDef backward_def(const UnarySpec& spec) {
 
 const std::vector<UnarySpec>& activation_specs() {
   static const std::vector<UnarySpec> specs = {
-      {"relu", true, {}},
-      {"leaky_relu", false, {{"negative_slope", 0.01}}},
-      {"elu", false, {{"alpha", 1.0}}, nullptr, &elu_curvature},
-      {"gelu", false, {}, &check_gelu_attrs, &gelu_curvature},
-      {"silu", false, {}, nullptr, &silu_curvature},
-      {"tanh", true, {}, nullptr, &tanh_curvature},
-      {"sigmoid", true, {}, nullptr, &sigmoid_curvature},
-      {"softplus", false, {{"beta", 1.0}, {"threshold", 20.0}}, &check_softplus_attrs, &softplus_curvature},
+      {"relu", "ReLU", "max(x, 0)", true, {}},
+      {"leaky_relu", "LeakyReLU", "max(x, 0) + negative_slope * min(x, 0)", false, {{"negative_slope", 0.01}}},
+      {"elu", "ELU", "x for x > 0, alpha * (exp(x) - 1) otherwise", false, {{"alpha", 1.0}}, nullptr, &elu_curvature},
+      {"gelu", nullptr, nullptr, false, {}, &check_gelu_attrs, &gelu_curvature},
+      {"silu", "SiLU", "x * sigmoid(x)", false, {}, nullptr, &silu_curvature},
+      {"tanh", "Tanh", "tanh(x)", true, {}, nullptr, &tanh_curvature},
+      {"sigmoid", "Sigmoid", "1 / (1 + exp(-x))", true, {}, nullptr, &sigmoid_curvature},
+      {"softplus", "Softplus", "log(1 + exp(beta * x)) / beta (x where beta * x > threshold)", false,
+       {{"beta", 1.0}, {"threshold", 20.0}}, &check_softplus_attrs, &softplus_curvature},
   };
   return specs;
 }
@@ -182,6 +188,20 @@ Graph& graph_of(const char* op, const Value& x) {
 }
 
 }  // namespace
+
+const std::vector<nn::ActivationModule>& nn::activation_modules() {
+  static const std::vector<ActivationModule> modules = [] {
+    std::vector<ActivationModule> out;
+    for (const UnarySpec& spec : activation_specs()) {
+      if (!spec.module) continue;
+      ActivationModule m{spec.module, spec.name, spec.doc, {}};
+      for (const NumAttr& a : spec.num_attrs) m.params.emplace_back(a.name, a.dflt);
+      out.push_back(std::move(m));
+    }
+    return out;
+  }();
+  return modules;
+}
 
 void register_activation_ops(OpRegistry& r) {
   for (const UnarySpec& spec : activation_specs()) {

@@ -9,6 +9,7 @@ this file); this file only gathers their names.
 """
 from . import init  # noqa: F401 (tl.nn.init, as torch.nn.init)
 from . import utils  # noqa: F401 (tl.nn.utils, as torch.nn.utils)
+from . import activations
 from .activations import *  # noqa: F401,F403
 from .attention import *  # noqa: F401,F403
 from .containers import *  # noqa: F401,F403
@@ -30,8 +31,7 @@ from .module import (  # noqa: F401
 from .parameter import _as_parameter, _default_float, _host_array  # noqa: F401
 from .state import _compiled_roots, _ParameterState  # noqa: F401
 
-# `from treadle.nn import *` gives these names, as it always has.
-__all__ = [
-    "Module", "Parameter", "Sequential", "ModuleList", "ModuleDict", "Linear", "ReLU", "LeakyReLU", "ELU", "GELU", "SiLU",
-    "Tanh", "Sigmoid", "Softplus", "Softmax", "LogSoftmax", "Dropout", "Flatten", "Identity",
-]
+# `from treadle.nn import *` gives these names, as it always has, and every activation module (the
+# pointwise ones come from the core's list of them).
+__all__ = ["Module", "Parameter", "Sequential", "ModuleList", "ModuleDict", "Linear", *activations.__all__, "Dropout",
+           "Flatten", "Identity"]

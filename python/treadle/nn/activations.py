@@ -6,7 +6,6 @@ from .. import _core
 from .. import functional as F
 from .module import _NativeModule
 
-__all__ = ["ReLU", "LeakyReLU", "ELU", "GELU", "SiLU", "Tanh", "Sigmoid", "Softplus", "Softmax", "LogSoftmax"]
 
 
 def _activation(name, kind, params=(), doc=""):
@@ -29,13 +28,12 @@ def _activation(name, kind, params=(), doc=""):
     return type(name, (_NativeModule,), {"__init__": __init__, "extra_repr": extra_repr, "__doc__": doc})
 
 
-ReLU = _activation("ReLU", "relu", doc="max(x, 0)")
-LeakyReLU = _activation("LeakyReLU", "leaky_relu", [("negative_slope", 0.01)])
-ELU = _activation("ELU", "elu", [("alpha", 1.0)])
-SiLU = _activation("SiLU", "silu", doc="x * sigmoid(x)")
-Tanh = _activation("Tanh", "tanh")
-Sigmoid = _activation("Sigmoid", "sigmoid")
-Softplus = _activation("Softplus", "softplus", [("beta", 1.0), ("threshold", 20.0)])
+# The pointwise activations (ReLU, LeakyReLU, ELU, SiLU, Tanh, Sigmoid, Softplus, ...) come from the core's
+# one list of them (treadle/module.hpp, activation_modules): a new one there is a new class here.
+_POINTWISE = [name for name, _, _, _ in _core.activation_modules()]
+for _name, _op, _doc, _params in _core.activation_modules():
+    globals()[_name] = _activation(_name, _op, [tuple(p) for p in _params], _doc)
+del _name, _op, _doc, _params
 
 
 class GELU(_NativeModule):
@@ -96,8 +94,11 @@ def _activation_name(activation):
     for name, fn in _ACTIVATIONS.items():
         if activation is fn:
             return name
-    if type(activation) is ReLU:
+    if type(activation) is globals()["ReLU"]:  # made from the core's list above
         return "relu"
     if type(activation) is GELU and activation.approximate == "none":
         return "gelu"
     return None
+
+
+__all__ = _POINTWISE + ["GELU", "Softmax", "LogSoftmax"]
