@@ -184,6 +184,7 @@ class TREADLE_API Model {
     void operator()(ParameterMirror* m) const noexcept;
   };
   std::unique_ptr<ParameterMirror, MirrorDeleter> device_;  // null until the first device use
+  ParameterMirror& device_mirror();  // made on first use, for the device of the model's backend
   void pack_parameters();
   std::shared_ptr<Plan> compile(const PlanKey& key, const Loss* loss) const;  // no lock held: it traces
   std::vector<Value> trace(Graph& g, const std::vector<Value>& inputs) const;

@@ -375,8 +375,7 @@ void Model::predict_into(const Plan& plan, const std::vector<Tensor>& inputs, co
   Bindings b{flat_params_.data(), std::span<void* const>(ptrs.data(), inputs.size()), {}, {}};
   try {
     if (on_device) {  // host inputs uploaded, device ones copied on the device; outputs likewise
-      device_buffers(c.device_queue(p->device()).stream());  // makes the device copies on first use
-      device_->predict(*p, inputs, outputs, c);
+      device_mirror().predict(*p, inputs, outputs, c);
       if (pooled) return_context(std::move(pooled));
       return;
     }
@@ -440,7 +439,7 @@ void Model::load_state_dict(const std::map<std::string, Tensor>& state, bool str
 // model's backend.
 void Model::MirrorDeleter::operator()(ParameterMirror* m) const noexcept { delete m; }
 
-Model::DeviceBuffers Model::device_buffers(void* stream) {
+ParameterMirror& Model::device_mirror() {
   if (!device_) {
     std::lock_guard<std::mutex> lock(mutex_);  // concurrent first predictions make them once
     if (!device_) {
@@ -448,8 +447,10 @@ Model::DeviceBuffers Model::device_buffers(void* stream) {
       device_.reset(require_device_runtime(d, "Model").make_mirror(d, flat_params_, flat_grads_).release());
     }
   }
-  return device_->buffers(stream);
+  return *device_;
 }
+
+Model::DeviceBuffers Model::device_buffers(void* stream) { return device_mirror().buffers(stream); }
 
 void Model::device_written(void* stream, bool params, bool grads) {
   if (!device_) throw_runtime_error("Model: device copies written before they were made");
