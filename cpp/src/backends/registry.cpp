@@ -29,7 +29,7 @@ void KernelTable::add(OpEntry entry) {
 void KernelTable::add(const std::string& op, DType dtype, KernelFn fn) {
   std::vector<OpEntry>& entries = entries_[OpRegistry::instance().id(op)];
   for (OpEntry& e : entries)  // a later kernel for the same dtype replaces the earlier one
-    if (!e.accepts && !e.choose && e.dtypes == std::vector<DType>{dtype}) {
+    if (!e.accepts && !e.choose && e.dtypes.size() == 1 && e.dtypes[0] == dtype) {
       e.kernel = fn;
       return;
     }

@@ -117,8 +117,9 @@ void Plan::select_kernels(const std::string& backend, bool deterministic) {
   const bool measured = backend == kAutoBackend && !deterministic;
   if (!backend.empty() && backend != kAutoBackend) {
     const Backend* pinned = backend_by_name(backend);
+    const Backend* reference = order.back();  // the last in priority order
     order = {pinned};
-    if (pinned != available_backends().back()) order.push_back(available_backends().back());
+    if (pinned != reference) order.push_back(reference);
   }
   for (PlanStep& s : steps) {
     const Node& node = graph.nodes()[s.node];
