@@ -41,6 +41,10 @@ struct OpDef {
   // with requires_grad=false). Such ops may only appear in training plans; the planner refuses
   // them elsewhere, so inference never writes to parameters.
   std::vector<int> writes_inputs = {};
+  // Each output element is a function of the same element of each input alone when every input has
+  // the output's shape (add, mul, tanh, tanh_backward, ...). The planner may then run a chain of such
+  // steps block by block (plan_elementwise.cpp), so a new pointwise op joins those runs by saying so.
+  bool pointwise = false;
 };
 
 class OpRegistry {

@@ -10,7 +10,6 @@
 // the unfused run (tests/test_elementwise_runs.py checks it).
 #include <algorithm>
 #include <array>
-#include <unordered_set>
 
 #include "core/op_registry.hpp"
 #include "core/plan.hpp"
@@ -27,16 +26,6 @@ constexpr int64_t kRunBlock = 2048;
 constexpr int kMaxRunSteps = 32;
 constexpr int kMaxRunOperands = 3;
 
-// Ops whose Eigen kernels compute each output element from the same element of each input alone
-// (when every operand has the output's shape) and use no workspace.
-bool is_elementwise_op(const std::string& op) {
-  static const std::unordered_set<std::string> ops = {
-      "add", "sub", "mul", "div", "scale", "pow", "relu", "relu_backward", "tanh", "tanh_backward",
-      "sigmoid", "sigmoid_backward", "leaky_relu", "leaky_relu_backward", "elu", "elu_backward", "silu",
-      "silu_backward", "gelu", "gelu_backward", "softplus", "softplus_backward"};
-  return ops.count(op) > 0;
-}
-
 struct ByteRange {
   int64_t begin, end;
   bool overlaps(const ByteRange& o) const { return begin < o.end && o.begin < end; }
@@ -52,7 +41,7 @@ bool Plan::blockable_step(int s) const {
   const Node& node = graph.nodes()[step.node];
   if (node.outputs.size() != 1 || node.inputs.empty() || static_cast<int>(node.inputs.size()) + 1 > kMaxRunOperands)
     return false;
-  if (!is_elementwise_op(OpRegistry::instance().at(node.op).name)) return false;
+  if (!OpRegistry::instance().at(node.op).pointwise) return false;
   const ValueInfo& out = graph.info(node.outputs[0]);
   if (out.dtype != DType::f32 && out.dtype != DType::f64) return false;
   if (loc_[node.outputs[0]].buffer != Buffer::arena) return false;

@@ -126,6 +126,7 @@ void normalize_attrs(const UnarySpec& spec, const std::string& op, Attrs& attrs)
 OpDef forward_def(const UnarySpec& spec) {
   OpDef d;
   d.name = spec.name;
+  d.pointwise = true;
   d.infer = [spec](const std::vector<TensorMeta>& in, Attrs& attrs) {
     check_num_inputs(spec.name, in, 1);
     check_floating(spec.name, in[0]);
@@ -144,6 +145,7 @@ OpDef forward_def(const UnarySpec& spec) {
 OpDef backward_def(const UnarySpec& spec) {
   OpDef d;
   d.name = std::string(spec.name) + "_backward";
+  d.pointwise = true;
   const std::string name = d.name;
   d.infer = [spec, name](const std::vector<TensorMeta>& in, Attrs& attrs) {
     check_num_inputs(name, in, 2);

@@ -82,15 +82,24 @@ std::vector<TensorMeta> infer_constant(const std::vector<TensorMeta>& in, Attrs&
 }  // namespace
 
 void register_elementwise_ops(OpRegistry& r) {
-  r.add({.name = "add", .infer = [](const auto& in, Attrs&) { return infer_binary("add", in); }, .grad = grad_add});
-  r.add({.name = "sub", .infer = [](const auto& in, Attrs&) { return infer_binary("sub", in); }, .grad = grad_sub});
-  r.add({.name = "mul", .infer = [](const auto& in, Attrs&) { return infer_binary("mul", in); }, .grad = grad_mul});
-  r.add({.name = "div", .infer = [](const auto& in, Attrs&) { return infer_binary("div", in); }, .grad = grad_div});
+  r.add({.name = "add", .infer = [](const auto& in, Attrs&) { return infer_binary("add", in); },
+         .grad = grad_add,
+         .pointwise = true});
+  r.add({.name = "sub", .infer = [](const auto& in, Attrs&) { return infer_binary("sub", in); },
+         .grad = grad_sub,
+         .pointwise = true});
+  r.add({.name = "mul", .infer = [](const auto& in, Attrs&) { return infer_binary("mul", in); },
+         .grad = grad_mul,
+         .pointwise = true});
+  r.add({.name = "div", .infer = [](const auto& in, Attrs&) { return infer_binary("div", in); },
+         .grad = grad_div,
+         .pointwise = true});
   r.add({.name = "scale",
          .infer = infer_scale,
          .grad = [](const GradContext& c) {
            return std::vector<Value>{ops::scale(c.grad_outputs[0], c.node.attrs.f("alpha"))};
-         }});
+         },
+         .pointwise = true});
   r.add({.name = "sum_to",
          .infer = infer_sum_to,
          .grad = [](const GradContext& c) {

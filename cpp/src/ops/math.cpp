@@ -72,6 +72,7 @@ void check_finite_attr(const std::string& op, const Attrs& attrs, const char* na
 OpDef pow_def() {
   OpDef d;
   d.name = "pow";
+  d.pointwise = true;
   d.infer = [](const std::vector<TensorMeta>& in, Attrs& attrs) {
     if (!attrs.has("exponent")) throw_value_error("pow: missing attribute 'exponent'");
     check_finite_attr("pow", attrs, "exponent", false);
