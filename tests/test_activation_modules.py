@@ -19,14 +19,17 @@ def options(params):
 
 
 def test_the_list_has_the_known_activations():
-    names = [name for name, _, _, _ in ENTRIES]
+    names = [entry[0] for entry in ENTRIES]
     assert names[:7] == ["ReLU", "LeakyReLU", "ELU", "SiLU", "Tanh", "Sigmoid", "Softplus"]
-    assert all(doc for _, _, doc, _ in ENTRIES)
+    assert all(entry[2] for entry in ENTRIES)
+    onnx = {entry[0]: entry[4] for entry in ENTRIES}
+    assert onnx["LeakyReLU"] == ("LeakyRelu", ["alpha"]) and onnx["ReLU"] == ("Relu", [])
+    assert onnx["SiLU"] is None  # composed by treadle.io
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=[e[0] for e in ENTRIES])
 def test_each_listed_activation_is_the_torch_module(entry, tmp_path):
-    name, op, doc, params = entry
+    name, op, doc, params, _ = entry
     cls = getattr(tl.nn, name)
     assert name in tl.nn.__all__ and cls.__doc__ == doc
     kwargs = options(params)
@@ -41,6 +44,20 @@ def test_each_listed_activation_is_the_torch_module(entry, tmp_path):
     tl.save(net, path)
     assert np.array_equal(tl.load(path).predict(x), net.predict(x))
     assert _core.Activation(op, *[kwargs[p] for p, _ in params]).type_name == op
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=[e[0] for e in ENTRIES])
+def test_each_listed_activation_exports_to_onnx(entry, tmp_path):
+    # A new entry needs an exporter: its ONNX operator in the list, or a composition in treadle.io.
+    pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    name, _, _, params, _ = entry
+    tl.manual_seed(0)
+    net = tl.nn.Sequential(tl.nn.Linear(5, 8), getattr(tl.nn, name)(**options(params)), tl.nn.Linear(8, 3))
+    tl.io.export_onnx(net, tmp_path / "act.onnx")
+    x = np.random.default_rng(4).standard_normal((7, 5)).astype(np.float32) * 3
+    session = ort.InferenceSession(str(tmp_path / "act.onnx"), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(session.run(None, {"input": x})[0], net.predict(x), rtol=1e-5, atol=1e-6)
 
 
 def test_an_unknown_kind_names_the_known_ones():

@@ -139,13 +139,16 @@ void bind_nn(py::module_& m) {
   py::class_<nn::Activation, Module, std::shared_ptr<nn::Activation>>(m, "Activation")
       .def(py::init<std::string, double, double>(), py::arg("kind"), py::arg("param") = nn::Activation::kDefault,
            py::arg("param2") = nn::Activation::kDefault);
-  // The pointwise activation modules' one list: (torch.nn class name, op, doc, [(option, default)]).
+  // The pointwise activation modules' one list: (torch.nn class name, op, doc, [(option, default)],
+  // (ONNX operator, [its attribute per option]) or None).
   m.def("activation_modules", [] {
     py::list out;
     for (const nn::ActivationModule& a : nn::activation_modules()) {
       py::list params;
       for (const auto& [name, value] : a.params) params.append(py::make_tuple(name, value));
-      out.append(py::make_tuple(a.module, a.op, a.doc, params));
+      py::object onnx = py::none();
+      if (!a.onnx_op.empty()) onnx = py::make_tuple(a.onnx_op, py::cast(a.onnx_attributes));
+      out.append(py::make_tuple(a.module, a.op, a.doc, params, onnx));
     }
     return out;
   });

@@ -401,15 +401,20 @@ def _onnx_axis(op_type):
     return lambda g, m, cfg, x, shape: (g.op(op_type, [x], axis=int(cfg.get("dim", -1))), shape)
 
 
+# The pointwise activations that are one ONNX operator come from the core's list of them
+# (activation_modules: operator and attribute names); the others compose operators here.
+for _name, _op, _doc, _params, _onnx in _core.activation_modules():
+    if _onnx is not None:
+        _op_type, _attributes = _onnx
+        register_onnx(_name, _onnx_simple(_op_type, **{a: p for a, p in zip(_attributes, _params)}))
 for _name, _fn in {
-    "Linear": _onnx_linear, "ReLU": _onnx_simple("Relu"), "Tanh": _onnx_simple("Tanh"),
-    "Sigmoid": _onnx_simple("Sigmoid"), "LeakyReLU": _onnx_simple("LeakyRelu", alpha=("negative_slope", 0.01)),
-    "ELU": _onnx_simple("Elu", alpha=("alpha", 1.0)), "GELU": _onnx_gelu, "Softplus": _onnx_softplus,
+    "Linear": _onnx_linear, "GELU": _onnx_gelu, "Softplus": _onnx_softplus,
     "SiLU": lambda g, m, cfg, x, shape: (g.op("Mul", [x, g.op("Sigmoid", [x])]), shape),
     "Softmax": _onnx_axis("Softmax"), "LogSoftmax": _onnx_axis("LogSoftmax"),
     "Dropout": _onnx_simple("Identity"), "Identity": _onnx_simple("Identity"), "Flatten": _onnx_flatten,
 }.items():
     register_onnx(_name, _fn)
+del _name, _op, _doc, _params, _onnx, _fn
 
 
 def _leaves(module, node):

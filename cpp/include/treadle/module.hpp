@@ -86,11 +86,15 @@ class TREADLE_API Linear : public Module {
 // in order. nn::Activation, the architecture format (treadle/architecture.hpp) and the Python
 // classes (tl.nn.ReLU, ...) are made from this list, so a new pointwise activation is its op
 // (ops/activation.cpp), its kernels and its tests. GELU, Softmax and LogSoftmax are written by hand.
+// onnx_op: the ONNX operator computing it, each param given as the attribute named in onnx_attributes
+// (in order); empty where the ONNX export composes operators (treadle.io).
 struct ActivationModule {
   std::string module;
   std::string op;
   std::string doc;
   std::vector<std::pair<std::string, double>> params;
+  std::string onnx_op;
+  std::vector<std::string> onnx_attributes;
 };
 TREADLE_API const std::vector<ActivationModule>& activation_modules();
 

@@ -21,6 +21,7 @@ namespace {
 struct NumAttr {
   const char* name;
   double dflt;
+  const char* onnx = nullptr;  // the attribute of UnarySpec::onnx it becomes (LeakyReLU's negative_slope: alpha)
 };
 
 // h * d(f'(saved))/d(saved): the backward op's gradient with respect to `saved`, h = dy * g.
@@ -32,6 +33,9 @@ struct UnarySpec {
   // with numeric options (GELU's `approximate` is a string: its module is written by hand).
   const char* module;
   const char* doc;
+  // The ONNX operator computing the module with its options as attributes, or null where the export
+  // composes operators (io.py: SiLU, Softplus) or there is no module.
+  const char* onnx;
   bool backward_uses_output;  // backward takes (y, dy) instead of (x, dy)
   std::vector<NumAttr> num_attrs;
   void (*check)(const std::string& op, Attrs& attrs) = nullptr;  // op-specific attribute checks
@@ -171,14 +175,16 @@ OpDef backward_def(const UnarySpec& spec) {
 
 const std::vector<UnarySpec>& activation_specs() {
   static const std::vector<UnarySpec> specs = {
-      {"relu", "ReLU", "max(x, 0)", true, {}},
-      {"leaky_relu", "LeakyReLU", "max(x, 0) + negative_slope * min(x, 0)", false, {{"negative_slope", 0.01}}},
-      {"elu", "ELU", "x for x > 0, alpha * (exp(x) - 1) otherwise", false, {{"alpha", 1.0}}, nullptr, &elu_curvature},
-      {"gelu", nullptr, nullptr, false, {}, &check_gelu_attrs, &gelu_curvature},
-      {"silu", "SiLU", "x * sigmoid(x)", false, {}, nullptr, &silu_curvature},
-      {"tanh", "Tanh", "tanh(x)", true, {}, nullptr, &tanh_curvature},
-      {"sigmoid", "Sigmoid", "1 / (1 + exp(-x))", true, {}, nullptr, &sigmoid_curvature},
-      {"softplus", "Softplus", "log(1 + exp(beta * x)) / beta (x where beta * x > threshold)", false,
+      {"relu", "ReLU", "max(x, 0)", "Relu", true, {}},
+      {"leaky_relu", "LeakyReLU", "max(x, 0) + negative_slope * min(x, 0)", "LeakyRelu", false,
+       {{"negative_slope", 0.01, "alpha"}}},
+      {"elu", "ELU", "x for x > 0, alpha * (exp(x) - 1) otherwise", "Elu", false, {{"alpha", 1.0, "alpha"}}, nullptr,
+       &elu_curvature},
+      {"gelu", nullptr, nullptr, nullptr, false, {}, &check_gelu_attrs, &gelu_curvature},
+      {"silu", "SiLU", "x * sigmoid(x)", nullptr, false, {}, nullptr, &silu_curvature},
+      {"tanh", "Tanh", "tanh(x)", "Tanh", true, {}, nullptr, &tanh_curvature},
+      {"sigmoid", "Sigmoid", "1 / (1 + exp(-x))", "Sigmoid", true, {}, nullptr, &sigmoid_curvature},
+      {"softplus", "Softplus", "log(1 + exp(beta * x)) / beta (x where beta * x > threshold)", nullptr, false,
        {{"beta", 1.0}, {"threshold", 20.0}}, &check_softplus_attrs, &softplus_curvature},
   };
   return specs;
@@ -196,8 +202,11 @@ const std::vector<nn::ActivationModule>& nn::activation_modules() {
     std::vector<ActivationModule> out;
     for (const UnarySpec& spec : activation_specs()) {
       if (!spec.module) continue;
-      ActivationModule m{spec.module, spec.name, spec.doc, {}};
-      for (const NumAttr& a : spec.num_attrs) m.params.emplace_back(a.name, a.dflt);
+      ActivationModule m{spec.module, spec.name, spec.doc, {}, spec.onnx ? spec.onnx : "", {}};
+      for (const NumAttr& a : spec.num_attrs) {
+        m.params.emplace_back(a.name, a.dflt);
+        if (spec.onnx) m.onnx_attributes.emplace_back(a.onnx);
+      }
       out.push_back(std::move(m));
     }
     return out;

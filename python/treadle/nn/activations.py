@@ -30,8 +30,8 @@ def _activation(name, kind, params=(), doc=""):
 
 # The pointwise activations (ReLU, LeakyReLU, ELU, SiLU, Tanh, Sigmoid, Softplus, ...) come from the core's
 # one list of them (treadle/module.hpp, activation_modules): a new one there is a new class here.
-_POINTWISE = [name for name, _, _, _ in _core.activation_modules()]
-for _name, _op, _doc, _params in _core.activation_modules():
+_POINTWISE = [entry[0] for entry in _core.activation_modules()]
+for _name, _op, _doc, _params, _ in _core.activation_modules():
     globals()[_name] = _activation(_name, _op, [tuple(p) for p in _params], _doc)
 del _name, _op, _doc, _params
 
