@@ -61,6 +61,22 @@ def test_cuda_in_a_build_without_it_says_how_to_get_it():
     np.testing.assert_array_equal(model.predict(np.zeros((4, 3), np.float32)).shape, (4, 2))  # unchanged
     with pytest.raises(ValueError, match="this build has no CUDA support"):
         tl.backend_ops("cuda")
+    with pytest.raises(ValueError, match=r"unknown backend 'cuda:1': this build has no CUDA support"):
+        model.set_backend("cuda:1")
+
+
+@pytest.mark.parametrize("name, message", [
+    ("eigen:1", r"backend 'eigen:1': 'eigen' runs on the CPU and takes no device index"),
+    ("cuda:x", r"backend 'cuda:x': a device index follows the ':' as a number \(.cuda:1.\)"),
+    ("cuda:", r"backend 'cuda:': a device index follows the ':' as a number"),
+    ("cuda:-1", r"backend 'cuda:-1': a device index follows the ':' as a number"),
+])
+def test_a_device_index_is_a_number_and_only_for_a_device_backend(name, message):
+    # "cuda:1" pins plans to the second GPU; the index is checked before anything else about the name.
+    model = tl.nn.Sequential(tl.nn.Linear(3, 2))
+    with pytest.raises(ValueError, match=message):
+        model.set_backend(name)
+    assert model.predict(np.zeros((4, 3), np.float32)).shape == (4, 2)  # the model is unchanged
 
 
 @pytest.mark.skipif("cuda" in tl.backends(), reason="this build has the CUDA backend")

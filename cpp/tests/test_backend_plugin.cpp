@@ -105,10 +105,12 @@ int main() {
     std::vector<OpSupport> supported_ops() const override { return {}; }
     const char* n_;
   };
-  static const Named eigen("eigen"), empty(""), automatic("auto");
+  static const Named eigen("eigen"), empty(""), automatic("auto"), indexed("stub:1");
   check(throws_value_error([&] { register_backend(eigen); }, "is built in"), "a built-in name is refused");
   check(throws_value_error([&] { register_backend(empty); }, "not a backend name"), "an empty name is refused");
   check(throws_value_error([&] { register_backend(automatic); }, "not a backend name"), "'auto' is refused");
+  // ":1" would be read as a device index ("cuda:1").
+  check(throws_value_error([&] { register_backend(indexed); }, "not a backend name"), "a name with a colon is refused");
 
   std::printf("PASSED: %d failure(s)\n", g_failures);
   return g_failures == 0 ? 0 : 1;

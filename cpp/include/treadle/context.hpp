@@ -62,14 +62,16 @@ class TREADLE_API Context {
   Profiler* profiler() const { return profiler_; }
   void set_profiler(Profiler* p) { profiler_ = p; }
 
-  // The device side, used by plans compiled for a device backend ("cuda": cuda:0). Every build
+  // The device side, used by plans compiled for a device backend ("cuda" or "cuda:N"). Every build
   // declares it; without a device backend the stream calls raise ValueError and the counts are 0.
   // The stream every kernel of this context is enqueued on: the host's (a cudaStream_t, set between
   // steps; work still queued on the previous stream is waited for first), or null for the
   // context's own non-blocking stream, created on first device use. The legacy default stream
-  // (stream 0) is never used: a null argument selects the context's own stream.
-  void set_cuda_stream(void* stream);
-  void* cuda_stream();
+  // (stream 0) is never used: a null argument selects the context's own stream. A context serves
+  // one device: `device` is its index ("cuda:1" is 1); -1 is the device the context already serves,
+  // or device 0 before its first device use.
+  void set_cuda_stream(void* stream, int device = -1);
+  void* cuda_stream(int device = -1);
   // Device arena, grown (never shrunk) like arena() from a caching device allocator this context
   // owns; the memory budget applies to it too.
   void* device_arena(std::size_t bytes);
@@ -93,6 +95,7 @@ class TREADLE_API Context {
     void operator()(DeviceQueue* q) const noexcept;
   };
   std::unique_ptr<DeviceQueue, DeviceQueueDeleter> device_;  // null until the first device use
+  Device cuda_device(int index) const;  // set_cuda_stream's and cuda_stream's device
 };
 
 }  // namespace treadle

@@ -93,8 +93,9 @@ class TREADLE_API Model {
   void to(DType dtype);
   void zero_grad();
 
-  // Pin every plan to one backend ("eigen", "onednn", ...), "auto" for the measured dispatch table
-  // (treadle/dispatch.hpp) or "" for automatic dispatch in priority order.
+  // Pin every plan to one backend ("eigen", "onednn", ...; a device backend's name may carry the
+  // device index: "cuda:1"), "auto" for the measured dispatch table (treadle/dispatch.hpp) or "" for
+  // automatic dispatch in priority order.
   void set_backend(const std::string& name);
   const std::string& backend() const { return backend_; }
   // Deterministic mode: every plan gives bitwise the same results run after run, whatever the
@@ -152,7 +153,7 @@ class TREADLE_API Model {
   // Checks inputs against the model's dtype and layout rules; builds the inference key.
   PlanKey infer_key(const std::vector<Tensor>& inputs) const;
 
-  // A device backend ("cuda": cuda:0): the flat parameter and gradient buffers have copies on the
+  // A device backend ("cuda": cuda:0; "cuda:N": device N): the flat parameter and gradient buffers have copies on the
   // device, made on the first device step or prediction (its runtime's ParameterMirror). The host buffers stay the
   // model's state as seen from outside: every accessor above, state_dict, load_state_dict, to() and
   // checkpoints first copy values the device holds newer back to the host, and values handed out

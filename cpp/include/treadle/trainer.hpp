@@ -167,7 +167,7 @@ class TREADLE_API Trainer {
   // parameters (loading a checkpoint, editing weights by hand).
   void reseal_parameters();
   // Backend "cuda" (CUDA builds; docs/cuda.md): step, compute_gradients, evaluate and update run on
-  // cuda:0 with the model's device copies (Model::device_buffers), inputs and target uploaded once
+  // cuda:0 ("cuda:N": device N) with the model's device copies (Model::device_buffers), inputs and target uploaded once
   // per step through pinned memory, gradients accumulated and clipped and the optimizer (SGD, Adam,
   // AdamW, AMSGrad) run on the device, and the loss the step's one read-back. Returns the cudaMalloc
   // calls made for this trainer's steps (its context's arena, its buffers, the model's copies):

@@ -35,6 +35,10 @@ class DeviceQueue {
   // one is waited for first), or null for the queue's own, made on first use.
   virtual void set_stream(void* stream) = 0;
   virtual void* stream() = 0;
+  // Makes this queue's device the calling thread's current one for a plan run, returning what to
+  // give restore() after it (the host's selection is never left changed).
+  virtual int make_current() = 0;
+  virtual void restore(int previous) noexcept = 0;
   // Device memory of at least `bytes`, grown (never shrunk) and zeroed when it grows; more than
   // `budget` bytes (0: no budget) is refused with ValueError.
   virtual void* arena(std::size_t bytes, std::size_t budget) = 0;
@@ -120,8 +124,8 @@ class DeviceRuntime {
 const DeviceRuntime* device_runtime(DeviceKind kind);
 // The runtime of `d`, or ValueError naming `who`, the device and the configure flag that adds it.
 const DeviceRuntime& require_device_runtime(Device d, const char* who);
-// The device of a plan pinned to `backend`: a device runtime's backend runs on its device 0, every
-// other backend on the CPU.
+// The device of a plan pinned to `backend`: a device runtime's backend runs on the device its name
+// gives ("cuda:1"; "cuda" is device 0), every other backend on the CPU.
 Device plan_device(const std::string& backend);
 // Whether a backend's kernels take device pointers (such a backend never serves a host plan).
 bool is_device_backend(const Backend* b);

@@ -1,6 +1,7 @@
 #include "backends/kernel.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <mutex>
 #include <utility>
 
@@ -199,9 +200,9 @@ std::vector<const Backend*> available_backends() {
 
 void register_backend(const Backend& backend) {
   const std::string name = backend.name() ? backend.name() : "";
-  if (name.empty() || name == "auto" || name.find_first_of(", ") != std::string::npos)
-    throw_value_error("register_backend: '", name, "' is not a backend name (non-empty, not 'auto', no commas ",
-                      "or spaces)");
+  if (name.empty() || name == "auto" || name.find_first_of(", :") != std::string::npos)
+    throw_value_error("register_backend: '", name, "' is not a backend name (non-empty, not 'auto', no commas, ",
+                      "colons or spaces)");
   if (absent_backend(name))
     throw_value_error("register_backend: '", name, "' is the name of a backend this build leaves out");
   std::lock_guard<std::mutex> lock(registered_mutex());
@@ -212,13 +213,32 @@ void register_backend(const Backend& backend) {
   registered().push_back(&backend);
 }
 
+namespace {
+
+// A device backend's name may carry the device index: "cuda:1" is ("cuda", 1), "cuda" is ("cuda", -1).
+std::pair<std::string, int> split_device_index(const std::string& name) {
+  const std::size_t colon = name.find(':');
+  if (colon == std::string::npos) return {name, -1};
+  const std::string base = name.substr(0, colon), digits = name.substr(colon + 1);
+  if (digits.empty() || digits.size() > 6 || !std::all_of(digits.begin(), digits.end(), ::isdigit))
+    throw_value_error("backend '", name, "': a device index follows the ':' as a number (\"", base, ":1\")");
+  return {base, std::stoi(digits)};
+}
+
+}  // namespace
+
 const Backend* backend_by_name(const std::string& name) {
+  const auto [base, index] = split_device_index(name);
   std::string known;
   for (const Backend* b : available_backends()) {
-    if (name == b->name()) return b;
+    if (base == b->name()) {
+      if (index >= 0 && !is_device_backend(b))
+        throw_value_error("backend '", name, "': '", base, "' runs on the CPU and takes no device index");
+      return b;
+    }
     known += known.empty() ? b->name() : std::string(", ") + b->name();
   }
-  if (const AbsentBackend* a = absent_backend(name))
+  if (const AbsentBackend* a = absent_backend(base))
     throw_value_error("unknown backend '", name, "': this build has no ", a->title, " support (configure with ",
                       a->flag, "); available: ", known);
   throw_value_error("unknown backend '", name, "' (available: ", known, ")");
@@ -239,8 +259,9 @@ const DeviceRuntime& require_device_runtime(Device d, const char* who) {
 }
 
 Device plan_device(const std::string& backend) {
+  const auto [base, index] = split_device_index(backend);
   for (const DeviceRuntime* r : device_runtimes())
-    if (backend == r->backend().name()) return Device{r->kind(), 0};
+    if (base == r->backend().name()) return Device{r->kind(), std::max(index, 0)};
   return Device{};
 }
 

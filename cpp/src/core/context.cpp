@@ -57,6 +57,12 @@ namespace {
 constexpr Device kCudaPlans{DeviceKind::cuda, 0};
 }
 
+Device Context::cuda_device(int index) const {
+  if (index < -1) throw_value_error("Context: device index ", index, " (0 and up, or -1 for the served one)");
+  if (index >= 0) return Device{DeviceKind::cuda, index};
+  return device_ && device_->device().kind == DeviceKind::cuda ? device_->device() : kCudaPlans;
+}
+
 void Context::DeviceQueueDeleter::operator()(DeviceQueue* q) const noexcept { delete q; }
 
 DeviceQueue& Context::device_queue(Device d) {
@@ -69,9 +75,9 @@ DeviceQueue& Context::device_queue(Device d) {
   return *device_;
 }
 
-void Context::set_cuda_stream(void* stream) { device_queue(kCudaPlans).set_stream(stream); }
+void Context::set_cuda_stream(void* stream, int device) { device_queue(cuda_device(device)).set_stream(stream); }
 
-void* Context::cuda_stream() { return device_queue(kCudaPlans).stream(); }
+void* Context::cuda_stream(int device) { return device_queue(cuda_device(device)).stream(); }
 
 void* Context::device_arena(std::size_t bytes) {
   return device_queue(device_ ? device_->device() : kCudaPlans).arena(bytes, memory_budget_);

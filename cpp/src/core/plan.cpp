@@ -244,6 +244,25 @@ void* Plan::address(Context& ctx, const Bindings& b, int id) const {
   return base + l.offset;
 }
 
+namespace {
+
+// A device plan's device is the thread's current one while the plan runs, and the host's choice after.
+class CurrentDevice {
+ public:
+  explicit CurrentDevice(DeviceQueue* queue) : queue_(queue), previous_(queue ? queue->make_current() : -1) {}
+  ~CurrentDevice() {
+    if (queue_) queue_->restore(previous_);
+  }
+  CurrentDevice(const CurrentDevice&) = delete;
+  CurrentDevice& operator=(const CurrentDevice&) = delete;
+
+ private:
+  DeviceQueue* queue_;
+  int previous_;
+};
+
+}  // namespace
+
 void Plan::run(Context& ctx, const Bindings& b, int begin, int end) const {
   run_with_counter(ctx, b, begin, end, ctx.next_rng_counter());
 }
@@ -253,7 +272,9 @@ void Plan::run_with_counter(Context& ctx, const Bindings& b, int begin, int end,
   ExecutorRun run(ctx.executor());  // the host's workers are called in once for all the steps below
   check_run(ctx, b);
   char* arena = arena_base(ctx);
-  void* stream = runtime_ ? ctx.device_queue(device_).stream() : nullptr;
+  DeviceQueue* queue = runtime_ ? &ctx.device_queue(device_) : nullptr;
+  const CurrentDevice current(queue);  // the kernels enqueue on the plan's device
+  void* stream = queue ? queue->stream() : nullptr;
   Profiler* profiler = ctx.profiler() ? ctx.profiler() : global_profiler();
   // A device kernel call only enqueues work: device plans are timed by the device.
   std::unique_ptr<DeviceStepTimer> device_timer;

@@ -356,6 +356,21 @@ std::string trainer_without_device() {
                                   "plan: backend 'cuda' needs a CUDA device for cuda:0");
 }
 
+// The device is the backend name's index ("cuda:3"), with or without devices here: a device beyond
+// the machine's is named where it is first needed, and a malformed index at the pin.
+std::string device_index_from_backend() {
+  const std::string name = "cuda:" + std::to_string(device_count() + 2);
+  auto model = mlp(1);
+  model->set_backend(name);
+  Trainer trainer(model, loss::cross_entropy(), optim::adam({}));
+  const Batches data = batches(1, kMlpInput, 1);
+  expect_throw<ValueError>("predict", [&] { model->predict(data.x[0]); }, "needs a CUDA device for " + name);
+  expect_throw<ValueError>("step", [&] { trainer.step(data.x[0], data.y[0]); }, "needs a CUDA device for " + name);
+  expect_throw<ValueError>("malformed", [&] { model->set_backend("cuda:one"); }, "a device index follows the ':'");
+  expect_throw<ValueError>("cpu backend", [&] { model->set_backend("eigen:0"); }, "takes no device index");
+  return "predict and step on " + name + " name it; malformed and CPU indices refused";
+}
+
 // fp16 products with dynamic loss scaling whose first steps overflow (the scaled loss gradient is
 // beyond fp16's range): the device trainer, launched and as CUDA graphs (the flag skipping the
 // update and the rule run on the device, the host mirroring it from the flag read back), skips the
@@ -480,6 +495,7 @@ void add_core_graph_device_tests(std::vector<TestCase>& out);
 
 void add_core_train_host_tests(std::vector<TestCase>& out) {
   out.push_back({"core_trainer_without_device", [](Env&) { return trainer_without_device(); }});
+  out.push_back({"core_device_index_from_backend", [](Env&) { return device_index_from_backend(); }});
   out.push_back({"core_trainer_unsupported", [](Env&) { return unsupported_on_device(); }});
   out.push_back({"core_recurrent_models_on_eigen", [](Env&) { return recurrent_models_on_eigen(); }});
   out.push_back({"core_dropout_model_on_eigen", [](Env&) { return dropout_model_on_eigen(); }});

@@ -358,8 +358,9 @@ class Module(_ParameterState):
         return self._compiled().dtype
 
     def set_backend(self, name):
-        """Pins every plan to one backend ("eigen", ...); "auto": per node as the measured dispatch table
-        says (treadle.dispatch); "" restores automatic dispatch in priority order."""
+        """Pins every plan to one backend ("eigen", ...; "cuda:1" names the device of a device backend);
+        "auto": per node as the measured dispatch table says (treadle.dispatch); "" restores automatic
+        dispatch in priority order."""
         self._compiled().set_backend(name)
         return self
 

@@ -23,13 +23,9 @@ class CudaBackend final : public TableBackend {
       for (OpEntry& e : family) table_.add(std::move(e));
   }
 
+  // Its prepare builds the cuBLASLt products (algorithm choice included) once per node, on the
+  // current device: select_kernels makes the plan's device current first.
   const char* name() const override { return "cuda"; }
-
-  // Builds the cuBLASLt products (algorithm choice included) once per node, on device 0.
-  PreparedNode prepare(const Graph& g, const Node& node) const override {
-    cuda::DeviceGuard guard(0);
-    return TableBackend::prepare(g, node);
-  }
 };
 
 }  // namespace

@@ -1,7 +1,7 @@
 #pragma once
 // The CUDA backend (TREADLE_WITH_CUDA builds): the core's plans on an NVIDIA device. A plan
-// finalized with backend "cuda" runs on cuda:0: its arena is the context's device arena, its kernels
-// enqueue on the context's stream, and every node must have a CUDA kernel here (there is no copy
+// finalized with backend "cuda" runs on cuda:0 ("cuda:N": device N): its arena is the context's
+// device arena, its kernels enqueue on the context's stream, and every node must have a CUDA kernel here (there is no copy
 // to the host in a plan, so a node without one fails at finalize, naming the op and the device).
 // Host plans never take this backend. Float32 only; the ops covered are listed in
 // cuda_backend.cpp and docs/cuda.md.

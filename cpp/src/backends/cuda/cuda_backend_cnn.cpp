@@ -19,6 +19,7 @@
 // values are exact in float32, so this is the core's definition, not an approximation of it (no
 // tensor cores: cuDNN's half convolutions round the output to half as well).
 // Not taken (so a cuda plan holding them fails at finalize): batch_norm_eval_backward.
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -463,19 +464,23 @@ std::vector<OpEntry> cnn_op_entries() {
 }
 
 cudnnHandle_t cudnn_handle(cudaStream_t stream) {
-  // A cuDNN handle is bound to a stream and must not be used by two threads at once: one per host
-  // thread (contexts on different threads never share one), rebound when the stream changes.
-  thread_local std::unique_ptr<CudnnHandle> handle;
-  thread_local cudaStream_t bound = nullptr;
-  if (!handle) {
-    DeviceGuard guard(0);
-    handle = std::make_unique<CudnnHandle>(stream);
-    bound = stream;
-  } else if (bound != stream) {
-    handle->set_stream(stream);
-    bound = stream;
+  // A cuDNN handle belongs to the device current when it is made, is bound to a stream and must not
+  // be used by two threads at once: one per host thread and device (contexts on different threads
+  // never share one), rebound when the stream changes. Kernels run with their plan's device current.
+  struct Bound {
+    std::unique_ptr<CudnnHandle> handle;
+    cudaStream_t stream = nullptr;
+  };
+  thread_local std::map<int, Bound> handles;
+  Bound& mine = handles[current_device()];
+  if (!mine.handle) {
+    mine.handle = std::make_unique<CudnnHandle>(stream);
+    mine.stream = stream;
+  } else if (mine.stream != stream) {
+    mine.handle->set_stream(stream);
+    mine.stream = stream;
   }
-  return handle->get();
+  return mine.handle->get();
 }
 
 }  // namespace treadle::cuda

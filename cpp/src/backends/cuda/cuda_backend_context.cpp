@@ -39,6 +39,16 @@ class CudaQueue final : public DeviceQueue {
     return own_stream_->get();
   }
 
+  int make_current() override {
+    const int previous = current_device();
+    if (previous != device_.index) TREADLE_CUDA_CHECK(cudaSetDevice(device_.index));
+    return previous;
+  }
+
+  void restore(int previous) noexcept override {
+    if (previous != device_.index) cudaSetDevice(previous);
+  }
+
   void* arena(std::size_t bytes, std::size_t budget) override {
     if (bytes > arena_bytes_) {
       if (budget && bytes > budget)

@@ -10,6 +10,7 @@
 #include "backends/cuda/cuda_backend.hpp"
 #include "backends/device_runtime.hpp"
 #include "backends/cuda/cuda_status.hpp"
+#include "backends/cuda/cuda_stream.hpp"
 #include "backends/cuda/device_allocator.hpp"
 #include "backends/cuda/device_copy.hpp"
 #include "core/plan.hpp"
@@ -44,6 +45,7 @@ std::vector<Tensor> run_on_device(const Plan& plan, Context& ctx, const std::vec
                                   const std::vector<Tensor>& seeds, const std::vector<int>& values) {
   if (plan.device().kind != DeviceKind::cuda)
     throw_value_error("run_on_device: the plan runs on ", device_name(plan.device()), ", not on a CUDA device");
+  const DeviceGuard on_device(plan.device().index);  // the uploads and the plan's kernels
   auto stream = static_cast<cudaStream_t>(ctx.device_queue(plan.device()).stream());
   CachingDeviceAllocator alloc(plan.device().index);
   std::vector<const Tensor*> staged;

@@ -6,7 +6,9 @@
 // gelu/silu and their backward ops, softmax and softmax_backward, cross_entropy and its backward, constant.
 #include "backends/cuda/cuda_backend_ops.hpp"
 
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "backends/cuda/cuda_kernels.hpp"
@@ -249,12 +251,14 @@ std::vector<OpEntry> op_entries() {
 }
 
 cublasLtHandle_t lt_handle() {
-  // One per process for device 0, created by the first prepare and kept to the end of the process:
-  // destroying it during static destruction could run after the driver has shut down.
-  static const CublasLtHandle* handle = [] {
-    DeviceGuard guard(0);
-    return new CublasLtHandle();
-  }();
+  // One per device for the process, made on the current device by its first prepare and kept to the
+  // end of the process: destroying it during static destruction could run after the driver shut down.
+  static std::mutex made;
+  static std::map<int, const CublasLtHandle*> handles;
+  const int device = current_device();
+  std::lock_guard<std::mutex> lock(made);
+  const CublasLtHandle*& handle = handles[device];
+  if (!handle) handle = new CublasLtHandle();
   return handle->get();
 }
 

@@ -2,6 +2,7 @@
 // select_kernels), and the exported entry points that let a program drive a plan on data it placed
 // on the device itself.
 #include "backends/cuda/cuda_backend.hpp"
+#include "backends/cuda/cuda_stream.hpp"
 #include "core/op_registry.hpp"
 #include "core/plan.hpp"
 #include "treadle/error.hpp"
@@ -38,6 +39,7 @@ void select_kernels(Plan& plan, Device device, bool deterministic) {
     s.backend = &cuda;
   }
   require_cuda_device(device);
+  const DeviceGuard on_device(device.index);  // prepared state (cuBLASLt descriptors, handles) is per device
   for (PlanStep& s : plan.steps) {
     if (!s.kernel) continue;
     const Node& node = graph.nodes()[s.node];
