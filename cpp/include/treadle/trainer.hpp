@@ -19,6 +19,7 @@ namespace treadle {
 
 class LossScaler;     // nn/loss_scaler.hpp
 class DeviceTrainer;  // a device backend's training step (internal: backends/device_runtime.hpp)
+class UpdateSteps;    // an update's pieces on the host or a device (internal: backends/device_runtime.hpp)
 
 // Loss scaling for mixed-precision training (Model::set_precision("fp16"), whose rounded gradient
 // operands flush small values to zero), as torch.amp.GradScaler does it. The backward pass is seeded
@@ -201,7 +202,6 @@ class TREADLE_API Trainer {
   MemoryReport report_for(const Plan& p);
   void check_budget(const Plan& p, const Shape& x_shape);
   void follow_model_dtype();
-  bool gradients_finite() const;
   void verify_parameters() const;
   std::vector<uint64_t> checksum_parameters(std::size_t first_slot) const;
   void reseal_frozen();
@@ -220,9 +220,8 @@ class TREADLE_API Trainer {
   // written here (the plan binds it as its seed input). Null without loss scaling.
   void* loss_seed(DType loss_dtype);
   alignas(8) unsigned char seed_value_[8] = {};
-  // update()'s loss-scaling part: unscales the gradients, returns false (and counts the skip)
-  // when one was not finite.
-  bool unscale_and_check();
+  // update()'s one sequence, on the host's buffers or a device's copies (backends/device_runtime.hpp).
+  void apply_update(UpdateSteps& steps);
   const Tensor& scaled_grad_output(const Tensor& grad_output, Tensor& copy, Tensor& scaled);
   std::vector<Tensor> scaled_seeds_;  // backward's grad_outputs times the loss scale
   std::vector<Tensor> seed_copies_;   // contiguous copies of them, or zeros for an output without one

@@ -65,6 +65,22 @@ class ParameterMirror {
                        Context& ctx) = 0;
 };
 
+// The pieces of Trainer::update on the memory the gradients live in: the host's buffers, or a device
+// backend's copies of them. Trainer::update sequences them, once for every backend: loss scaling's
+// unscale (and the scaler's rule on its answer), the non-finite skip, clipping, the optimizer step.
+class UpdateSteps {
+ public:
+  virtual ~UpdateSteps() = default;
+  // Multiplies every trainable gradient by `inv_scale` in place; true when one is not finite.
+  virtual bool unscale(float inv_scale) = 0;
+  // Whether every trainable gradient, and so their global norm, is finite.
+  virtual bool gradients_finite() = 0;
+  // Scales the gradients so that their global norm is at most max_norm (torch's clip_grad_norm_).
+  virtual void clip(double max_norm) = 0;
+  // The optimizer's update of the trainable parameters at the scheduled lr; its step count advances.
+  virtual void optimizer_step() = 0;
+};
+
 // A trainer's steps on a device (Trainer's device half): made on the trainer's first device use
 // without touching the device (check_support is a host-only check); the device resources come with
 // the first step. It reaches the trainer's members through TrainerInternals.
@@ -80,7 +96,7 @@ class DeviceTrainer {
   virtual double run_loss_plan(const Plan& p, Inputs xs, const Tensor& y, PlanMode mode) = 0;
   // Trainer::step with TrainerOptions::cuda_graph: the whole step captured once and replayed.
   virtual double graph_step(Inputs xs, const Tensor& y) = 0;
-  virtual void update() = 0;  // Trainer::update on the device copies
+  virtual UpdateSteps& update_steps() = 0;  // Trainer::update's pieces on the device copies
   // Copies the optimizer's device-newer state back; `will_write`: upload it before the next update.
   virtual void optimizer_to_host(bool will_write) = 0;
   virtual void wait() noexcept = 0;  // for the work queued so far (errors are dropped)

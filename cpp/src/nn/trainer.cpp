@@ -397,12 +397,48 @@ void Trainer::set_loss_scale_state(double scale, int64_t growth_tracker) {
   if (scaler_) scaler_->set_state(scale, growth_tracker, "Trainer.set_loss_scale_state");
 }
 
-bool Trainer::unscale_and_check() {
-  const bool nonfinite = unscale_gradients(model_->trainable_gradients(), scaler_->inv_scale(), ctx_.executor());
-  if (scaler_->update(nonfinite)) return true;
-  ++skipped_;
-  return false;
-}
+namespace {
+
+// update()'s pieces on the host's buffers.
+class HostUpdateSteps final : public UpdateSteps {
+ public:
+  HostUpdateSteps(Model& model, Optimizer& optimizer, Schedule* schedule, Executor& exec)
+      : model_(model), optimizer_(optimizer), schedule_(schedule), exec_(exec) {}
+
+  bool unscale(float inv_scale) override {
+    return unscale_gradients(model_.trainable_gradients(), inv_scale, exec_);
+  }
+
+  // The global norm in double: finite exactly when every gradient is finite and the norm does not
+  // overflow, which is what clipping and the update need.
+  bool gradients_finite() override {
+    const Tensor& g = model_.trainable_gradients();
+    double sum = 0;
+    if (g.dtype() == DType::f32) {
+      const float* p = g.data_as<float>();
+      for (int64_t i = 0; i < g.numel(); ++i) sum += static_cast<double>(p[i]) * p[i];
+    } else {
+      const double* p = g.data_as<double>();
+      for (int64_t i = 0; i < g.numel(); ++i) sum += p[i] * p[i];
+    }
+    return std::isfinite(std::sqrt(sum));
+  }
+
+  void clip(double max_norm) override { clip_grad_norm(model_.trainable_gradients(), max_norm, exec_); }
+
+  // Each parameter group at its own (scheduled) lr; without groups that is current_lr().
+  void optimizer_step() override {
+    optimizer_.step(model_.trainable_parameters(), model_.trainable_gradients(), schedule_, exec_);
+  }
+
+ private:
+  Model& model_;
+  Optimizer& optimizer_;
+  Schedule* schedule_;
+  Executor& exec_;
+};
+
+}  // namespace
 
 void Trainer::update() {
   Model::TrainingCall call(*model_, "Trainer.update");
@@ -412,18 +448,28 @@ void Trainer::update() {
     throw_type_error("Trainer.update: the model changed (dtype ", dtype_name(model_->dtype()), ", ",
                      model_->num_trainable(), " trainable values) since the optimizer was bound (",
                      dtype_name(optimizer_->dtype()), ", ", optimizer_->numel(), "); create a new optimizer");
-  if (on_device()) return device_trainer().update();
+  if (on_device()) {
+    DeviceTrainer& device = device_trainer();
+    device.check_support("Trainer.update");
+    return apply_update(device.update_steps());
+  }
   if (device_) device_->optimizer_to_host(true);  // back from the device: the host state is updated now
-  const Tensor& grads = model_->trainable_gradients();
-  if (scaler_ && !unscale_and_check()) return;
-  if (options_.skip_nonfinite && !gradients_finite()) {
+  HostUpdateSteps host(*model_, *optimizer_, schedule_.get(), ctx_.executor());
+  apply_update(host);
+}
+
+void Trainer::apply_update(UpdateSteps& steps) {
+  if (scaler_ && !scaler_->update(steps.unscale(scaler_->inv_scale()))) {
+    ++skipped_;  // the scaler's rule skips a step with a non-finite gradient (and lowers the scale)
+    return;
+  }
+  if (options_.skip_nonfinite && !steps.gradients_finite()) {
     ++skipped_;
     return;
   }
   if (options_.verify_parameters) verify_parameters();  // never bake a corrupted value into an update
-  if (options_.clip_grad_norm > 0) clip_grad_norm(grads, options_.clip_grad_norm, ctx_.executor());
-  // Each parameter group at its own (scheduled) lr; without groups that is current_lr().
-  optimizer_->step(model_->trainable_parameters(), grads, schedule_.get(), ctx_.executor());
+  if (options_.clip_grad_norm > 0) steps.clip(options_.clip_grad_norm);
+  steps.optimizer_step();
   if (options_.verify_parameters) reseal_parameters();
 }
 
@@ -435,20 +481,6 @@ void Trainer::follow_model_dtype() {
   optimizer_->bind(model_->trainable_layout(), model_->num_trainable(), model_->dtype());
 }
 
-bool Trainer::gradients_finite() const {
-  // The global norm in double: finite exactly when every gradient is finite and the norm does
-  // not overflow, which is what clipping and the update need.
-  const Tensor& g = model_->trainable_gradients();
-  double sum = 0;
-  if (g.dtype() == DType::f32) {
-    const float* p = g.data_as<float>();
-    for (int64_t i = 0; i < g.numel(); ++i) sum += static_cast<double>(p[i]) * p[i];
-  } else {
-    const double* p = g.data_as<double>();
-    for (int64_t i = 0; i < g.numel(); ++i) sum += p[i] * p[i];
-  }
-  return std::isfinite(std::sqrt(sum));
-}
 
 // FNV-1a over the bytes of each parameter slot: cheap, and any flipped bit changes it.
 std::vector<uint64_t> Trainer::checksum_parameters(std::size_t first_slot) const {

@@ -342,7 +342,7 @@ Bindings device_bindings(Device device, void* params, std::span<void* const> inp
 
 // The trainer's members are reached as references of the same names, so the step reads as the
 // trainer's own code; the device side of the step is `step_`, made on the first device step.
-class CudaTrainer final : public DeviceTrainer {
+class CudaTrainer final : public DeviceTrainer, private UpdateSteps {
  public:
   CudaTrainer(Device device, Trainer& trainer)
       : t_(trainer), device_(device), model_(TrainerInternals::model(trainer)),
@@ -354,16 +354,18 @@ class CudaTrainer final : public DeviceTrainer {
   void check_support(const char* who) const override;
   double run_loss_plan(const Plan& p, Inputs xs, const Tensor& y, PlanMode mode) override;
   double graph_step(Inputs xs, const Tensor& y) override;
-  void update() override;
+  UpdateSteps& update_steps() override { return *this; }
   void optimizer_to_host(bool will_write) override;
   void wait() noexcept override;
   uint64_t allocations() const override { return step_ ? step_->alloc.stats().misses : 0; }
 
  private:
   DeviceStep& step();
-  // Loss scaling on the device: unscales the n gradients in place and applies the host rule to the
-  // non-finite flag read back; false when the update is to be skipped.
-  bool unscale_and_check(float* grads, int64_t n, void* stream);
+  // Trainer::update's pieces on the model's device copies (the trainer sequences them).
+  bool unscale(float inv_scale) override;
+  bool gradients_finite() override;
+  void clip(double max_norm) override;
+  void optimizer_step() override;
   cudaStream_t stream() { return static_cast<cudaStream_t>(ctx_.device_queue(device_).stream()); }
   void end_tasked_step() { TrainerInternals::end_tasked_step(t_); }
   std::shared_ptr<const Plan> plan_for(PlanMode mode, Inputs xs, const Tensor* y, bool input_grad) {
@@ -469,62 +471,65 @@ double CudaTrainer::run_loss_plan(const Plan& p, Inputs xs, const Tensor& y, Pla
   return *loss;
 }
 
-void CudaTrainer::update() {
-  check_support("Trainer.update");
+// Loss scaling's unscale on the device: the gradients multiplied by the host scaler's 1/scale in
+// place and the non-finite flag read back (the update waits for it anyway); the trainer applies the
+// host rule to it. A skipped step leaves the unscaled gradients, as on the host.
+bool CudaTrainer::unscale(float inv_scale) {
+  DeviceStep& d = step();
+  cuda::DeviceGuard guard(device_.index);
+  const cudaStream_t s = stream();
+  auto* grads = static_cast<float*>(model_->device_buffers(s).grads);
+  DeviceStep::Scaling* st = d.scaling_state(s);
+  auto* staged = reinterpret_cast<char*>(d.readback.data()) + 32;  // after the loss and the count
+  std::memcpy(staged, &inv_scale, sizeof inv_scale);
+  cuda::copy_to_device_async(&st->inv_scale, staged, sizeof inv_scale, s);
+  cuda::clear_nonfinite_flag(&st->found_nonfinite, s);
+  cuda::scale_gradients(grads, grads, model_->num_trainable(), &st->inv_scale, cuda::ScaleDirection::multiply,
+                        &st->found_nonfinite, s);
+  auto* found = reinterpret_cast<int32_t*>(staged + 8);
+  cuda::copy_to_host_async(found, &st->found_nonfinite, sizeof *found, s);
+  TREADLE_CUDA_CHECK(cudaStreamSynchronize(s));
+  model_->device_written(s, false, true);
+  return *found != 0;
+}
+
+// All gradients finite <=> the host's finite global norm, for float32.
+bool CudaTrainer::gradients_finite() {
+  DeviceStep& d = step();
+  cuda::DeviceGuard guard(device_.index);
+  const cudaStream_t s = stream();
+  if (!d.stats.data()) d.stats = d.alloc.buffer(sizeof(cuda::NonfiniteStats), s);
+  cuda::nonfinite_stats(static_cast<const float*>(model_->device_buffers(s).grads), model_->num_trainable(),
+                        d.stats.ptr<cuda::NonfiniteStats>(), s);
+  auto* count = d.readback.ptr<unsigned long long>() + 1;
+  cuda::copy_to_host_async(count, d.stats.data(), sizeof(*count), s);
+  TREADLE_CUDA_CHECK(cudaStreamSynchronize(s));
+  return *count == 0;
+}
+
+void CudaTrainer::clip(double max_norm) {
+  DeviceStep& d = step();
+  cuda::DeviceGuard guard(device_.index);
+  const cudaStream_t s = stream();
+  d.clip(static_cast<float*>(model_->device_buffers(s).grads), model_->num_trainable(), max_norm, s);
+  model_->device_written(s, false, true);
+}
+
+void CudaTrainer::optimizer_step() {
   DeviceStep& d = step();
   cuda::DeviceGuard guard(device_.index);
   const cudaStream_t s = stream();
   const Model::DeviceBuffers mb = model_->device_buffers(s);
-  if (!d.stats.data()) d.stats = d.alloc.buffer(sizeof(cuda::NonfiniteStats), s);
-  auto* p = static_cast<float*>(mb.params);
-  const auto* g = static_cast<const float*>(mb.grads);
-  const int64_t n = model_->num_trainable();
-  if (scaler_ && !unscale_and_check(static_cast<float*>(mb.grads), n, s)) {
-    model_->device_written(s, false, true);
-    return;
-  }
-  if (options_.skip_nonfinite) {  // all gradients finite <=> the host's finite global norm, for float32
-    cuda::nonfinite_stats(g, n, d.stats.ptr<cuda::NonfiniteStats>(), s);
-    auto* count = d.readback.ptr<unsigned long long>() + 1;
-    cuda::copy_to_host_async(count, d.stats.data(), sizeof(*count), s);
-    TREADLE_CUDA_CHECK(cudaStreamSynchronize(s));
-    if (*count != 0) {
-      ++skipped_;
-      return;
-    }
-  }
-  if (options_.clip_grad_norm > 0) d.clip(static_cast<float*>(mb.grads), n, options_.clip_grad_norm, s);
   d.ready_state(*optimizer_, s);
   const int64_t t = optimizer_->step_count() + 1;
   // The schedule's rate before this update, as the host's optimizer_->step(params, grads,
   // schedule_.get(), exec) gives its one group: schedule_->lr_at(step_count(), lr()) = current_lr().
-  const UpdateCoefficients k =
-      update_coefficients(d.refresh_rule(*optimizer_), current_lr(), t);
-  enqueue_update(k, nullptr, p, g, {d.state_ptr(0), d.state_ptr(1), d.state_ptr(2)}, n, s);
+  const UpdateCoefficients k = update_coefficients(d.refresh_rule(*optimizer_), current_lr(), t);
+  enqueue_update(k, nullptr, static_cast<float*>(mb.params), static_cast<const float*>(mb.grads),
+                 {d.state_ptr(0), d.state_ptr(1), d.state_ptr(2)}, model_->num_trainable(), s);
   optimizer_->set_step_count(t);
   d.state_at = DeviceStep::Side::device;
   model_->device_written(s, true, false);
-}
-
-// Loss scaling on the device: the gradients multiplied by the host scaler's 1/scale in place, the
-// non-finite flag read back (the update waits for it anyway), and the host rule deciding; a skipped
-// step leaves the unscaled gradients, as the host path does.
-bool CudaTrainer::unscale_and_check(float* grads, int64_t n, void* stream) {
-  const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  DeviceStep& d = *step_;
-  DeviceStep::Scaling* st = d.scaling_state(s);
-  auto* staged = reinterpret_cast<char*>(d.readback.data()) + 32;  // after the loss and the count
-  const float inv_scale = scaler_->inv_scale();
-  std::memcpy(staged, &inv_scale, sizeof inv_scale);
-  cuda::copy_to_device_async(&st->inv_scale, staged, sizeof inv_scale, s);
-  cuda::clear_nonfinite_flag(&st->found_nonfinite, s);
-  cuda::scale_gradients(grads, grads, n, &st->inv_scale, cuda::ScaleDirection::multiply, &st->found_nonfinite, s);
-  auto* found = reinterpret_cast<int32_t*>(staged + 8);
-  cuda::copy_to_host_async(found, &st->found_nonfinite, sizeof *found, s);
-  TREADLE_CUDA_CHECK(cudaStreamSynchronize(s));
-  if (scaler_->update(*found != 0)) return true;
-  ++skipped_;
-  return false;
 }
 
 // The plan's dropout kernels read the RNG state from the upload (`rng_slot`): `counter` now, each
