@@ -35,6 +35,10 @@ class DeviceQueue {
   // one is waited for first), or null for the queue's own, made on first use.
   virtual void set_stream(void* stream) = 0;
   virtual void* stream() = 0;
+  // dst[i] += src[i] for i < n, enqueued on stream(): a plan's parameter gradients accumulated into
+  // the model's device gradient buffer (Plan::accumulate_param_grads). TypeError for a dtype the
+  // device does not train in.
+  virtual void add_into(void* dst, const void* src, int64_t n, DType dtype) = 0;
   // Makes this queue's device the calling thread's current one for a plan run, returning what to
   // give restore() after it (the host's selection is never left changed).
   virtual int make_current() = 0;

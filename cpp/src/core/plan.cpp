@@ -416,13 +416,11 @@ void Plan::accumulate_param_grads(Context& ctx, const Bindings& b, void* grads) 
 void Plan::accumulate_param_grad(Context& ctx, const Bindings& b, int g, void* grads) const {
   const auto& [offset, value] = param_grads[g];
   const ValueInfo& info = graph.values()[value];
-  void* dst = static_cast<char*>(grads) + offset;
-  if (runtime_)
-    throw_value_error("plan: accumulating the parameter gradients of a ", device_name(device_),
-                      " plan into a host buffer is not implemented (it needs a device axpy); read the gradient ",
-                      "values from the device arena instead");
+  void* dst = static_cast<char*>(grads) + offset;  // a device plan's `grads` are the device copies
   const void* src = address(ctx, b, value);
-  if (info.dtype == DType::f32)
+  if (runtime_)
+    ctx.device_queue(device_).add_into(dst, src, shape_numel(info.shape), info.dtype);
+  else if (info.dtype == DType::f32)
     add_into<float>(dst, src, shape_numel(info.shape));
   else
     add_into<double>(dst, src, shape_numel(info.shape));

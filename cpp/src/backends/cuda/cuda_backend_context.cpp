@@ -8,6 +8,7 @@
 #include "backends/cuda/cuda_stream.hpp"
 #include "backends/cuda/device_allocator.hpp"
 #include "backends/cuda/device_copy.hpp"
+#include "backends/cuda/train_kernels.hpp"
 #include "backends/device_runtime.hpp"
 #include "treadle/error.hpp"
 
@@ -37,6 +38,12 @@ class CudaQueue final : public DeviceQueue {
     if (host_stream_) return host_stream_;
     if (!own_stream_) own_stream_ = std::make_unique<CudaStream>(device_.index);
     return own_stream_->get();
+  }
+
+  void add_into(void* dst, const void* src, int64_t n, DType dtype) override {
+    if (dtype != DType::f32)
+      throw_type_error("gradient accumulation on ", device_name(device_), ": float32 only, got ", dtype_name(dtype));
+    cuda::add_into(static_cast<float*>(dst), static_cast<const float*>(src), n, static_cast<cudaStream_t>(stream()));
   }
 
   int make_current() override {

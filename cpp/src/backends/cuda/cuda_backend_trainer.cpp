@@ -1,8 +1,8 @@
 // Trainer's device half on CUDA (DeviceTrainer): a training step of a plan compiled for "cuda" with the
 // model's device copies bound. Per step: the inputs and the target are copied into one pinned
 // staging buffer and uploaded with one copy on the context's stream, the plan runs, every parameter
-// gradient is added into the device gradient buffer (Plan::accumulate_param_grads' loop as a
-// kernel), the optimizer updates the device buffers (fused Adam / AdamW / AMSGrad, SGD), and the
+// gradient is added into the device gradient buffer (Plan::accumulate_param_grads, the queue's
+// add_into), the optimizer updates the device buffers (fused Adam / AdamW / AMSGrad, SGD), and the
 // loss is the one value read back (the step's one stream synchronisation; the update is enqueued
 // after it and finishes before anything else on the stream). All device memory comes from caching
 // allocators, so steps after the first make no cudaMalloc call. With cuda_graph a step is one graph
@@ -313,13 +313,6 @@ void enqueue_update(const UpdateCoefficients& k, const void* k_device, float* p,
     cuda::adam_update(p, g, state[0], state[1], k.adam_k.amsgrad ? state[2] : nullptr, n, k.adam_k, s);
 }
 
-// Plan::accumulate_param_grads on the device: every parameter gradient added into the flat buffer.
-void enqueue_accumulate(const Plan& p, Context& ctx, const Bindings& b, void* grads, cudaStream_t s) {
-  for (const auto& [off, value] : p.param_grads)
-    cuda::add_into(reinterpret_cast<float*>(static_cast<char*>(grads) + off),
-                   static_cast<const float*>(p.address(ctx, b, value)), shape_numel(p.graph.info(value).shape), s);
-}
-
 // `seed`: the loss gradient's seed (loss scaling: the scale, on the device), or null for 1.
 // What a captured step cannot do: anomaly mode, and device labels (whose range the host cannot check).
 void refuse_in_graph(const Context& ctx, const Tensor& y, const std::string& loss_kind) {
@@ -458,7 +451,7 @@ double CudaTrainer::run_loss_plan(const Plan& p, Inputs xs, const Tensor& y, Pla
   end_tasked_step();
   cuda::run_device_steps(p, ctx_, b, 0, p.num_steps(), d.stats.ptr<cuda::NonfiniteStats>());
   if (mode == PlanMode::train_loss) {
-    enqueue_accumulate(p, ctx_, b, mb.grads, s);
+    p.accumulate_param_grads(ctx_, b, mb.grads);  // on the context's queue: `s`
     model_->device_written(s, true, true);  // the parameters too: running statistics are updated in place
   }
   float* loss = d.readback.ptr<float>();
@@ -546,7 +539,7 @@ void DeviceStep::capture(Graph& g, const Plan& p, Context& ctx, const Bindings& 
     const cuda::DeviceRngScope rng(s, static_cast<const cuda::DeviceRngState*>(rng_slot));
     p.run_with_counter(ctx, b, 0, p.num_steps(), counter);
   }
-  enqueue_accumulate(p, ctx, b, mb.grads, s);
+  p.accumulate_param_grads(ctx, b, mb.grads);  // on the context's queue, `s`, captured
   auto* grads = static_cast<float*>(mb.grads);
   const int32_t* skip = scaler ? enqueue_unscale(grads, n, *scaler, s) : nullptr;
   if (options.clip_grad_norm > 0) clip(grads, n, options.clip_grad_norm, s);
