@@ -158,7 +158,7 @@ def test_choices_that_need_every_rank(parity):
     _, reports = parity
     for r, report in enumerate(reports):
         m = report["mixed"]
-        assert m["implementations"] == ("DataParallel: implementation is python on rank 1 but treadle._distributed "
+        assert m["implementations"] == ("DataParallel: implementation is mpi4py on rank 1 but treadle._distributed "
                                         "on root rank 0")
         assert m["transports"] == "DataParallel: transport is auto on rank 1 but mpi on root rank 0"
         if m["has_nccl"]:  # the C++ class refuses a model on the host

@@ -49,5 +49,6 @@ void bind_conv(py::module_& m);
 void bind_dispatch(py::module_& m);
 void bind_verify(py::module_& m);
 void bind_replay(py::module_& m);
+void bind_data_parallel(py::module_& m);  // DataParallel over an mpi4py communicator
 
 }  // namespace treadle::py_bind

@@ -21,4 +21,5 @@ PYBIND11_MODULE(_core, m) {
   treadle::py_bind::bind_dispatch(m);
   treadle::py_bind::bind_verify(m);
   treadle::py_bind::bind_replay(m);
+  treadle::py_bind::bind_data_parallel(m);
 }

@@ -9,7 +9,8 @@
 //   treadle::DataParallel dp(trainer, comm);   // checks the setup, broadcasts root's state
 //   double loss = dp.step(x_local, y_local);   // global mean loss; same update on every rank
 //
-// Semantics match the Python treadle.distributed.DataParallel (see docs/distributed.md).
+// The algorithm is DataParallelCore (treadle/data_parallel.hpp, in the core library); this class gives
+// it an MPI communicator, and the Python treadle.distributed.DataParallel runs the same core over mpi4py.
 //
 // Transports for the gradient buffer (DataParallelOptions::transport): "mpi" moves it through host
 // memory (a model on backend "cuda" downloads its gradients, the allreduce runs on the host, the
@@ -21,32 +22,12 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <utility>
-#include <vector>
 
+#include "treadle/data_parallel.hpp"  // BufferSync, DataParallelOptions and the algorithm, DataParallelCore
 #include "treadle/export.hpp"
 #include "treadle/trainer.hpp"
 
 namespace treadle {
-
-// Non-trained state that training changes (BatchNorm's running statistics: parameters with
-// requires_grad=false), which each rank updates from its own shard. After each gradient allreduce:
-// root: every rank takes the root's values (torch DDP's choice); average: the mean over the ranks;
-// local: left alone (replicas then differ in that state). Batch statistics used inside a step are
-// always the local shard's (there is no SyncBatchNorm).
-enum class BufferSync { root, average, local };
-
-struct DataParallelOptions {
-  int root = 0;
-  BufferSync buffers = BufferSync::root;
-  // "auto": "nccl" in a build with NCCL when every rank's model is on backend "cuda" and every rank
-  // has a GPU of its own, else "mpi". "nccl" where it cannot run: ValueError saying why.
-  std::string transport = "auto";
-  // Seconds a step waits in its first collective for every rank to arrive (0: as long as MPI waits,
-  // which is forever for a rank that left). After a timeout the object is unusable (a collective stays
-  // pending on the communicator): every later call throws, and the host should abort the job.
-  double timeout = 0.0;
-};
 
 // Throws ValueError naming the problem unless the MPI library in this process is the implementation
 // treadle::distributed was built for (the MPICH ABI or Open MPI: a handle of one means nothing to the
@@ -54,6 +35,7 @@ struct DataParallelOptions {
 // Fortran handle (MPI_Fint) calls it before MPI_Comm_f2c.
 TREADLE_API void check_host_mpi();
 
+// DataParallelCore over an MPI communicator, plus the NCCL transport where it was built in.
 class TREADLE_API DataParallel {
  public:
   // Collective. Checks that every rank holds the same parameter layout, dtype, loss, optimizer
@@ -62,8 +44,10 @@ class TREADLE_API DataParallel {
   // the communicator must outlive this object; the communicator is used, never duplicated or freed.
   DataParallel(Trainer& trainer, MPI_Comm comm, int root = 0, BufferSync buffers = BufferSync::root);
   // The same with the transport chosen (see DataParallelOptions). With "nccl" the constructor also
-  // makes the NCCL communicator (collective), which the destructor destroys.
-  DataParallel(Trainer& trainer, MPI_Comm comm, const DataParallelOptions& options);
+  // makes the NCCL communicator (collective), which the destructor destroys. `host`: a binding's own
+  // checks and settings (DataParallelHost).
+  DataParallel(Trainer& trainer, MPI_Comm comm, const DataParallelOptions& options,
+               const DataParallelHost& host = {});
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
@@ -72,75 +56,50 @@ class TREADLE_API DataParallel {
   // differ in size or be empty. If any rank throws (bad input, model error), no rank updates and
   // every rank throws ValueError("DataParallel::step: rank R failed: ...").
   // Throws TimeoutError (on the ranks that arrived) when not every rank arrives within the timeout.
-  double step(const Tensor& x, const Tensor& y);
+  double step(const Tensor& x, const Tensor& y) { return core_->step(x, y); }
   // Collective with the other ranks' step(): this rank takes part as one that failed with `error` (a
   // check of the host's own, arrays it could not pass), and every rank, this one included, throws the
   // ValueError step() throws for a failing rank. Nothing changes on any rank.
-  [[noreturn]] void fail_step(const std::string& error);
+  [[noreturn]] void fail_step(const std::string& error) { core_->fail_step(error); }
 
   // For a host running the phases itself: after compute_gradients (or forward + backward) on the
   // local shard, sums the gradients into those of the global loss, then the host calls update().
   // `count`: terms the local mean loss averaged over (0 for an empty shard); `loss`: the local loss;
   // `error`: non-empty if this rank failed, making every rank throw. Returns the global loss.
-  double allreduce_gradients(int64_t count, double loss, const std::string& error = {});
+  double allreduce_gradients(int64_t count, double loss, const std::string& error = {}) {
+    return core_->allreduce_gradients(count, loss, error);
+  }
 
   // Copies root's parameters, optimizer state buffers and step count to every rank (through the
   // host with either transport; a model on "cuda" uploads them before its next device use).
-  void broadcast_state();
+  void broadcast_state() { core_->broadcast_state(); }
   // Makes the non-trained state agree as `buffers` says (step and allreduce_gradients call it).
-  void sync_buffers();
+  void sync_buffers() { core_->sync_buffers(); }
   // Largest |p - p_root| over all parameters and ranks; 0 when the replicas are in sync.
-  double parameter_divergence();
+  double parameter_divergence() { return core_->parameter_divergence(); }
 
   // The timeout of DataParallelOptions (seconds; 0: none), for the following steps.
-  void set_timeout(double seconds);
-  double timeout() const { return timeout_; }
+  void set_timeout(double seconds) { core_->set_timeout(seconds); }
+  double timeout() const { return core_->timeout(); }
 
-  int rank() const { return rank_; }
-  int size() const { return size_; }
-  int root() const { return root_; }
-  int64_t steps() const { return steps_; }
+  int rank() const { return core_->rank(); }
+  int size() const { return core_->size(); }
+  int root() const { return core_->root(); }
+  int64_t steps() const { return core_->steps(); }
   // In the gradient allreduce, all steps. With "nccl": the time to enqueue it (it completes on the
   // trainer's stream, before the update queued after it).
-  double allreduce_seconds() const { return allreduce_seconds_; }
+  double allreduce_seconds() const { return core_->allreduce_seconds(); }
+  double last_allreduce_seconds() const { return core_->last_allreduce_seconds(); }
+  // In the small (count, loss, error) allreduce, all steps: waiting for the slowest rank.
+  double wait_seconds() const { return core_->wait_seconds(); }
   // The transport in use: "mpi" or "nccl" ("auto" resolved at construction).
-  const std::string& transport() const { return transport_; }
+  std::string transport() const { return core_->transport(); }
+  // The algorithm itself (the Python binding drives a step through it in pieces).
+  DataParallelCore& core() { return *core_; }
 
  private:
-  double reduce(int64_t count, double loss, const std::string& error, const char* where);
-  void check_same_setup(const std::string& transport);
-  // Collective: throws the same ValueError on every rank if any rank passes a non-empty error.
-  [[noreturn]] void raise_failure(const std::string& error, const char* where);
-  // Collective: the text raise_failure throws ("<where>: rank R failed: <error>").
-  std::string failure_message(const std::string& error, const char* where);
-  void pack_buffers(Tensor& into) const;    // non-trained slots -> contiguous
-  void unpack_buffers(const Tensor& from);  // and back
-  // Collective: the transport `requested` resolves to on every rank ("mpi" or "nccl"), the NCCL
-  // communicator made for "nccl". Throws the same ValueError on every rank where nccl cannot run.
-  void choose_transport(const std::string& requested);
-  void allreduce_on_device(double weight);  // the gradient allreduce of transport "nccl"
-  void sync_buffers_on_device();
-
-  Trainer& trainer_;
-  MPI_Comm comm_;
-  int rank_ = 0, size_ = 1, root_ = 0;
-  BufferSync buffers_ = BufferSync::root;
-  std::vector<std::pair<int64_t, int64_t>> buffer_spans_;  // (offset, elements) in the flat buffer
-  Tensor packed_, saved_;                                  // sized once: steps allocate nothing
-  int64_t steps_ = 0;
-  double allreduce_seconds_ = 0.0;
-  double timeout_ = 0.0;
-  double head_[3] = {0.0, 0.0, 0.0};  // the step's first allreduce: a member, as it may stay pending
-  std::string broken_;                // why this object can no longer be used (a timed-out collective)
-  void check_usable(const char* where) const;
-  void allreduce_head(const char* where);
-  std::string transport_ = "mpi";
-  // The NCCL communicator and what goes with it (nccl_transport.cpp); null with transport "mpi".
-  struct Nccl;
-  struct NcclDeleter {
-    void operator()(Nccl* n) const noexcept;
-  };
-  std::unique_ptr<Nccl, NcclDeleter> nccl_;
+  std::unique_ptr<Communicator> comm_;  // over the host's MPI_Comm (data_parallel.cpp)
+  std::unique_ptr<DataParallelCore> core_;
 };
 
 }  // namespace treadle

@@ -1,7 +1,7 @@
 // DataParallel's NCCL transport (builds with -DTREADLE_WITH_NCCL=ON): the gradient buffer of a model
 // on backend "cuda" is allreduced in place on the device, on the trainer context's stream, with no
 // host copy; the per-step (count, loss, error) exchange, the setup check and the state broadcast
-// stay on MPI (data_parallel.cpp).
+// stay with DataParallelCore on the MPI communicator (data_parallel.cpp).
 //
 // The NCCL communicator is made from the host's MPI communicator: the root asks NCCL for a unique
 // id, MPI_Bcast hands it to every rank, and every rank joins with its cuda:0 (treadle's plans run on
@@ -13,9 +13,12 @@
 #include <nccl.h>
 
 #include <cstring>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "nccl_transport.hpp"
 #include "treadle/distributed.hpp"
 #include "treadle/error.hpp"
 
@@ -112,96 +115,105 @@ ncclComm_t join_nccl(MPI_Comm comm, int rank, int size, int root, std::string& e
   return nullptr;
 }
 
-}  // namespace
+// NCCL in place in the model's device buffers, on the trainer context's stream.
+class NcclTransport final : public DeviceTransport {
+ public:
+  NcclTransport(Trainer& trainer, ncclComm_t comm) : trainer_(trainer), comm_(comm) {}
+  ~NcclTransport() override { ncclCommDestroy(comm_); }  // a failure here has nobody left to tell
+  NcclTransport(const NcclTransport&) = delete;
+  NcclTransport& operator=(const NcclTransport&) = delete;
 
-struct DataParallel::Nccl {
-  ncclComm_t comm = nullptr;
+  const char* name() const override { return "nccl"; }
+
+  std::string problem() const override {
+    if (trainer_.model().backend() == "cuda") return {};
+    return "transport 'nccl' needs the model on backend 'cuda', but its backend is now " +
+           backend_text(trainer_.model().backend());
+  }
+
+  void allreduce_gradients(double weight) override {
+    Model& model = trainer_.model();
+    void* stream = trainer_.context().cuda_stream();
+    const Model::DeviceBuffers d = model.device_buffers(stream);  // after the step's work, host writes uploaded
+    const auto n = static_cast<std::size_t>(model.num_trainable());
+    ncclRedOp_t op = ncclSum;
+    float w = static_cast<float>(weight);  // as the host path, which multiplies float32 gradients by float32(w)
+    const bool weighted = weight != 1.0;
+    ncclResult_t made = ncclSuccess, rc = ncclSuccess, freed = ncclSuccess;
+    if (weighted) made = ncclRedOpCreatePreMulSum(&op, &w, ncclFloat, ncclScalarHostImmediate, comm_);
+    if (made == ncclSuccess) {
+      rc = ncclAllReduce(d.grads, d.grads, n, ncclFloat, op, comm_, static_cast<cudaStream_t>(stream));
+      if (weighted) freed = ncclRedOpDestroy(op, comm_);  // allowed once the call that used it has returned
+    }
+    model.device_written(stream, false, true);  // the update (queued next on the stream) reads them
+    check_nccl(made, "ncclRedOpCreatePreMulSum", comm_);
+    check_nccl(rc, "ncclAllReduce", comm_);
+    check_nccl(freed, "ncclRedOpDestroy", comm_);
+  }
+
+  void sync_buffers(const std::vector<std::pair<int64_t, int64_t>>& spans, BufferSync mode, int root) override {
+    Model& model = trainer_.model();
+    void* stream = trainer_.context().cuda_stream();
+    const Model::DeviceBuffers d = model.device_buffers(stream);
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    // One group: the non-trained slots (running statistics) go together, in place in the device
+    // parameter buffer; "average" is NCCL's mean (each rank's value times 1/size, summed).
+    ncclResult_t rc = ncclGroupStart();
+    const char* call = "ncclGroupStart";
+    for (std::size_t i = 0; rc == ncclSuccess && i < spans.size(); ++i) {
+      float* p = static_cast<float*>(d.params) + spans[i].first;
+      const auto n = static_cast<std::size_t>(spans[i].second);
+      rc = mode == BufferSync::root ? ncclBroadcast(p, p, n, ncclFloat, root, comm_, s)
+                                    : ncclAllReduce(p, p, n, ncclFloat, ncclAvg, comm_, s);
+      call = mode == BufferSync::root ? "ncclBroadcast" : "ncclAllReduce";
+    }
+    const ncclResult_t end = ncclGroupEnd();  // closes the group whatever happened inside
+    model.device_written(stream, true, false);
+    check_nccl(rc, call, comm_);
+    check_nccl(end, "ncclGroupEnd", comm_);
+  }
+
+ private:
+  Trainer& trainer_;
+  ncclComm_t comm_;
 };
 
-void DataParallel::NcclDeleter::operator()(Nccl* n) const noexcept {
-  if (n && n->comm) ncclCommDestroy(n->comm);  // a failure here has nobody left to tell
-  delete n;
-}
+}  // namespace
 
-void DataParallel::choose_transport(const std::string& requested) {
-  transport_ = "mpi";
-  if (requested == "mpi") return;
+std::unique_ptr<DeviceTransport> choose_nccl_transport(DataParallelCore& core, MPI_Comm comm,
+                                                       const std::string& requested) {
+  if (requested == "mpi") return nullptr;
+  const int size = core.size();
   Probe mine;
   std::string error;
-  mine.on_cuda = trainer_.model().backend() == "cuda" ? 1 : 0;
+  mine.on_cuda = core.trainer().model().backend() == "cuda" ? 1 : 0;
   if (mine.on_cuda || requested == "nccl") error = probe_device(mine);
-  std::vector<Probe> all(static_cast<std::size_t>(size_));
-  check_mpi_call(MPI_Allgather(&mine, sizeof(Probe), MPI_BYTE, all.data(), sizeof(Probe), MPI_BYTE, comm_),
+  std::vector<Probe> all(static_cast<std::size_t>(size));
+  check_mpi_call(MPI_Allgather(&mine, sizeof(Probe), MPI_BYTE, all.data(), sizeof(Probe), MPI_BYTE, comm),
                  "MPI_Allgather");
   bool every_cuda = true, every_device = true;
   int first = -1, second = -1;  // two ranks on the same GPU
-  for (int r = 0; r < size_; ++r) {
+  for (int r = 0; r < size; ++r) {
     every_cuda = every_cuda && all[r].on_cuda;
     every_device = every_device && all[r].device_ok;
     for (int q = 0; q < r && first < 0 && all[r].device_ok; ++q)
       if (all[q].device_ok && std::strcmp(all[q].bus_id, all[r].bus_id) == 0) first = q, second = r;
   }
-  if (requested == "auto" && !(every_cuda && every_device && first < 0)) return;
-  if (!every_device) raise_failure(error, "DataParallel");  // every rank takes this branch: same message
+  if (requested == "auto" && !(every_cuda && every_device && first < 0)) return nullptr;
+  if (!every_device) core.raise_failure(error, "DataParallel");  // every rank takes this branch: same message
   if (first >= 0)
     throw_value_error("DataParallel: transport 'nccl' needs one GPU per process, but ranks ", first, " and ", second,
                       " share the GPU at PCI bus ", all[first].bus_id,
                       "; processes sharing a GPU must use transport 'mpi'");
-  auto nccl = std::unique_ptr<Nccl, NcclDeleter>(new Nccl);
-  nccl->comm = join_nccl(comm_, rank_, size_, root_, error);
+  ncclComm_t nccl = join_nccl(comm, core.rank(), size, core.root(), error);
   // Agree, so that no rank trains on a communicator its peers failed to join.
-  int failed = nccl->comm ? 0 : 1;
-  check_mpi_call(MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_SUM, comm_), "MPI_Allreduce");
+  int failed = nccl ? 0 : 1;
+  check_mpi_call(MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_SUM, comm), "MPI_Allreduce");
   if (failed) {
-    if (nccl->comm) ncclCommAbort(nccl->comm), nccl->comm = nullptr;
-    throw_runtime_error(failure_message(error, "DataParallel"));
+    if (nccl) ncclCommAbort(nccl);
+    throw_runtime_error(core.failure_message(error, "DataParallel"));
   }
-  nccl_ = std::move(nccl);
-  transport_ = "nccl";
-}
-
-void DataParallel::allreduce_on_device(double weight) {
-  Model& model = trainer_.model();
-  void* stream = trainer_.context().cuda_stream();
-  const Model::DeviceBuffers d = model.device_buffers(stream);  // after the step's work, host writes uploaded
-  const auto n = static_cast<std::size_t>(model.num_trainable());
-  ncclComm_t comm = nccl_->comm;
-  ncclRedOp_t op = ncclSum;
-  float w = static_cast<float>(weight);  // as the host path, which multiplies float32 gradients by float32(w)
-  const bool weighted = weight != 1.0;
-  ncclResult_t made = ncclSuccess, rc = ncclSuccess, freed = ncclSuccess;
-  if (weighted) made = ncclRedOpCreatePreMulSum(&op, &w, ncclFloat, ncclScalarHostImmediate, comm);
-  if (made == ncclSuccess) {
-    rc = ncclAllReduce(d.grads, d.grads, n, ncclFloat, op, comm, static_cast<cudaStream_t>(stream));
-    if (weighted) freed = ncclRedOpDestroy(op, comm);  // allowed once the call that used it has returned
-  }
-  model.device_written(stream, false, true);  // the update (queued next on the stream) reads them
-  check_nccl(made, "ncclRedOpCreatePreMulSum", comm);
-  check_nccl(rc, "ncclAllReduce", comm);
-  check_nccl(freed, "ncclRedOpDestroy", comm);
-}
-
-void DataParallel::sync_buffers_on_device() {
-  Model& model = trainer_.model();
-  void* stream = trainer_.context().cuda_stream();
-  const Model::DeviceBuffers d = model.device_buffers(stream);
-  ncclComm_t comm = nccl_->comm;
-  const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  // One group: the non-trained slots (running statistics) go together, in place in the device
-  // parameter buffer; "average" is NCCL's mean (each rank's value times 1/size, summed).
-  ncclResult_t rc = ncclGroupStart();
-  const char* call = "ncclGroupStart";
-  for (std::size_t i = 0; rc == ncclSuccess && i < buffer_spans_.size(); ++i) {
-    float* p = static_cast<float*>(d.params) + buffer_spans_[i].first;
-    const auto n = static_cast<std::size_t>(buffer_spans_[i].second);
-    rc = buffers_ == BufferSync::root ? ncclBroadcast(p, p, n, ncclFloat, root_, comm, s)
-                                      : ncclAllReduce(p, p, n, ncclFloat, ncclAvg, comm, s);
-    call = buffers_ == BufferSync::root ? "ncclBroadcast" : "ncclAllReduce";
-  }
-  const ncclResult_t end = ncclGroupEnd();  // closes the group whatever happened inside
-  model.device_written(stream, true, false);
-  check_nccl(rc, call, comm);
-  check_nccl(end, "ncclGroupEnd", comm);
+  return std::make_unique<NcclTransport>(core.trainer(), nccl);
 }
 
 }  // namespace treadle
