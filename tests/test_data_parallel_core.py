@@ -59,6 +59,8 @@ def test_arguments_are_checked_in_cpp_with_python_words():
         "root must be a rank in [0, 1), got True": dict(root=True),
         "root must be a rank in [0, 1), got '0'": dict(root="0"),
         "root must be a rank in [0, 1), got -1": dict(root=-1),
+        "root must be a rank in [0, 1), got 5": dict(root=5),
+        "root must be a rank in [0, 1), got 18446744073709551616": dict(root=2 ** 64),
         "buffers must be one of ('root', 'average', 'local'), got None": dict(buffers=None),
         "transport must be one of ('auto', 'mpi', 'nccl'), got 'tcp'": dict(transport="tcp"),
         "transport must be one of ('auto', 'mpi', 'nccl'), got 3": dict(transport=3),

@@ -10,6 +10,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <climits>
 #include <cmath>
 #include <string>
 #include <utility>
@@ -43,7 +44,7 @@ inline std::pair<DataParallelOptions, DataParallelHost> data_parallel_options(in
   DataParallelHost host;
   std::string error;
   long long r = 0;
-  if (!as_integer(root, r) || r < -1 || r > size)  // the core names the others, in range of int
+  if (!as_integer(root, r) || r < INT_MIN || r > INT_MAX)  // the core checks the range of an int
     error = "root must be a rank in [0, " + std::to_string(size) + "), got " + py_repr(root);
   else
     o.root = static_cast<int>(r);
