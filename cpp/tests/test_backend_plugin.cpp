@@ -112,6 +112,12 @@ int main() {
   // ":1" would be read as a device index ("cuda:1").
   check(throws_value_error([&] { register_backend(indexed); }, "not a backend name"), "a name with a colon is refused");
 
+  // A registered host backend runs on the CPU and takes no device index.
+  check(backend_device("stub") == Device{} && backend_device("") == Device{} && backend_device("auto") == Device{},
+        "host backends, '' and 'auto' run on the CPU");
+  check(throws_value_error([&] { backend_device("stub:1"); }, "takes no device index"),
+        "a device index on a host backend is refused");
+
   std::printf("PASSED: %d failure(s)\n", g_failures);
   return g_failures == 0 ? 0 : 1;
 }

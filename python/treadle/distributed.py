@@ -54,6 +54,11 @@ def _native_module():
     return _distributed
 
 
+def _on_cuda(backend):
+    """Whether a model pinned to `backend` runs on a CUDA device ("cuda", "cuda:1")."""
+    return backend.split(":")[0] == "cuda"
+
+
 def _implementation_wish(trainer, transport, native):
     """What this rank asks for: "native" (treadle._distributed), "mpi4py" (treadle._core over the mpi4py
     communicator), or "auto" (treadle._distributed with NCCL if every rank can have it). Raises ValueError
@@ -79,13 +84,13 @@ def _implementation_wish(trainer, transport, native):
                              "the C++ treadle::DataParallel, was built without NCCL: " + _BUILD_HINT +
                              "; or use transport 'mpi'")
         backend = trainer.model._compiled().backend
-        if backend != "cuda":  # the C++ class would refuse it too; this says it in this module's words
+        if not _on_cuda(backend):  # the C++ class would refuse it too; this says it in this module's words
             where = f"'{backend}'" if backend else "automatic host dispatch"
             raise ValueError("transport 'nccl' is not available from Python: the NCCL transport of "
                              "the C++ treadle::DataParallel needs the model on backend 'cuda', but its backend is "
                              f"{where}: set the model's backend to 'cuda' first, or use transport 'mpi'")
         return "native"
-    capable = module is not None and module.has_nccl and trainer.model._compiled().backend == "cuda"
+    capable = module is not None and module.has_nccl and _on_cuda(trainer.model._compiled().backend)
     return "auto" if capable else "mpi4py"
 
 

@@ -3,10 +3,16 @@
 #include <string>
 #include <vector>
 
+#include "treadle/dtype.hpp"
 #include "treadle/export.hpp"
 
 namespace treadle {
 TREADLE_API std::vector<std::string> backend_names();
+
+// The device a plan pinned to `backend` runs on: the CPU for a host backend, "" and "auto"; device N
+// of a device backend for "<name>:N" (device 0 without an index: "cuda" is cuda:0). ValueError for an
+// unknown backend or a malformed index, as Model::set_backend.
+TREADLE_API Device backend_device(const std::string& backend);
 
 // What one backend has kernels for: each op it may take and the dtypes of those kernels (the dtype
 // of the node's first input). A backend other than the reference is partial: it takes a node only

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "backends/device_runtime.hpp"
+#include "core/dispatch_table.hpp"
 #include "core/op_registry.hpp"
 #include "treadle/error.hpp"
 
@@ -279,6 +280,12 @@ std::vector<std::string> treadle::backend_names() {
   std::vector<std::string> names;
   for (const Backend* b : available_backends()) names.emplace_back(b->name());
   return names;
+}
+
+treadle::Device treadle::backend_device(const std::string& backend) {
+  if (backend.empty() || backend == kAutoBackend) return Device{};
+  backend_by_name(backend);  // validates the name and the index
+  return plan_device(backend);
 }
 
 std::vector<treadle::OpSupport> treadle::backend_ops(const std::string& backend) {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "nccl_transport.hpp"
+#include "treadle/backend.hpp"
 #include "treadle/distributed.hpp"
 #include "treadle/error.hpp"
 
@@ -72,7 +73,7 @@ std::string transport_problem(const std::string& transport, const Model& model) 
          "-DTREADLE_WITH_CUDA=ON and -DTREADLE_WITH_MPI=ON, and NCCL: pip install nvidia-nccl-cu13), or use "
          "transport 'mpi'";
 #endif
-  if (model.backend() != "cuda")
+  if (backend_device(model.backend()).kind != DeviceKind::cuda)
     return "transport 'nccl' needs the model on backend 'cuda', but its backend is " + backend_text(model.backend()) +
            ": set the model's backend to 'cuda' first, or use transport 'mpi'";
   return {};

@@ -4,9 +4,9 @@
 // stay with DataParallelCore on the MPI communicator (data_parallel.cpp).
 //
 // The NCCL communicator is made from the host's MPI communicator: the root asks NCCL for a unique
-// id, MPI_Bcast hands it to every rank, and every rank joins with its cuda:0 (treadle's plans run on
-// cuda:0, so each process needs a GPU of its own: NCCL refuses two ranks on one device, and this file
-// refuses it first, with the same ValueError on every rank). The weighting of uneven shards is the
+// id, MPI_Bcast hands it to every rank, and every rank joins with its model's device ("cuda:N";
+// "cuda" is cuda:0). Each process needs a GPU of its own: NCCL refuses two ranks on one device, and
+// this file refuses it first, with the same ValueError on every rank. The weighting of uneven shards is the
 // host path's "scale, then sum", as NCCL's pre-multiplied sum (ncclRedOpCreatePreMulSum): each rank's
 // float32 gradients are multiplied by its float32 weight before the sum, with no extra kernel.
 #include <cuda_runtime_api.h>
@@ -19,13 +19,12 @@
 #include <vector>
 
 #include "nccl_transport.hpp"
+#include "treadle/backend.hpp"
 #include "treadle/distributed.hpp"
 #include "treadle/error.hpp"
 
 namespace treadle {
 namespace {
-
-constexpr int kDevice = 0;  // the device of treadle's "cuda" plans
 
 std::string nccl_message(ncclResult_t rc, const char* call, ncclComm_t comm) {
   std::string text = std::string("DataParallel: ") + call + " failed: " + ncclGetErrorString(rc);
@@ -47,54 +46,57 @@ void check_mpi_call(int rc, const char* call) {
   throw_runtime_error("DataParallel: ", call, " failed: ", std::string(text, len));
 }
 
-// This rank's view: whether its model is on "cuda", whether cuda:0 is usable, and which GPU it is.
+// This rank's view: whether its model is on a CUDA device, whether that device is usable, and which
+// GPU it is.
 struct Probe {
   int32_t on_cuda = 0;
   int32_t device_ok = 0;
   char bus_id[64] = {};
 };
 
-std::string probe_device(Probe& p) {
+std::string probe_device(Probe& p, int device) {
+  const std::string name = "cuda:" + std::to_string(device);
   int count = 0;
   const cudaError_t st = cudaGetDeviceCount(&count);
   if (st != cudaSuccess) {
     cudaGetLastError();  // not sticky: leave no error behind for the next, unrelated call
-    return std::string("transport 'nccl' needs a CUDA device for cuda:0, but cudaGetDeviceCount failed: ") +
+    return "transport 'nccl' needs a CUDA device for " + name + ", but cudaGetDeviceCount failed: " +
            cudaGetErrorName(st) + " (" + cudaGetErrorString(st) + ")";
   }
-  if (count <= kDevice)
-    return "transport 'nccl' needs a CUDA device for cuda:0, but this machine has " + std::to_string(count) +
+  if (count <= device)
+    return "transport 'nccl' needs a CUDA device for " + name + ", but this machine has " + std::to_string(count) +
            " CUDA device(s)";
-  const cudaError_t id = cudaDeviceGetPCIBusId(p.bus_id, sizeof p.bus_id - 1, kDevice);
+  const cudaError_t id = cudaDeviceGetPCIBusId(p.bus_id, sizeof p.bus_id - 1, device);
   if (id != cudaSuccess) {
     cudaGetLastError();
-    return std::string("transport 'nccl': cudaDeviceGetPCIBusId(cuda:0) failed: ") + cudaGetErrorName(id);
+    return "transport 'nccl': cudaDeviceGetPCIBusId(" + name + ") failed: " + cudaGetErrorName(id);
   }
   p.device_ok = 1;
   return {};
 }
 
-// Makes cuda:0 current for ncclCommInitRank (NCCL binds the communicator to the current device) and
-// restores the host's device afterwards.
+// Makes the model's device current for ncclCommInitRank (NCCL binds the communicator to the current
+// device) and restores the host's device afterwards.
 class CurrentDevice {
  public:
-  CurrentDevice() {
+  explicit CurrentDevice(int device) : device_(device) {
     if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1, cudaGetLastError();
-    if (previous_ != kDevice && cudaSetDevice(kDevice) != cudaSuccess) cudaGetLastError();
+    if (previous_ != device_ && cudaSetDevice(device_) != cudaSuccess) cudaGetLastError();
   }
   ~CurrentDevice() {
-    if (previous_ >= 0 && previous_ != kDevice && cudaSetDevice(previous_) != cudaSuccess) cudaGetLastError();
+    if (previous_ >= 0 && previous_ != device_ && cudaSetDevice(previous_) != cudaSuccess) cudaGetLastError();
   }
   CurrentDevice(const CurrentDevice&) = delete;
   CurrentDevice& operator=(const CurrentDevice&) = delete;
 
  private:
+  int device_;
   int previous_ = -1;
 };
 
 // The NCCL communicator over `comm`: the root's unique id (or its failure) to every rank over MPI,
-// then every rank joins with cuda:0. Null, with `error` set, where this rank's join failed.
-ncclComm_t join_nccl(MPI_Comm comm, int rank, int size, int root, std::string& error) {
+// then every rank joins with `device`. Null, with `error` set, where this rank's join failed.
+ncclComm_t join_nccl(MPI_Comm comm, int rank, int size, int root, int device, std::string& error) {
   struct {
     int32_t status = ncclSuccess;
     ncclUniqueId id{};
@@ -107,7 +109,7 @@ ncclComm_t join_nccl(MPI_Comm comm, int rank, int size, int root, std::string& e
   ncclComm_t nccl = nullptr;
   ncclResult_t rc;
   {
-    CurrentDevice on_device0;
+    CurrentDevice on_device(device);
     rc = ncclCommInitRank(&nccl, size, hello.id, rank);
   }
   if (rc == ncclSuccess) return nccl;
@@ -118,22 +120,26 @@ ncclComm_t join_nccl(MPI_Comm comm, int rank, int size, int root, std::string& e
 // NCCL in place in the model's device buffers, on the trainer context's stream.
 class NcclTransport final : public DeviceTransport {
  public:
-  NcclTransport(Trainer& trainer, ncclComm_t comm) : trainer_(trainer), comm_(comm) {}
+  NcclTransport(Trainer& trainer, ncclComm_t comm, Device device) : trainer_(trainer), comm_(comm), device_(device) {}
   ~NcclTransport() override { ncclCommDestroy(comm_); }  // a failure here has nobody left to tell
   NcclTransport(const NcclTransport&) = delete;
   NcclTransport& operator=(const NcclTransport&) = delete;
 
   const char* name() const override { return "nccl"; }
 
+  // The communicator is bound to the device it was made on.
   std::string problem() const override {
-    if (trainer_.model().backend() == "cuda") return {};
-    return "transport 'nccl' needs the model on backend 'cuda', but its backend is now " +
-           backend_text(trainer_.model().backend());
+    const std::string& backend = trainer_.model().backend();
+    const Device now = backend_device(backend);
+    if (now == device_) return {};
+    if (now.kind == DeviceKind::cuda)
+      return "transport 'nccl' was set up on " + device_name(device_) + ", but the model is now on " + device_name(now);
+    return "transport 'nccl' needs the model on backend 'cuda', but its backend is now " + backend_text(backend);
   }
 
   void allreduce_gradients(double weight) override {
     Model& model = trainer_.model();
-    void* stream = trainer_.context().cuda_stream();
+    void* stream = trainer_.context().cuda_stream(device_.index);
     const Model::DeviceBuffers d = model.device_buffers(stream);  // after the step's work, host writes uploaded
     const auto n = static_cast<std::size_t>(model.num_trainable());
     ncclRedOp_t op = ncclSum;
@@ -153,7 +159,7 @@ class NcclTransport final : public DeviceTransport {
 
   void sync_buffers(const std::vector<std::pair<int64_t, int64_t>>& spans, BufferSync mode, int root) override {
     Model& model = trainer_.model();
-    void* stream = trainer_.context().cuda_stream();
+    void* stream = trainer_.context().cuda_stream(device_.index);
     const Model::DeviceBuffers d = model.device_buffers(stream);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     // One group: the non-trained slots (running statistics) go together, in place in the device
@@ -176,6 +182,7 @@ class NcclTransport final : public DeviceTransport {
  private:
   Trainer& trainer_;
   ncclComm_t comm_;
+  Device device_;
 };
 
 }  // namespace
@@ -186,8 +193,9 @@ std::unique_ptr<DeviceTransport> choose_nccl_transport(DataParallelCore& core, M
   const int size = core.size();
   Probe mine;
   std::string error;
-  mine.on_cuda = core.trainer().model().backend() == "cuda" ? 1 : 0;
-  if (mine.on_cuda || requested == "nccl") error = probe_device(mine);
+  const Device device = backend_device(core.trainer().model().backend());
+  mine.on_cuda = device.kind == DeviceKind::cuda ? 1 : 0;
+  if (mine.on_cuda || requested == "nccl") error = probe_device(mine, device.index);
   std::vector<Probe> all(static_cast<std::size_t>(size));
   check_mpi_call(MPI_Allgather(&mine, sizeof(Probe), MPI_BYTE, all.data(), sizeof(Probe), MPI_BYTE, comm),
                  "MPI_Allgather");
@@ -205,7 +213,7 @@ std::unique_ptr<DeviceTransport> choose_nccl_transport(DataParallelCore& core, M
     throw_value_error("DataParallel: transport 'nccl' needs one GPU per process, but ranks ", first, " and ", second,
                       " share the GPU at PCI bus ", all[first].bus_id,
                       "; processes sharing a GPU must use transport 'mpi'");
-  ncclComm_t nccl = join_nccl(comm, core.rank(), size, core.root(), error);
+  ncclComm_t nccl = join_nccl(comm, core.rank(), size, core.root(), device.index, error);
   // Agree, so that no rank trains on a communicator its peers failed to join.
   int failed = nccl ? 0 : 1;
   check_mpi_call(MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_SUM, comm), "MPI_Allreduce");
@@ -213,7 +221,7 @@ std::unique_ptr<DeviceTransport> choose_nccl_transport(DataParallelCore& core, M
     if (nccl) ncclCommAbort(nccl);
     throw_runtime_error(core.failure_message(error, "DataParallel"));
   }
-  return std::make_unique<NcclTransport>(core.trainer(), nccl);
+  return std::make_unique<NcclTransport>(core.trainer(), nccl, device);
 }
 
 }  // namespace treadle
