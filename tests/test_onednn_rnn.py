@@ -140,13 +140,14 @@ def test_large_values_saturate_like_eigen():
 
 def test_training_plans_take_the_training_pair_and_inference_plans_the_inference_kernel():
     rng = np.random.default_rng(0)
-    # 32 samples: the LSTM training pair is taken from N 32 at this H
-    x, y = rng.standard_normal((32, T, I)).astype(F32), rng.standard_normal((32, H)).astype(F32)
+    # The LSTM training pair is taken from H 128 on every CPU (from N 32 and H 32 with AVX-512 kernels).
+    hidden = 128
+    x, y = rng.standard_normal((32, T, I)).astype(F32), rng.standard_normal((32, hidden)).astype(F32)
 
     class Head(tl.nn.Module):
         def __init__(self):
             super().__init__()
-            self.rnn = tl.nn.LSTM(I, H, batch_first=True)
+            self.rnn = tl.nn.LSTM(I, hidden, batch_first=True)
 
         def forward(self, x):
             return self.rnn(x)[1][0][0]  # h_n of the single layer
@@ -292,11 +293,11 @@ PREAMBLE = """
     net = tl.nn.LSTM(20, 32, num_layers=2, bidirectional=True)
     net.set_backend("onednn")
     x = np.random.default_rng(0).standard_normal((9, 70, 20)).astype(np.float32)
-    y = np.random.default_rng(1).standard_normal((9, 70, 64)).astype(np.float32)
-    class Seq(tl.nn.Module):
+    y = np.random.default_rng(1).standard_normal((9, 70, 256)).astype(np.float32)
+    class Seq(tl.nn.Module):  # hidden 128: oneDNN takes the LSTM training pair from there on every CPU
         def __init__(self):
             super().__init__()
-            self.rnn = tl.nn.LSTM(20, 32, num_layers=2, bidirectional=True)
+            self.rnn = tl.nn.LSTM(20, 128, num_layers=2, bidirectional=True)
         def forward(self, x):
             return self.rnn(x)[0]
     trained = Seq()

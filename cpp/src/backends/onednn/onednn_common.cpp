@@ -58,6 +58,21 @@ bool is_optimised(const dnnl::primitive_desc_base& pd) {
   return fast;
 }
 
+bool wide_vectors() {
+  static const bool wide = [] {
+    switch (dnnl_get_effective_cpu_isa()) {
+      case dnnl_cpu_isa_avx512_core:
+      case dnnl_cpu_isa_avx512_core_vnni:
+      case dnnl_cpu_isa_avx512_core_bf16:
+      case dnnl_cpu_isa_avx512_core_fp16:
+      case dnnl_cpu_isa_avx512_core_amx:
+      case dnnl_cpu_isa_avx512_core_amx_fp16: return true;
+      default: return false;
+    }
+  }();
+  return wide;
+}
+
 void note_unimplemented(const dnnl::error& e) {
   if (e.status == dnnl_unimplemented) note_cpu_decline("no oneDNN kernel for this instruction set");
 }

@@ -59,6 +59,9 @@ dnnl::primitive_attr default_attr();
 bool is_optimised(const dnnl::primitive_desc_base& pd);
 // A primitive oneDNN could not create for want of an implementation: a CPU decline as well.
 void note_unimplemented(const dnnl::error& e);
+// Whether oneDNN runs AVX-512 (or AMX) kernels on this CPU. Where a crossover with Eigen measured
+// with those differs from the one measured with AVX2 kernels, a size threshold asks this.
+bool wide_vectors();
 
 // How a node's work is tiled: a rows x cols grid of items in tiles of row_grain x col_grain (work
 // split along one dimension only has cols = 1). Grains depend on the problem only.
