@@ -17,4 +17,6 @@ sys.path.insert(0, str(here))
 import workloads  # noqa: E402 (this folder's workload list)
 
 if __name__ == "__main__":
-    sys.exit(tb.main(sys.argv[1:], workloads=workloads.all_workloads()))
+    # --workloads-file names another list; without it, this folder's.
+    own = any(a == "--workloads-file" or a.startswith("--workloads-file=") for a in sys.argv[1:])
+    sys.exit(tb.main(sys.argv[1:], workloads=None if own else workloads.all_workloads()))

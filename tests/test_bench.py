@@ -128,3 +128,19 @@ def test_online_offline_benchmark_runs_and_reports(tmp_path):
     # The equal-memory run keeps all 640 samples (below the online buffer's 4096): a reservoir keeps all it can.
     assert result["median"]["offline_same_memory"]["stored_samples"] == 40 * 16
     assert "| online |" in (tmp_path / "latest-online-offline.md").read_text()
+
+
+def test_the_script_runs_a_workloads_file_of_your_own(tmp_path):
+    # bench/run.py passes its folder's list unless --workloads-file names another.
+    (tmp_path / "mine.py").write_text(
+        "from dataclasses import replace\n"
+        "from treadle.bench_workloads import all_workloads as _all\n"
+        "def all_workloads():\n"
+        "    return [replace(w, name='MINE') for w in _all() if w.name == 'W1-b1']\n")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, os.path.join(repo, "bench", "run.py"), "--workloads", "MINE",
+                           "--workloads-file", str(tmp_path / "mine.py"), "--threads", "1", "--min-time", "0.02",
+                           "--warmup", "0", "--no-gemm", "--quiet", "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "| MINE W1 inference" in proc.stdout
