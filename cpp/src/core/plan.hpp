@@ -95,7 +95,8 @@ class Plan {
   // Address of value `id` for a run on `ctx` with bindings `b`.
   void* address(Context& ctx, const Bindings& b, int id) const;
   // Adds every parameter gradient of the last backward run into `grads` (flat buffer, same layout
-  // as the parameters).
+  // as the parameters): host memory for a host plan; for a device plan, the model's device copy of
+  // the buffer (Model::device_buffers), added on the context's queue.
   void accumulate_param_grads(Context& ctx, const Bindings& b, void* grads) const;
   // The same for entry `g` of param_grads only (a task completes its own gradients).
   void accumulate_param_grad(Context& ctx, const Bindings& b, int g, void* grads) const;
