@@ -481,7 +481,6 @@ void Trainer::follow_model_dtype() {
   optimizer_->bind(model_->trainable_layout(), model_->num_trainable(), model_->dtype());
 }
 
-
 // FNV-1a over the bytes of each parameter slot: cheap, and any flipped bit changes it.
 std::vector<uint64_t> Trainer::checksum_parameters(std::size_t first_slot) const {
   const std::vector<ParamSlot>& layout = model_->layout();
