@@ -40,7 +40,11 @@ LINEAR = [("linear-bias", "linear", [(300, 70), (50, 70), (50,)], {}, "matmul"),
           ("linear-narrowed", "linear", [(200, 1024), (300, 1024), (300,)], {}, "matmul")]
 MATMUL = [(f"matmul-{ta}{tb}-{n}", "matmul", [((k, m) if ta else (m, k)), ((n, k) if tb else (k, n))],
            {"trans_a": ta, "trans_b": tb}, "matmul")
-          for ta in (0, 1) for tb in (0, 1) for (m, k, n) in [(300, 40, 70), (270, 9, 530), (200, 1024, 300)]]
+          for ta in (0, 1) for tb in (0, 1)
+          for (m, k, n) in [(300, 40, 70), (270, 9, 530), (200, 1024, 300),
+                            # a stride of 1024 floats read in place (AVX2 kernels): B with 1024 columns,
+                            # A^T with 1024 rows (padded copies), both packed (matmul_kernels.cpp)
+                            (100, 40, 1024), (1024, 24, 128), (1024, 16, 1024)]]
 BMM = [(f"bmm-{ta}{tb}", "bmm", [((b, k, m) if ta else (b, m, k)), ((b, n, k) if tb else (b, k, n))],
         {"trans_a": ta, "trans_b": tb}, "bmm")
        for ta in (0, 1) for tb in (0, 1) for (b, m, k, n) in [(37, 20, 24, 30)]]

@@ -71,17 +71,69 @@ Split tiles_of(int64_t m, int64_t n, int64_t k, bool bf16) {
   return s;
 }
 
+// oneDNN 3.2's float32 GEMM with its AVX2 kernels (CPUs where wide_vectors() is false) has two
+// drivers. One packs both operands into blocks (~85-95 GFLOP/s on one Zen 3 core); the other reads
+// them in place, and oneDNN takes it whenever 1/rows + 1/cols of the product it is given is at
+// least 0.0038 (a side under ~264, or both under ~527). In place, an operand read along a stride
+// that is a multiple of 1024 floats (4 KiB: its rows share one L1 set) runs at ~35-45 GFLOP/s:
+// B not transposed with 1024k columns (the data gradient of a 1024-wide linear at batch 256) and A
+// transposed with 1024k rows (its weight gradient in 256 x 512 tiles). Eigen's GEMM makes ~55-65
+// there. Measured on Zen 3 over m 64-2048, n 128-2048, k 128-1024 and each transposition
+// (bench/onednn_gemm.py). Such a product gets tiles oneDNN packs where it has them; otherwise the
+// operand is copied into the workspace with its rows 64 bytes further apart, and oneDNN reads the
+// copy in place at ~85 GFLOP/s, copy included (256 x 1024 x 1024: 6.1 ms against 12.1).
+constexpr double kInPlaceReciprocal = 0.0038;
+constexpr int64_t kAliasingStride = 1024;
+constexpr int64_t kRowPadding = 16;  // floats
+
+bool packs_operands(int64_t tile_rows, int64_t tile_cols) {
+  return 1.0 / double(tile_rows) + 1.0 / double(tile_cols) < kInPlaceReciprocal;
+}
+
+// Whether oneDNN reads operand A (0) or B (1) of tiles `s` in place along an aliasing stride.
+bool reads_aliased(const Split& s, bool ta, bool tb, int operand) {
+  if (wide_vectors() || packs_operands(std::min(s.row_grain, s.rows), std::min(s.col_grain, s.cols))) return false;
+  return operand == 0 ? ta && s.rows % kAliasingStride == 0 : !tb && s.cols % kAliasingStride == 0;
+}
+
+// The whole product as one tile, halved along its wider side while the halves are still packed,
+// until there are kWantTiles of them for the host's workers.
+Split packed_tiles(int64_t m, int64_t n, int64_t k) {
+  Split s{m, n, m, n};
+  while (s.tiles() < kWantTiles) {
+    Split narrower = s;
+    if (s.col_grain >= s.row_grain)
+      narrower.col_grain = (s.col_grain + 1) / 2;
+    else
+      narrower.row_grain = (s.row_grain + 1) / 2;
+    if (!packs_operands(narrower.row_grain, narrower.col_grain) || m * n * k < kMinTileMacs * narrower.tiles()) break;
+    s = narrower;
+  }
+  return s;
+}
+
 // The matrix operands of a product: float32 read in place, or bf16 copies staged in the workspace.
 struct Operands {
   dnnl::memory::data_type dt = dnnl::memory::data_type::f32;
   int64_t size = kF32;  // bytes per element
   std::vector<Staging> staging;
   std::size_t staging_bytes = 0;
+  int64_t staged_at[2] = {-1, -1};  // workspace byte of each input's copy, -1: read in place
+  int64_t padded_ld[2] = {0, 0};    // leading dimension of a padded float32 copy, 0: as stored
 
   MemDesc desc(const Dims& dims, const Dims& strides) const { return plain_desc(dims, strides, dt); }
+  // The leading dimension input `i` is read with, `stored` elements where it is not padded.
+  int64_t ld(int i, int64_t stored) const { return padded_ld[i] ? padded_ld[i] : stored; }
   // The argument reading input `i`, advanced by `rows` / `cols` elements per row / column item.
   ArgSpec arg(int dnnl_arg, int i, int64_t rows, int64_t cols) const {
-    return {dnnl_arg, false, i, rows * size, cols * size, staging.empty() ? -1 : staging[i].offset};
+    return {dnnl_arg, false, i, rows * size, cols * size, staged_at[i]};
+  }
+  // Reads float32 input `i`, a row-major rows x cols matrix, from a copy with padded rows.
+  void pad(int i, int64_t rows, int64_t cols) {
+    padded_ld[i] = cols + kRowPadding;
+    staged_at[i] = static_cast<int64_t>(staging_bytes);
+    staging.push_back({i, rows * cols, staged_at[i], rows, cols, padded_ld[i]});
+    staging_bytes += padded_bytes(rows * padded_ld[i], kF32);
   }
   std::optional<ChunkPlan> attach(std::optional<ChunkPlan> p) const {
     if (p) {
@@ -99,7 +151,8 @@ Operands operands_of(const Graph& g, const Node& node) {
   o.size = 2;
   for (int i = 0; i < 2; ++i) {
     const int64_t n = shape_numel(in_shape(g, node, i));
-    o.staging.push_back({i, n, static_cast<int64_t>(o.staging_bytes)});
+    o.staged_at[i] = static_cast<int64_t>(o.staging_bytes);
+    o.staging.push_back({i, n, o.staged_at[i]});
     o.staging_bytes += padded_bytes(n, 2);
   }
   return o;
@@ -155,15 +208,23 @@ std::optional<ChunkPlan> plan_matmul(const Graph& g, const Node& node) {
   const Shape& c = out_shape(g, node, 0);
   const int64_t m = c[0], n = c[1], k = ta ? in_shape(g, node, 0)[0] : in_shape(g, node, 0)[1];
   if (!worth_it(1, m, k, n)) return std::nullopt;
+  Operands ops = operands_of(g, node);
+  const bool bf16 = is_bf16_compute(node.attrs);
+  Split tiles = tiles_of(m, n, k, bf16);
+  if (!bf16 && (reads_aliased(tiles, ta, tb, 0) || reads_aliased(tiles, ta, tb, 1))) {
+    if (packs_operands(m, n)) tiles = packed_tiles(m, n, k);
+    if (reads_aliased(tiles, ta, tb, 0)) ops.pad(0, k, m);
+    if (reads_aliased(tiles, ta, tb, 1)) ops.pad(1, k, n);
+  }
   // A tile reads rows of A (columns when A is stored transposed) and columns of B (rows when B is
   // stored transposed).
-  const Operands ops = operands_of(g, node);
-  std::vector<ArgSpec> args = {ops.arg(DNNL_ARG_SRC, 0, ta ? 1 : k, 0), ops.arg(DNNL_ARG_WEIGHTS, 1, 0, tb ? k : 1),
-                               {DNNL_ARG_DST, true, 0, n * kF32, kF32}};
-  return ops.attach(plan_chunks(args, tiles_of(m, n, k, is_bf16_compute(node.attrs)), [&](int64_t r, int64_t cols) {
+  const int64_t lda = ops.ld(0, ta ? m : k), ldb = ops.ld(1, tb ? k : n);
+  std::vector<ArgSpec> args = {ops.arg(DNNL_ARG_SRC, 0, ta ? 1 : lda, 0),
+                               ops.arg(DNNL_ARG_WEIGHTS, 1, 0, tb ? ldb : 1), {DNNL_ARG_DST, true, 0, n * kF32, kF32}};
+  return ops.attach(plan_chunks(args, tiles, [&](int64_t r, int64_t cols) {
     return try_pd([&]() -> dnnl::primitive_desc {
-      const MemDesc src = ta ? ops.desc({r, k}, {1, m}) : ops.desc({r, k}, {k, 1});
-      const MemDesc wt = tb ? ops.desc({k, cols}, {1, k}) : ops.desc({k, cols}, {n, 1});
+      const MemDesc src = ta ? ops.desc({r, k}, {1, lda}) : ops.desc({r, k}, {lda, 1});
+      const MemDesc wt = tb ? ops.desc({k, cols}, {1, ldb}) : ops.desc({k, cols}, {ldb, 1});
       return dnnl::matmul::primitive_desc(cpu_engine(), src, wt, f32_desc({r, cols}, {n, 1}), default_attr());
     });
   }));

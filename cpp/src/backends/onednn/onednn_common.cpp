@@ -249,23 +249,37 @@ namespace {
 
 constexpr int64_t kStagingGrain = 1 << 16;  // elements per conversion chunk
 
-// Converts the staged inputs to bf16 in fixed chunks of elements (results never depend on the
-// executor), before any tile reads them.
+// Runs body(c0, c1) over `chunks` fixed chunks, on the host's workers where there are several.
+template <typename Body>
+void over_chunks(const KernelArgs& a, int64_t chunks, const Body& body) {
+  if (chunks <= 1 || a.exec.num_workers() <= 1) {
+    body(int64_t{0}, chunks);
+    return;
+  }
+  const auto* b = &body;
+  a.exec.parallel_for(chunks, [b](int64_t c0, int64_t c1) { (*b)(c0, c1); });
+}
+
+// Copies (converts to bf16, or pads the rows of) the staged inputs in fixed chunks (results never
+// depend on the executor), before any tile reads them.
 void stage_inputs(const KernelArgs& a, const ChunkedPrimitive& s) {
   for (const Staging& st : s.staging) {
     const float* src = a.in[st.input].ptr<float>();
-    auto* dst = reinterpret_cast<uint16_t*>(static_cast<char*>(a.workspace) + st.offset);
-    const int64_t chunks = (st.numel + kStagingGrain - 1) / kStagingGrain;
-    auto body = [&](int64_t c0, int64_t c1) {
-      const int64_t i0 = c0 * kStagingGrain, i1 = std::min(st.numel, c1 * kStagingGrain);
-      convert_to_bf16(src + i0, dst + i0, i1 - i0);
-    };
-    if (chunks <= 1 || a.exec.num_workers() <= 1) {
-      body(0, chunks);
+    char* to = static_cast<char*>(a.workspace) + st.offset;
+    if (st.padded_cols > 0) {
+      auto* dst = reinterpret_cast<float*>(to);
+      const int64_t grain = std::max<int64_t>(1, kStagingGrain / std::max<int64_t>(1, st.cols));
+      over_chunks(a, (st.rows + grain - 1) / grain, [&](int64_t c0, int64_t c1) {
+        for (int64_t r = c0 * grain; r < std::min(st.rows, c1 * grain); ++r)
+          std::memcpy(dst + r * st.padded_cols, src + r * st.cols, static_cast<std::size_t>(st.cols) * sizeof(float));
+      });
       continue;
     }
-    const auto* b = &body;
-    a.exec.parallel_for(chunks, [b](int64_t c0, int64_t c1) { (*b)(c0, c1); });
+    auto* dst = reinterpret_cast<uint16_t*>(to);
+    over_chunks(a, (st.numel + kStagingGrain - 1) / kStagingGrain, [&](int64_t c0, int64_t c1) {
+      const int64_t i0 = c0 * kStagingGrain, i1 = std::min(st.numel, c1 * kStagingGrain);
+      convert_to_bf16(src + i0, dst + i0, i1 - i0);
+    });
   }
 }
 

@@ -84,12 +84,15 @@ struct ArgSpec {
   int64_t staged = -1;
 };
 
-// An input converted to bf16 into the workspace (at byte `offset`, same layout) before the node's
-// tiles run: bf16 compute (ops/precision.hpp). Conversion is elementwise, split in fixed chunks.
+// An input copied into the workspace (at byte `offset`) before the node's tiles run, split in fixed
+// chunks: converted to bf16 in the same layout (bf16 compute, ops/precision.hpp), or, where
+// `padded_cols` > 0, a float32 matrix of `rows` x `cols` copied row by row with rows `padded_cols`
+// apart (a leading dimension oneDNN's kernels read faster, matmul_kernels.cpp).
 struct Staging {
   int input = 0;
   int64_t numel = 0;
   int64_t offset = 0;
+  int64_t rows = 0, cols = 0, padded_cols = 0;
 };
 
 // Memory objects for executions of one primitive, kept across steps: creating them costs about a
