@@ -61,7 +61,7 @@ CASES = ([layer_norm_case(r, w) for r, w in [(8, 32), (16, 64), (64, 64), (32, 2
                                                (512, 1024), (64, 4096)]]
          + [pool_case(kind, n, c, hw, **opts)
             for kind in ("max", "avg")
-            for (n, c, hw) in [(2, 4, 8), (8, 8, 16), (32, 16, 28), (8, 64, 56)]
+            for (n, c, hw) in [(2, 4, 8), (8, 8, 16), (32, 16, 28), (8, 64, 56), (64, 32, 28), (64, 64, 14)]
             for opts in (dict(kernel_size=2), dict(kernel_size=3, stride=2, padding=1))]
          + [pool_case("avg", 32, 16, 28, kernel_size=3, stride=2, padding=1, count_include_pad=False)]
          + [adaptive_case(8, 64, hw, out) for hw, out in [(7, 1), (14, 1), (16, 1), (28, 1), (14, 7)]]

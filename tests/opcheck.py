@@ -66,10 +66,13 @@ def _cuda_not_covered(op, message):
                 f"with its reason", pytrace=False)
 
 
-def run(op, inputs, attrs=None, grad_outputs=None, backend="", training=True, seed=0):
-    """Returns (outputs, input_grads) as lists of numpy arrays (None where no gradient)."""
+def run(op, inputs, attrs=None, grad_outputs=None, backend="", training=True, seed=0, all_kernels=False):
+    """Returns (outputs, input_grads) as lists of numpy arrays (None where no gradient).
+    all_kernels: the backend also takes nodes it declines for speed (below its size thresholds, or
+    where this CPU's instruction set makes Eigen faster), so that its kernels are checked."""
     try:
-        return tl._core.run_op(op, list(inputs), dict(attrs or {}), grad_outputs, backend, training, seed)
+        return tl._core.run_op(op, list(inputs), dict(attrs or {}), grad_outputs, backend, training, seed,
+                               all_kernels=all_kernels)
     except ValueError as e:
         if backend == "cuda":
             _cuda_not_covered(op, str(e))

@@ -94,7 +94,9 @@ def test_matches_eigen_and_float64_reference(case):
     rng = np.random.default_rng(seed)
     x = inputs_for(shapes, mean, rng)
     gy = grads_for(op, x, attrs, rng)
-    outs, grads = run(op, x, attrs, gy, "onednn")
+    # all_kernels: oneDNN's kernel also where this CPU's instruction set makes Eigen the faster choice
+    outs, grads, plan = tl._core.run_op(op, x, attrs, gy, "onednn", all_kernels=True, return_plan=True)
+    assert backends_by_op(plan, cpu_declines_as_onednn=False)[op] == {"onednn"}, plan
     e_outs, e_grads = run(op, x, attrs, gy, "eigen")
     r_outs, r_grads = run(op, as_f64(x), attrs, as_f64(gy), "eigen")
     labels = [f"output {i}" for i in range(len(outs))] + [f"gradient {i}" for i in range(len(grads))]
@@ -126,9 +128,9 @@ def test_results_do_not_depend_on_executor_chunking(case):
     rng = np.random.default_rng(1)
     x = inputs_for(shapes, mean, rng)
     gy = grads_for(op, x, attrs, rng)
-    serial = run(op, x, attrs, gy, "onednn")
+    serial = run(op, x, attrs, gy, "onednn", all_kernels=True)
     for workers in (2, 3, 7):
-        chunked = tl._core.run_op(op, x, attrs, gy, "onednn", True, 0, workers)
+        chunked = tl._core.run_op(op, x, attrs, gy, "onednn", True, 0, workers, all_kernels=True)
         for a, b in zip(serial[0] + serial[1], chunked[0] + chunked[1]):
             if a is not None:
                 np.testing.assert_array_equal(a, b, err_msg=f"{name}: workers={workers}")
@@ -145,13 +147,15 @@ def test_max_pool_ties_nan_and_neg_inf_follow_the_reference(opts):
     x[5, 3, 6, 6:8] = np.nan  # two NaNs in one window
     x[3, 2, :4, :4] = -np.inf
     for data in (clean, x):
-        assert backends_by_op(tl._core.describe_op("max_pool", [data], opts, None, "onednn"))["max_pool"] == {"onednn"}
-        (y, idx), _ = run("max_pool", [data], opts, None, "onednn")
+        (y, idx), _, plan = tl._core.run_op("max_pool", [data], opts, None, "onednn", all_kernels=True,
+                                            return_plan=True)
+        assert backends_by_op(plan, cpu_declines_as_onednn=False)["max_pool"] == {"onednn"}, plan
         (ye, idxe), _ = run("max_pool", [data], opts, None, "eigen")
         np.testing.assert_array_equal(y, ye)
         np.testing.assert_array_equal(idx, idxe)
         for workers in (2, 7):
-            (yw, idxw), _ = tl._core.run_op("max_pool", [data], opts, None, "onednn", True, 0, workers)
+            (yw, idxw), _ = tl._core.run_op("max_pool", [data], opts, None, "onednn", True, 0, workers,
+                                            all_kernels=True)
             np.testing.assert_array_equal(yw, y)
             np.testing.assert_array_equal(idxw, idx)
 
