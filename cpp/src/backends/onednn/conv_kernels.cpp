@@ -178,7 +178,13 @@ bool worth_it(const ConvGeometry& g, ConvPass pass) {
     case ConvPass::backward_weight:
       // With 4 to 7 input channels per group oneDNN falls back to its AVX2 kernel in 8-channel
       // blocks (0.78 at 4 -> 16 channels); with 1 to 3 it reads the input in place (1.20 at 1,
-      // 2.2-2.4 at 2 and 3); depthwise ones are fast (3.3).
+      // 2.2-2.4 at 2 and 3); depthwise ones are fast (3.3). Those are its AVX-512 kernels; with
+      // its AVX2 ones (Zen 3) 1 and 2 channels lose (0.35 at 1 -> 32, 28x28; 0.58 at 2 -> 16),
+      // 3 still wins (1.84 at 3 -> 16, 32x32).
+      if (g.in_group() <= 2 && !wide_vectors()) {
+        note_cpu_decline("oneDNN's AVX2 weight gradient over 1 or 2 input channels is slower than Eigen's");
+        return false;
+      }
       return g.in_group() < 4 || g.in_group() >= 8;
   }
   return false;
