@@ -82,13 +82,25 @@ def inputs_for(shapes, rng, attrs=None):
     return xs
 
 
+def away_from_the_relu_kink(op, x, attrs, gy):
+    """With a fused relu, an output whose pre-activation lies within float32 rounding of zero may be
+    masked by one backend and not the other (a whole window of input gradients then differs by
+    O(w * dy), about 5% of random draws here). Its upstream gradient is zeroed, so either choice
+    gives the same gradients; everything else is compared as usual."""
+    if attrs.get("activation") != "relu":
+        return gy
+    plain = {k: v for k, v in attrs.items() if k != "activation"}
+    (z,), _ = run(op, [a.astype(np.float64) for a in x], plain, None, "eigen")
+    return [np.where(np.abs(z) < 1e-4 * max(1.0, np.abs(z).max()), F32(0), gy[0]).astype(F32)]
+
+
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_matches_eigen_and_float64_reference(case):
     name, op, shapes, attrs, _ = case
     seed = int(np.random.SeedSequence().entropy % 2**63)  # fresh inputs on every run, named on failure
     rng = np.random.default_rng(seed)
     x = inputs_for(shapes, rng, attrs)
-    gy = grads_for(op, x, attrs, rng)
+    gy = away_from_the_relu_kink(op, x, attrs, grads_for(op, x, attrs, rng))
     # all_kernels: oneDNN also runs the nodes it declines for speed (small, or on this CPU), so its
     # kernels are checked on every CPU
     outs, grads = run(op, x, attrs, gy, "onednn", all_kernels=True)
