@@ -139,7 +139,8 @@ void elu_kernel(const KernelArgs& a) {
   const T alpha = attr<T>(a, "alpha");
   if constexpr (std::is_same_v<T, float>) {
     float_unary_blocks(a, [alpha](const ConstArrayF& x, ArrayF& y, ArrayF& e) {
-      e = x.min(0.0f).expm1();  // min: no overflow on the branch that is not taken
+      e = x.min(0.0f);  // min: no overflow on the branch that is not taken
+      expm1_nonpositive_to(e.data(), e.data(), e.size());
       y = (x > 0.0f).select(x, alpha * e);
     });
   } else {
