@@ -1,6 +1,7 @@
 // Matrix products on oneDNN's matmul primitive: linear (x @ W^T + b, bias fused), 2-D matmul with
 // transpose flags (which also carries the linear gradients) and batched matmul. Transposes and
-// tiles are expressed as strides, so no float32 operand is copied by us. Output tiles (batch
+// tiles are expressed as strides, so a float32 operand is read in place, except where oneDNN's AVX2
+// kernels would read it along a 4 KiB stride (below: a row-padded copy). Output tiles (batch
 // entries for bmm) are the fixed chunks run on the host's executor.
 //
 // bf16 compute (ops/precision.hpp): both matrix operands are converted to bf16 into the workspace
