@@ -1,5 +1,6 @@
-# Compile flags of the Eigen backend's kernels (cpp/src/backends/eigen), also used by its x86-64-v3
-# and v4 variants (TreadleEigenVariants.cmake).
+# Compile flags of the Eigen backend's kernels (cpp/src/backends/eigen). They are properties of the
+# source files, so the x86-64-v3 and v4 variant objects built from the same files in the same
+# directory (TreadleEigenVariants.cmake) get them too.
 include_guard(GLOBAL)
 
 # Eigen 3.4's select() has no vectorised form: its scalar loop picks between two computed values
@@ -10,10 +11,7 @@ include_guard(GLOBAL)
 # softplus from 4.8 to 2.8. treadle never enables floating-point traps; a host that does
 # (feenableexcept) may see one from a lane whose value is discarded, as it already may from any
 # vectorised Eigen expression.
-set(TREADLE_EIGEN_KERNEL_FLAGS -fno-trapping-math)
-
-# Applies those flags to the Eigen backend's sources under `src_root`.
 function(treadle_eigen_kernel_flags src_root)
   file(GLOB sources CONFIGURE_DEPENDS ${src_root}/backends/eigen/*.cpp)
-  set_source_files_properties(${sources} PROPERTIES COMPILE_OPTIONS "${TREADLE_EIGEN_KERNEL_FLAGS}")
+  set_source_files_properties(${sources} PROPERTIES COMPILE_OPTIONS -fno-trapping-math)
 endfunction()

@@ -14,7 +14,6 @@
 # (objcopy -G), except its entry point and the type-information objects that exceptions are caught
 # by. Each variant thus keeps its own copies, reachable only through its entry.
 include_guard(GLOBAL)
-include(TreadleEigenFlags)
 
 # treadle_add_eigen_variants(target src_root include_root): adds the variant objects to `target`.
 function(treadle_add_eigen_variants target src_root include_root)
@@ -34,7 +33,7 @@ function(treadle_add_eigen_variants target src_root include_root)
     # -fno-gnu-unique: the static locals of inline functions become ordinary weak symbols, which
     # objcopy makes local like the rest (GNU_UNIQUE ones would stay global and clash at the link).
     target_compile_options(${obj} PRIVATE -march=x86-64-${level} -Wall -Wextra -Wno-unused-parameter
-                                          -fno-math-errno -fno-gnu-unique ${TREADLE_EIGEN_KERNEL_FLAGS})
+                                          -fno-math-errno -fno-gnu-unique)
     set_target_properties(${obj} PROPERTIES POSITION_INDEPENDENT_CODE ON)
     set(merged ${CMAKE_CURRENT_BINARY_DIR}/treadle_eigen_${level}_merged.o)
     set(local ${CMAKE_CURRENT_BINARY_DIR}/treadle_eigen_${level}.o)
