@@ -181,10 +181,7 @@ bool worth_it(const ConvGeometry& g, ConvPass pass) {
       // 2.2-2.4 at 2 and 3); depthwise ones are fast (3.3). Those are its AVX-512 kernels; with
       // its AVX2 ones (Zen 3) 1 and 2 channels lose (0.35 at 1 -> 32, 28x28; 0.58 at 2 -> 16),
       // 3 still wins (1.84 at 3 -> 16, 32x32).
-      if (g.in_group() <= 2 && !wide_vectors()) {
-        note_cpu_decline("oneDNN's AVX2 weight gradient over 1 or 2 input channels is slower than Eigen's");
-        return false;
-      }
+      if (g.in_group() <= 2 && avx2_kernels_lose("weight gradient over 1 or 2 input channels")) return false;
       return g.in_group() < 4 || g.in_group() >= 8;
   }
   return false;

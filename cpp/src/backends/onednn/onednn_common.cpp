@@ -73,6 +73,12 @@ bool wide_vectors() {
   return wide;
 }
 
+bool avx2_kernels_lose(const char* what) {
+  if (wide_vectors() || !size_thresholds_apply()) return false;
+  note_cpu_decline(std::string("with AVX2 kernels oneDNN's ") + what + " is slower than Eigen's");
+  return true;
+}
+
 void note_unimplemented(const dnnl::error& e) {
   if (e.status == dnnl_unimplemented) note_cpu_decline("no oneDNN kernel for this instruction set");
 }

@@ -62,6 +62,10 @@ void note_unimplemented(const dnnl::error& e);
 // Whether oneDNN runs AVX-512 (or AMX) kernels on this CPU. Where a crossover with Eigen measured
 // with those differs from the one measured with AVX2 kernels, a size threshold asks this.
 bool wide_vectors();
+// True where oneDNN runs only its AVX2 kernels and `what` was measured slower there than Eigen's,
+// noting the CPU decline (the plan names it); false with AVX-512 kernels, and when the caller asked
+// for every kernel regardless of speed (size_thresholds_apply() false: all_kernels in the tests).
+bool avx2_kernels_lose(const char* what);
 
 // How a node's work is tiled: a rows x cols grid of items in tiles of row_grain x col_grain (work
 // split along one dimension only has cols = 1). Grains depend on the problem only.

@@ -52,19 +52,13 @@ constexpr int64_t kMinAvgElements = 512;
 constexpr int64_t kMaxAdaptiveTaps = 256;
 constexpr std::size_t kMaxPoolArgs = 3;              // arguments of a pooling primitive (max: src, dst, workspace)
 
-// Those crossovers are oneDNN's AVX-512 kernels (Xeon). With its AVX2 ones (wide_vectors() false;
+// Those crossovers are oneDNN's AVX-512 kernels (Xeon). With its AVX2 ones (avx2_kernels_lose;
 // AMD EPYC Zen 3, bench/onednn_norm_pool.py, one core) pooling on plain layouts loses to Eigen:
 // max_pool at 0.12-0.34x of Eigen's speed from 8 x 8 x 16 x 16 up (a tie at 8 x 64 x 56 x 56, 2x2),
 // avg_pool forward 0.70-0.96x (1.06x excluding padding), adaptive_avg_pool forward 0.31-0.88x and
 // its global backward 0.46-0.73x. avg_pool_backward wins (1.07-1.45x; 0.90-0.97x at batch 64) and
 // stays, as does the adaptive backward over windows of up to 4 taps (14 -> 7: 1.42x).
 constexpr int64_t kNarrowAdaptiveBackwardTaps = 4;
-
-bool declined_with_avx2(const char* what) {
-  if (wide_vectors() || !size_thresholds_apply()) return false;
-  note_cpu_decline(std::string("oneDNN's ") + what + " is slower than Eigen's with AVX2 kernels");
-  return true;
-}
 
 // oneDNN's view of a pooling: items of `c` planes (src/dst dims (items, c, spatial)) and the window.
 struct PoolDims {
@@ -156,7 +150,7 @@ std::optional<ChunkPlan> plan_avg_node(const Graph& g, const Node& node) {
   if (!f32_data(g, node) || (shape_numel(x) < kMinAvgElements && size_thresholds_apply())) return std::nullopt;
   const PoolDims p = pool_dims("avg", x, node.attrs, false);
   const std::optional<algorithm> alg = avg_algorithm(node, p);
-  if (!alg || (!backward && declined_with_avx2("average pooling"))) return std::nullopt;
+  if (!alg || (!backward && avx2_kernels_lose("average pooling"))) return std::nullopt;
   return plan_avg(p, *alg, backward);
 }
 
@@ -176,7 +170,7 @@ std::optional<ChunkPlan> plan_adaptive_node(const Graph& g, const Node& node) {
     taps *= window.back();
   }
   if (taps > kMaxAdaptiveTaps) return std::nullopt;
-  if ((!backward || taps > kNarrowAdaptiveBackwardTaps) && declined_with_avx2("adaptive average pooling"))
+  if ((!backward || taps > kNarrowAdaptiveBackwardTaps) && avx2_kernels_lose("adaptive average pooling"))
     return std::nullopt;
   const Attrs attrs{{"kernel_size", window}, {"stride", window}};
   return plan_avg(pool_dims("avg", x, attrs, false), algorithm::pooling_avg_exclude_padding, backward);
@@ -198,7 +192,7 @@ std::optional<ChunkPlan> plan_max(const Graph& g, const Node& node) {
   const int64_t taps = p.g.kernel[0] * p.g.kernel[1] * p.g.kernel[2];
   if (taps > 256) return std::nullopt;  // the offsets must fit oneDNN's u8 workspace
   if (taps <= 4 && shape_numel(in_shape(g, node, 0)) > kMaxSmallWindowElements) return std::nullopt;
-  if (declined_with_avx2("max pooling")) return std::nullopt;
+  if (avx2_kernels_lose("max pooling")) return std::nullopt;
   const int64_t f = sizeof(float), ov = p.c * p.g.out_volume();
   // The workspace (u8 offsets, laid out like y) lives at the start of the node's workspace.
   std::vector<ArgSpec> args = {{DNNL_ARG_SRC, false, 0, p.c * p.g.in_volume() * f},
