@@ -9,8 +9,8 @@ tiles oneDNN packs where it can, else a copy of the operand with rows 16 floats 
 This measures the three ways for C = op(A) op(B) over m, n, k and each transposition, on buffers
 aligned as in treadle's arena (bench/onednn_gemm.cpp, compiled here with g++ -O3 -march=native
 against the oneDNN and Eigen that treadle builds with), and torch.mm on the same shapes.
-GFLOP/s are medians of 7 calls (the padded column includes the copy). "path" is what treadle's
-plan does on this CPU. Writes bench/results/onednn_gemm.{json,md} and prints the table.
+GFLOP/s are medians of 7 calls (the padded column includes the copy). Which way treadle's plan
+takes is matmul_kernels.cpp's rule, not repeated here. Writes bench/results/onednn_gemm.{json,md} and prints the table.
 """
 import argparse
 import json
@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 here = Path(__file__).resolve().parent
-IN_PLACE_RECIPROCAL = 0.0038  # oneDNN 3.2's gemm driver, AVX2
 
 
 def include_dirs():
@@ -51,15 +50,6 @@ def shapes(quick):
     ns = (128, 1024) if quick else (128, 256, 512, 1024, 2048)
     ks = (256, 1024) if quick else (128, 256, 1024)
     return [(ta, tb, m, n, k) for ta in (0, 1) for tb in (0, 1) for m in ms for n in ns for k in ks]
-
-
-def treadle_path(ta, tb, m, n, wide):
-    in_place = 1 / m + 1 / n >= IN_PLACE_RECIPROCAL
-    aliased = (ta and m % 1024 == 0) or (not tb and n % 1024 == 0)
-    if wide or not aliased:
-        return "as is"
-    # tiles_of's 256 x 512 tiles are read in place; the whole product may be packed instead
-    return "padded copy" if in_place else "packed tiles"
 
 
 def torch_gflops(torch, ta, tb, m, n, k):
@@ -95,8 +85,7 @@ def main():
     for (ta, tb, m, n, k), line in zip(cases, lines.split("\n")):
         in_place, padded, eigen = map(float, line.split())
         rows.append({"ta": ta, "tb": tb, "m": m, "n": n, "k": k, "onednn_in_place": in_place,
-                     "onednn_padded_copy": padded, "eigen": eigen, "torch_mm": torch_gflops(torch, ta, tb, m, n, k),
-                     "treadle_path": treadle_path(ta, tb, m, n, wide)})
+                     "onednn_padded_copy": padded, "eigen": eigen, "torch_mm": torch_gflops(torch, ta, tb, m, n, k)})
     cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
                 if l.startswith("model name")), platform.processor())
     conditions = {"cpu": cpu, "avx512": wide, "threads": 1, "torch": torch.__version__,
@@ -104,11 +93,11 @@ def main():
     md = [f"# oneDNN float32 GEMM: in place vs padded copy vs Eigen vs torch.mm ({conditions['date']})", "",
           f"- CPU: {cpu} (AVX-512: {'yes' if wide else 'no'}); 1 thread; torch {torch.__version__}; "
           "GFLOP/s, medians of 7 calls; the padded copy's time includes the copy", "",
-          "| A^T | B^T | m | n | k | oneDNN in place | oneDNN padded copy | Eigen | torch.mm | treadle's path |",
-          "|---|---|---|---|---|---|---|---|---|---|"]
+          "| A^T | B^T | m | n | k | oneDNN in place | oneDNN padded copy | Eigen | torch.mm |",
+          "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         md.append(f"| {r['ta']} | {r['tb']} | {r['m']} | {r['n']} | {r['k']} | {r['onednn_in_place']:.1f} | "
-                  f"{r['onednn_padded_copy']:.1f} | {r['eigen']:.1f} | {r['torch_mm']:.1f} | {r['treadle_path']} |")
+                  f"{r['onednn_padded_copy']:.1f} | {r['eigen']:.1f} | {r['torch_mm']:.1f} |")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "onednn_gemm.json").write_text(json.dumps({"conditions": conditions, "rows": rows}, indent=1))
