@@ -166,6 +166,29 @@ def test_layer_op_vs_torch(backend, cell, batch_first, reverse, lengths, dtype):
         np.testing.assert_allclose(grads[k], r, **grad_tol(dtype), err_msg=f"{cell}: gradient of {k}")
 
 
+# Sizes past the blocking of the step products (backends/eigen/small_gemm.hpp): N = 13 fills two
+# 6-row blocks and leaves one row, H = 70 leaves a partial packet at the right edge, 4H = 280 and
+# T*N = 312 exceed the 256-long K blocks; the lengths make the active batch shrink step by step.
+BLOCKED_SIZES = (24, 13, 5, 70)
+BLOCKED_LENGTHS = [24, 7, 24, 1, 13, 20, 24, 2, 9, 24, 16, 5, 11]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("lengths", [None, BLOCKED_LENGTHS], ids=["full", "mixed"])
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_layer_op_blocked_sizes_vs_torch(backend, cell, lengths, dtype):
+    t, n, _, h = BLOCKED_SIZES
+    a = layer_arrays(cell, dtype, True, seed=5, sizes=BLOCKED_SIZES)
+    seeds = random_seeds([(n, t, h)] + [(n, h)] * num_states(cell), dtype)
+    outs, grads = treadle_layer(cell, a, True, False, lengths, seeds, backend)
+    ref_outs, ref_grads = torch_layer(cell, a, True, False, lengths, seeds)
+    for name, o, r in zip(["output", "h_n", "c_n"], outs, ref_outs):
+        assert_close(o, r, dtype, f"{cell} {name}")
+    for k, r in ref_grads.items():
+        np.testing.assert_allclose(grads[k], r, **grad_tol(dtype), err_msg=f"{cell}: gradient of {k}")
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("cell", list(CELLS))
 def test_layer_op_without_bias(backend, cell):

@@ -115,10 +115,18 @@ inline BackwardSlots backward_slots(const CellInfo& ci, int num_inputs) {
 }
 
 // Scratch layouts, in elements of the compute type after a leading int64 permutation of N rows.
+// Both end with room for W_hh packed for the per-step products (backends/eigen/small_gemm.hpp):
+// G*H*H elements, up to 64 columns of panel padding on the wider side and 64 bytes to align it.
+inline std::size_t packed_hidden_weight_bytes(const CellInfo& ci, int64_t H, std::size_t esize) {
+  const int64_t GH = ci.gates * H;
+  return static_cast<std::size_t>(GH * H + 64 * GH) * esize + 64;
+}
+
 // Forward: state h (N*H), state c (N*H), per-step gate block (N*G*H).
 inline std::size_t forward_workspace_bytes(const CellInfo& ci, int64_t N, int64_t H, std::size_t esize) {
   const int64_t elems = 2 * N * H + N * ci.gates * H;
-  return static_cast<std::size_t>(N) * sizeof(int64_t) + static_cast<std::size_t>(elems) * esize;
+  return static_cast<std::size_t>(N) * sizeof(int64_t) + static_cast<std::size_t>(elems) * esize +
+         packed_hidden_weight_bytes(ci, H, esize);
 }
 
 // Backward: dh (N*H), dc (N*H), per-step hidden-side gate gradients (N*G*H), then over the whole
@@ -127,7 +135,8 @@ inline std::size_t forward_workspace_bytes(const CellInfo& ci, int64_t N, int64_
 inline std::size_t backward_workspace_bytes(const CellInfo& ci, int64_t T, int64_t N, int64_t H, std::size_t esize) {
   const int64_t GH = ci.gates * H;
   const int64_t elems = 2 * N * H + N * GH + T * N * (GH * (ci.cell == Cell::gru ? 2 : 1) + H);
-  return static_cast<std::size_t>(N) * sizeof(int64_t) + static_cast<std::size_t>(elems) * esize;
+  return static_cast<std::size_t>(N) * sizeof(int64_t) + static_cast<std::size_t>(elems) * esize +
+         packed_hidden_weight_bytes(ci, H, esize);
 }
 
 }  // namespace treadle::rnn

@@ -1,8 +1,8 @@
 // Eigen reference kernels for the fused recurrent layer ops (see ops/recurrent.hpp for the slots).
 //
 // Forward: one GEMM projects the whole input sequence (x @ W_ih^T + b_ih) into the output or the
-// saved buffer; then each step does one GEMM h @ W_hh^T over the samples still running and the
-// gate arithmetic row by row, in place. Backward walks the steps in reverse with one GEMM per step
+// saved buffer; then each step does one GEMM h @ W_hh^T over the samples still running (StepProduct:
+// W_hh packed once per call) and the gate arithmetic row by row, in place. Backward walks the steps in reverse with one GEMM per step
 // (dgates @ W_hh), keeping the gate gradients and previous states of the whole sequence in its
 // scratch; dW_ih, dW_hh, the biases and dx are then one GEMM (or column sum) each.
 //
@@ -12,9 +12,11 @@
 // outputs past its length are zeros. With `reverse`, sample n runs its valid steps len[n]-1 .. 0.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "backends/eigen/eigen_backend.hpp"
 #include "backends/eigen/eigen_common.hpp"
+#include "backends/eigen/small_gemm.hpp"
 #include "backends/eigen/transcendental.hpp"
 #include "ops/recurrent.hpp"
 #include "treadle/error.hpp"
@@ -97,6 +99,46 @@ void gemm_nt(Executor& exec, const T* in, int64_t rows, int64_t k, const T* w, i
     if (bias) O.rowwise() += RowVec<T>(bias, n);
   });
 }
+
+// The hidden-side product of every step, C (rows x N) = (or +=) A (rows x K) @ B, with B = W^T for
+// W (N x K) in the forward and B = W (K x N) in the backward, W being W_hh. Where small_gemm beats
+// Eigen's GEMM, B is packed once per call into `scratch` (the workspace's tail, see
+// rnn::packed_hidden_weight_bytes) and every step reuses it.
+template <typename T>
+class StepProduct {
+ public:
+  StepProduct(const T* w, int64_t K, int64_t N, bool transposed, void* scratch)
+      : w_(w), K_(K), N_(N), transposed_(transposed) {
+    if constexpr (!small_gemm::kBeatsEigen) return;
+    const auto at = (reinterpret_cast<std::uintptr_t>(scratch) + 63) & ~std::uintptr_t{63};
+    packed_ = reinterpret_cast<T*>(at);
+    small_gemm::pack<T>({w, transposed ? K : N, transposed}, K, N, packed_);
+  }
+
+  void operator()(const T* a, int64_t rows, T* c, bool accumulate) const {
+    if constexpr (small_gemm::kBeatsEigen) {
+      small_gemm::multiply<T>({a, K_}, rows, packed_, K_, N_, c, N_, accumulate);
+      return;
+    }
+    ConstMapR<T> A(a, rows, K_);
+    MapR<T> C(c, rows, N_);
+    if (transposed_) {
+      ConstMapR<T> W(w_, N_, K_);
+      if (accumulate) C.noalias() += A * W.transpose();
+      else C.noalias() = A * W.transpose();
+    } else {
+      ConstMapR<T> W(w_, K_, N_);
+      if (accumulate) C.noalias() += A * W;
+      else C.noalias() = A * W;
+    }
+  }
+
+ private:
+  const T* w_;
+  int64_t K_, N_;
+  bool transposed_;
+  T* packed_ = nullptr;
+};
 
 template <typename T>
 void copy_row(T* dst, const T* src, int64_t n) {
@@ -188,11 +230,11 @@ void layer_forward(const KernelArgs& a) {
     copy_row(h + k * H, h0 + perm[k] * H, H);
     if (c0) copy_row(c + k * H, c0 + perm[k] * H, H);
   }
-  ConstMapR<T> W_hh(a.in[s.w_hh].ptr<T>(), GH, H);
+  const StepProduct<T> hidden(a.in[s.w_hh].ptr<T>(), H, GH, /*transposed=*/true, gates + d.N * GH);
   const ForwardStep<T> st{h, c, gates, s.b_hh >= 0 ? a.in[s.b_hh].ptr<T>() : nullptr};
   for (int64_t step = 0; step < d.T; ++step) {
     const int64_t active = sch.active(step, d.N);
-    MapR<T>(gates, active, GH).noalias() = ConstMapR<T>(h, active, H) * W_hh.transpose();
+    hidden(h, active, gates, /*accumulate=*/false);
     for (int64_t k = 0; k < active; ++k) {
       const int64_t n = perm[k], r = d.row(sch.time(step, n), n);
       if constexpr (C == Cell::lstm) lstm_step(st, k, H, proj + r * ldp, y + r * H);
@@ -301,7 +343,7 @@ void backward_steps(const KernelArgs& a, const rnn::BackwardSlots& s, const Dims
   const T* saved = s.saved >= 0 ? a.in[s.saved].ptr<T>() : nullptr;
   const T* h0 = a.in[s.h0].ptr<T>();
   const T* c0 = s.c0 >= 0 ? a.in[s.c0].ptr<T>() : nullptr;
-  ConstMapR<T> W_hh(a.in[s.w_hh].ptr<T>(), GH, H);
+  const StepProduct<T> hidden(a.in[s.w_hh].ptr<T>(), GH, H, /*transposed=*/false, b.h_prev + d.T * d.N * H);
   const BackwardStep<T> st{b.dh, b.dc, b.dg};
   for (int64_t step = d.T - 1; step >= 0; --step) {
     const int64_t active = sch.active(step, d.N);
@@ -320,9 +362,7 @@ void backward_steps(const KernelArgs& a, const rnn::BackwardSlots& s, const Dims
         rnn_back(st, k, H, relu, y + r * H, dy + r * H, b.dg_ih + r * GH);
       }
     }
-    MapR<T> dh(b.dh, active, H);
-    if constexpr (C == Cell::gru) dh.noalias() += ConstMapR<T>(b.dg, active, GH) * W_hh;
-    else dh.noalias() = ConstMapR<T>(b.dg, active, GH) * W_hh;
+    hidden(b.dg, active, b.dh, /*accumulate=*/C == Cell::gru);
   }
 }
 
@@ -331,6 +371,11 @@ template <typename T>
 void weight_grad(Executor& exec, const T* g, int64_t rows, int64_t GH, const T* in, int64_t cols, T* dw) {
   ConstMapR<T> X(in, rows, cols);
   parallel_chunks(exec, GH, row_grain(rows * cols), [&](int64_t g0, int64_t g1) {
+    if constexpr (small_gemm::kBeatsEigen) {
+      small_gemm::multiply<T>({g + g0, GH, /*transposed=*/true}, g1 - g0, {in, cols}, rows, cols, dw + g0 * cols,
+                              cols);
+      return;
+    }
     Eigen::Map<const MatrixR<T>, Eigen::Unaligned, Eigen::OuterStride<>> G(g + g0, rows, g1 - g0,
                                                                           Eigen::OuterStride<>(GH));
     MapR<T>(dw + g0 * cols, g1 - g0, cols).noalias() = G.transpose() * X;
@@ -354,6 +399,10 @@ void parameter_and_input_grads(const KernelArgs& a, const rnn::BackwardSlots& s,
     const T* w_ih = a.in[s.w_ih].ptr<T>();
     T* dx = a.out[s.dx].ptr<T>();
     parallel_chunks(a.exec, rows, row_grain(GH * d.I), [&](int64_t r0, int64_t r1) {
+      if constexpr (small_gemm::kBeatsEigen) {
+        small_gemm::multiply<T>({b.dg_ih + r0 * GH, GH}, r1 - r0, {w_ih, d.I}, GH, d.I, dx + r0 * d.I, d.I);
+        return;
+      }
       MapR<T>(dx + r0 * d.I, r1 - r0, d.I).noalias() =
           ConstMapR<T>(b.dg_ih + r0 * GH, r1 - r0, GH) * ConstMapR<T>(w_ih, GH, d.I);
     });
