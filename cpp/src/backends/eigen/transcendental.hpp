@@ -28,48 +28,76 @@ inline void tanh_to(const double* in, double* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = std::tanh(in[i]);
 }
 
-// exp(t), in place, for float arguments t <= 0 (t > 0 and NaN take Eigen's exp as they are),
-// right where it underflows. Eigen's float exp clamps its argument at -88.72 on some instruction
-// sets (AVX2, not AVX-512): any t below gives ~3e-39 where exp(-1e30) is 0, and a factor as large as
-// x (x * exp(-x) in SiLU's or GELU's derivative) turns that into an O(1) error. Arguments below -87
-// (results under FLT_MIN: subnormal or 0) are rare; they are recomputed one by one with the C
-// library's expf, each from its own argument only, so a result never depends on its neighbours
-// (or on how the work was chunked). Eigen 3.4's Select is not vectorised: the test is kept apart
-// from the exp, which stays vectorised.
+// exp(x) for float x, with Eigen's float exp in the normal range: the same Cephes reduction and
+// polynomial in the same order, so the same results, but 2^m is written into the exponent bits
+// (Eigen's pldexp_fast_impl) where Eigen's generic ldexp, which also covers exponents outside the
+// normal range, took about 2/3 of its time on AVX2. x is clamped to [-87.3, 88.3], where 2^m is a
+// normal float: below, the result is exp(-87.3) (callers needing less recompute those), above,
+// exp(88.3); +inf gives +inf and NaN gives NaN (the last max with x, as Eigen's).
+constexpr float kExpLo = -87.3f, kExpHi = 88.3f;
+
+#ifdef EIGEN_VECTORIZE
+template <typename Packet>
+Packet pexp_normal_range(const Packet& x_in) {
+  using namespace Eigen::internal;
+  const Packet x = pmax(pmin(x_in, pset1<Packet>(kExpHi)), pset1<Packet>(kExpLo));
+  const Packet m = pfloor(pmadd(x, pset1<Packet>(1.44269504088896341f), pset1<Packet>(0.5f)));
+  Packet r = pmadd(m, pset1<Packet>(-0.693359375f), x);
+  r = pmadd(m, pset1<Packet>(2.12194440e-4f), r);
+  const Packet r2 = pmul(r, r), r3 = pmul(r2, r);
+  Packet y = pmadd(pset1<Packet>(1.9875691500E-4f), r, pset1<Packet>(1.3981999507E-3f));
+  Packet y1 = pmadd(pset1<Packet>(4.1665795894E-2f), r, pset1<Packet>(1.6666665459E-1f));
+  const Packet y2 = padd(r, pset1<Packet>(1.0f));
+  y = pmadd(y, r, pset1<Packet>(8.3334519073E-3f));
+  y1 = pmadd(y1, r, pset1<Packet>(5.0000001201E-1f));
+  y = pmadd(y, r3, y1);
+  y = pmadd(y, r2, y2);
+  return pmax(pldexp_fast_impl<Packet>::run(y, m), x_in);
+}
+#endif
+
+// out = exp(in) as above, over arrays (out may be in).
+inline void exp_to(const float* in, float* out, int64_t n) {
+#ifdef EIGEN_VECTORIZE
+  using Packet = Eigen::internal::packet_traits<float>::type;
+  constexpr int64_t S = Eigen::internal::packet_traits<float>::size;
+  int64_t i = 0;
+  for (; i + S <= n; i += S)
+    Eigen::internal::pstoreu(out + i, pexp_normal_range(Eigen::internal::ploadu<Packet>(in + i)));
+  if (i == n) return;
+  alignas(64) float tail[S] = {};
+  std::copy(in + i, in + n, tail);
+  Eigen::internal::pstoreu(tail, pexp_normal_range(Eigen::internal::ploadu<Packet>(tail)));
+  std::copy(tail, tail + (n - i), out + i);
+#else
+  Eigen::Map<Eigen::ArrayXf>(out, n) = Eigen::Map<const Eigen::ArrayXf>(in, n).max(kExpLo).min(kExpHi).exp();
+#endif
+}
+
+// exp(t), in place, for float arguments t <= 0 (t > 0 and NaN take exp_to as they are), right
+// where it underflows. A vectorised exp clamps its argument (exp_to at -87.3; Eigen's at -88.72 on
+// AVX2): any t below gives ~1e-38 where exp(-1e30) is 0, and a factor as large as x (x * exp(-x) in
+// SiLU's or GELU's derivative) turns that into an O(1) error. Arguments below -87 (results under
+// FLT_MIN: subnormal or 0) are rare; they are recomputed one by one with the C library's expf, each
+// from its own argument only, so a result never depends on its neighbours (or on how the work was
+// chunked). Eigen 3.4's Select is not vectorised: the test is kept apart from the exp.
 inline void exp_nonpositive(Eigen::Map<Eigen::ArrayXf>& t) {
   for (Eigen::Index i0 = 0; i0 < t.size(); i0 += kMathBlock) {
-    const Eigen::Index m = std::min<Eigen::Index>(kMathBlock, t.size() - i0);
-    auto block = t.segment(i0, m);
-    if (!(block.minCoeff<Eigen::PropagateNumbers>() < -87.0f)) {  // vectorised; NaN never hides a number
-      block = block.exp();
+    const int64_t m = std::min<int64_t>(kMathBlock, t.size() - i0);
+    float* block = t.data() + i0;
+    int low = 0;  // a loop the compiler vectorises; NaN compares false and takes exp_to
+    for (int64_t i = 0; i < m; ++i) low |= block[i] < -87.0f;
+    if (!low) {
+      exp_to(block, block, m);
       continue;
     }
     alignas(64) float arg[kMathBlock];
-    Eigen::Map<Eigen::ArrayXf>(arg, m) = block;
-    block = block.exp();
-    for (Eigen::Index i = 0; i < m; ++i)
+    std::copy(block, block + m, arg);
+    exp_to(block, block, m);
+    for (int64_t i = 0; i < m; ++i)
       if (arg[i] < -87.0f) block[i] = std::exp(arg[i]);
   }
 }
-
-// sigmoid(x) = 1 / (1 + e) for x >= 0, e / (1 + e) below, with e = exp(-|x|) in [0, 1].
-inline void sigmoid_to(const float* in, float* out, int64_t n) {
-  alignas(64) float e[kMathBlock];
-  for (int64_t i0 = 0; i0 < n; i0 += kMathBlock) {
-    const int64_t m = std::min(kMathBlock, n - i0);
-    Eigen::Map<const Eigen::ArrayXf> x(in + i0, m);
-    Eigen::Map<Eigen::ArrayXf> em(e, m);
-    em = -x.abs();
-    exp_nonpositive(em);
-    Eigen::Map<Eigen::ArrayXf>(out + i0, m) = (x >= 0.0f).select(1.0f, em) / (1.0f + em);
-  }
-}
-
-// Taylor coefficients of tanh(x) / x in powers of x^2; through x^19 the series is exact to float
-// precision for |x| < 0.55.
-constexpr float kTanhSeries[] = {1.0f, -1.0f / 3, 2.0f / 15, -17.0f / 315, 62.0f / 2835, -1382.0f / 155925,
-                                 21844.0f / 6081075, -929569.0f / 638512875, 6404582.0f / 10854718875.0f,
-                                 -443861162.0f / 1856156927625.0f};
 
 // `a` where `keep`, else `b`, as a blend of bits. A ?: between floats is not if-converted under
 // -ftrapping-math (GCC's default), so a loop choosing between two computed values would not
@@ -85,8 +113,31 @@ inline float blend(bool keep, float a, float b) {
   return out;
 }
 
+// sigmoid(x) = 1 / (1 + e) for x >= 0, e / (1 + e) below, with e = exp(-|x|) in [0, 1].
+inline void sigmoid_to(const float* in, float* out, int64_t n) {
+  alignas(64) float e[kMathBlock];
+  for (int64_t i0 = 0; i0 < n; i0 += kMathBlock) {
+    const int64_t m = std::min(kMathBlock, n - i0);
+    Eigen::Map<const Eigen::ArrayXf> x(in + i0, m);
+    Eigen::Map<Eigen::ArrayXf> em(e, m);
+    em = -x.abs();
+    exp_nonpositive(em);
+    // Into the scratch block, then copied: out may be in, and a loop free of a run-time alias check
+    // vectorises (Eigen 3.4's select does not).
+    const float* xi = in + i0;
+    for (int64_t i = 0; i < m; ++i) e[i] = blend(xi[i] >= 0.0f, 1.0f, e[i]) / (1.0f + e[i]);
+    std::memcpy(out + i0, e, static_cast<std::size_t>(m) * sizeof(float));
+  }
+}
+
+// Taylor coefficients of tanh(x) / x in powers of x^2; through x^19 the series is exact to float
+// precision for |x| < 0.55.
+constexpr float kTanhSeries[] = {1.0f, -1.0f / 3, 2.0f / 15, -17.0f / 315, 62.0f / 2835, -1382.0f / 155925,
+                                 21844.0f / 6081075, -929569.0f / 638512875, 6404582.0f / 10854718875.0f,
+                                 -443861162.0f / 1856156927625.0f};
+
 // tanh|x| = 1 - 2 / (exp(2|x|) + 1) for |x| >= 0.55 (no cancellation: the result is >= 0.5), the
-// series below. exp is Eigen's (vectorised); the series and the choice are one loop that the
+// series below. exp is exp_to (vectorised); the series and the choice are one loop that the
 // compiler vectorises, into a scratch block (out may be in; a separate block keeps that loop free of
 // a run-time alias check).
 inline void tanh_to(const float* in, float* out, int64_t n) {
@@ -94,8 +145,8 @@ inline void tanh_to(const float* in, float* out, int64_t n) {
   for (int64_t i0 = 0; i0 < n; i0 += kMathBlock) {
     const int64_t m = std::min(kMathBlock, n - i0);
     const float* x = in + i0;
-    Eigen::Map<Eigen::ArrayXf> e(block, m);
-    e = (2.0f * Eigen::Map<const Eigen::ArrayXf>(x, m).abs()).exp();
+    Eigen::Map<Eigen::ArrayXf>(block, m) = 2.0f * Eigen::Map<const Eigen::ArrayXf>(x, m).abs();
+    exp_to(block, block, m);  // clamped at exp(88.3), where tanh is 1 already
     for (int64_t i = 0; i < m; ++i) {
       const float z = x[i] * x[i];
       float p = kTanhSeries[9];
