@@ -56,6 +56,16 @@ def rng():
 
 
 @pytest.fixture
+def all_kernels():
+    """Plans compiled inside let every backend take what it declines for speed (size thresholds, or a
+    CPU where Eigen is faster): a pinned backend's kernels are tested on any CPU."""
+    import treadle as tl
+
+    with tl._core.AllKernels():
+        yield
+
+
+@pytest.fixture
 def mlp_pair():
     """Factory: mlp_pair(sizes, act="tanh", dtype="float32", seed=0) -> (treadle net, torch net)."""
     pytest.importorskip("torch")

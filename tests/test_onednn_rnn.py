@@ -87,6 +87,7 @@ CASES = {  # id -> (batch, LSTM keyword arguments, initial states given)
 }
 
 
+@pytest.mark.usefixtures("all_kernels")
 @pytest.mark.parametrize("case", list(CASES))
 def test_predictions_match_eigen_and_float64_reference(case):
     n, kw, has_state = CASES[case]
@@ -107,6 +108,7 @@ def test_predictions_match_eigen_and_float64_reference(case):
 
 @pytest.mark.parametrize("kw", [{}, {"batch_first": True}, {"bias": False},
                                 {"num_layers": 2, "bidirectional": True}], ids=["tnf", "ntf", "no_bias", "stack"])
+@pytest.mark.usefixtures("all_kernels")
 def test_gru_predictions_match_float64_reference(kw):
     seed = fresh_seed()
     rng = np.random.default_rng(seed)
@@ -127,6 +129,7 @@ def test_gru_predictions_match_float64_reference(kw):
         assert_close_f32(g, w, f"GRU {kw} {name} (seed {seed})")
 
 
+@pytest.mark.usefixtures("all_kernels")
 def test_large_values_saturate_like_eigen():
     """Inputs of scale 8 drive the gates into saturation (sigmoid/tanh tails)."""
     seed = fresh_seed()
@@ -138,6 +141,7 @@ def test_large_values_saturate_like_eigen():
         assert_close_f32(g, w, f"{name} (seed {seed})")
 
 
+@pytest.mark.usefixtures("all_kernels")
 def test_training_plans_take_the_training_pair_and_inference_plans_the_inference_kernel():
     rng = np.random.default_rng(0)
     # The LSTM training pair is taken from H 128 on every CPU (from N 32 and H 32 with AVX-512 kernels).
@@ -203,6 +207,21 @@ def test_variable_lengths_float64_and_small_layers_stay_on_eigen():
     assert lstm_backends(small) == {"eigen"}
 
 
+def test_lstm_inference_dispatch_follows_the_instruction_set():
+    """The default dispatch: with oneDNN's AVX2 kernels, Eigen's packed step products are faster below
+    H 128 (docs/onednn_ops.md) and the plan names that decline; with AVX-512 kernels oneDNN takes them."""
+    x = np.random.default_rng(6).standard_normal((T, 12, I)).astype(F32)
+    net = build("onednn", 0)  # H 32, 12 samples
+    net.predict([x])
+    plans = net._compiled().describe_plans()
+    if tl.info()["onednn.isa"].startswith("avx512"):
+        assert lstm_backends(net) == {"onednn"}
+    else:
+        assert lstm_backends(net) == {"eigen"}
+        assert "oneDNN's LSTM below hidden size 128 or 4 samples is slower than Eigen's" in plans
+
+
+@pytest.mark.usefixtures("all_kernels")
 def test_anomaly_mode_ignores_the_unwritten_saved_buffer():
     x = np.random.default_rng(2).standard_normal((T, 6, I)).astype(F32)
     net = build("onednn", 0)
@@ -212,6 +231,7 @@ def test_anomaly_mode_ignores_the_unwritten_saved_buffer():
     np.testing.assert_array_equal(y[0], net.predict([x])[0])
 
 
+@pytest.mark.usefixtures("all_kernels")
 @pytest.mark.parametrize("batch_first", [False, True], ids=["tnf", "ntf"])
 def test_results_do_not_depend_on_the_workers(batch_first):
     rng = np.random.default_rng(3)
@@ -226,6 +246,7 @@ def test_results_do_not_depend_on_the_workers(batch_first):
                 np.testing.assert_array_equal(a, b, err_msg=f"workers={workers}")
 
 
+@pytest.mark.usefixtures("all_kernels")
 def test_concurrent_predictions_on_shared_primitives_are_bitwise_serial():
     rng = np.random.default_rng(4)
 
@@ -255,6 +276,7 @@ class Regressor(tl.nn.Module):
         return self.head(self.rnn(x)[1][0][0])
 
 
+@pytest.mark.usefixtures("all_kernels")
 def test_training_curve_and_predictions_match_eigen():
     rng = np.random.default_rng(5)
     x = rng.standard_normal((64, T, I)).astype(F32)
@@ -290,6 +312,8 @@ PREAMBLE = """
     import os, json
     import numpy as np
     import treadle as tl
+    all_kernels = tl._core.AllKernels()  # oneDNN's kernels on every CPU (the all_kernels fixture)
+    all_kernels.__enter__()
     net = tl.nn.LSTM(20, 32, num_layers=2, bidirectional=True)
     net.set_backend("onednn")
     x = np.random.default_rng(0).standard_normal((9, 70, 20)).astype(np.float32)

@@ -95,6 +95,7 @@ CASES = {
 }
 
 
+@pytest.mark.usefixtures("all_kernels")
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("cell", ["LSTM", "GRU"])
 def test_gradients_match_float64_reference(cell, case):
@@ -150,6 +151,22 @@ def test_what_oneDNN_does_not_take_stays_on_eigen_as_a_pair(cell):
 
 
 @pytest.mark.parametrize("cell", ["LSTM", "GRU"])
+def test_training_pair_dispatch_follows_the_instruction_set(cell):
+    """The default dispatch: with oneDNN's AVX2 kernels, Eigen's packed step products beat the pair at
+    every size measured (docs/onednn_ops.md) and the plan names that decline; with AVX-512 kernels
+    oneDNN takes the pair at H 128."""
+    xs, dy = batch(np.random.default_rng(6), cell, 12)
+    net = build(cell, "onednn", 0)
+    gradients(net, xs, dy)
+    op = cell.lower() + "_layer"
+    if tl.info()["onednn.isa"].startswith("avx512"):
+        assert layer_backends(net) == {op: {"onednn"}, op + "_backward": {"onednn"}}
+    else:
+        assert layer_backends(net) == {op: {"eigen"}, op + "_backward": {"eigen"}}
+        assert "oneDNN's LSTM and GRU training pair is slower than Eigen's" in net._compiled().describe_plans()
+
+
+@pytest.mark.parametrize("cell", ["LSTM", "GRU"])
 def test_run_op_reads_saved_so_the_pair_stays_on_eigen(cell):
     rng = np.random.default_rng(0)
     n, gates = 16, 4 if cell == "LSTM" else 3
@@ -173,6 +190,7 @@ def test_auto_dispatch_keeps_each_layer_pair_on_one_backend(cell):
     assert found[op] == found[op + "_backward"] and len(found[op]) == 1
 
 
+@pytest.mark.usefixtures("all_kernels")
 @pytest.mark.parametrize("cell", ["LSTM", "GRU"])
 def test_gradients_do_not_depend_on_the_workers(cell):
     rng = np.random.default_rng(3)
@@ -191,6 +209,7 @@ def test_gradients_do_not_depend_on_the_workers(cell):
             np.testing.assert_array_equal(np.array(dx[0]), serial_x[0], err_msg=f"dx, workers={workers}")
 
 
+@pytest.mark.usefixtures("all_kernels")
 @pytest.mark.parametrize("cell", ["LSTM", "GRU"])
 def test_anomaly_mode_skips_the_workspace_and_names_a_nan(cell):
     rng = np.random.default_rng(4)
@@ -208,6 +227,7 @@ def test_anomaly_mode_skips_the_workspace_and_names_a_nan(cell):
         trainer.step(bad, y)
 
 
+@pytest.mark.usefixtures("all_kernels")
 @pytest.mark.parametrize("cell", ["LSTM", "GRU"])
 def test_training_curve_follows_eigen(cell):
     rng = np.random.default_rng(5)

@@ -195,6 +195,18 @@ void bind_core(py::module_& m) {
         b.active = std::make_unique<AllocationBudget>(b.bytes, b.what);
       })
       .def("__exit__", [](BudgetScope& b, const py::args&) { b.active.reset(); });
+  // `with _core.AllKernels():` plans compiled inside let backends take what they decline for speed
+  // (treadle::AllKernelsScope): tests reach a backend's kernels through whole models on any CPU.
+  struct AllKernels {
+    std::unique_ptr<AllKernelsScope> active;
+  };
+  py::class_<AllKernels>(m, "AllKernels")
+      .def(py::init<>())
+      .def("__enter__", [](AllKernels& k) {
+        if (k.active) throw_value_error("AllKernels: already entered");
+        k.active = std::make_unique<AllKernelsScope>();
+      })
+      .def("__exit__", [](AllKernels& k, const py::args&) { k.active.reset(); });
   m.def("manual_seed", &manual_seed, py::arg("seed"), "Seeds the generator used to initialise parameters.");
   m.def("run_op", &run_op_py, py::arg("op"), py::arg("inputs"), py::arg("attrs"), py::arg("grad_outputs") = py::none(),
         py::arg("backend") = "", py::arg("training") = true, py::arg("seed") = 0, py::arg("workers") = 1,

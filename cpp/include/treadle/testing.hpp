@@ -29,6 +29,21 @@ class ChunkingExecutor final : public Executor {
 };
 
 
+// While one lives on this thread, the plans compiled on it let every backend take every node it can
+// compute, also those it declines for speed (below its size thresholds, or on a CPU where its
+// kernels are slower than Eigen's): run_op's all_kernels for whole models, so that a test reaches a
+// backend's kernels on any CPU. Declines by capability (dtype, layout, instruction set) stand.
+class TREADLE_API AllKernelsScope {
+ public:
+  AllKernelsScope();
+  ~AllKernelsScope();
+  AllKernelsScope(const AllKernelsScope&) = delete;
+  AllKernelsScope& operator=(const AllKernelsScope&) = delete;
+
+ private:
+  bool outer_;
+};
+
 struct OpRunResult {
   std::vector<Tensor> outputs;
   std::vector<Tensor> input_grads;  // undefined for inputs with no gradient (e.g. class indices)

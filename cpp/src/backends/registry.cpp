@@ -9,6 +9,7 @@
 #include "core/dispatch_table.hpp"
 #include "core/op_registry.hpp"
 #include "treadle/error.hpp"
+#include "treadle/testing.hpp"
 
 namespace treadle {
 
@@ -111,6 +112,8 @@ thread_local bool any_size = false;
 
 KernelsForAnySize::KernelsForAnySize() : outer_(any_size) { any_size = true; }
 KernelsForAnySize::~KernelsForAnySize() { any_size = outer_; }
+AllKernelsScope::AllKernelsScope() : outer_(any_size) { any_size = true; }
+AllKernelsScope::~AllKernelsScope() { any_size = outer_; }
 bool size_thresholds_apply() { return !any_size; }
 
 std::string take_cpu_decline() { return std::exchange(cpu_decline, std::string()); }

@@ -36,7 +36,10 @@ rnn::ForwardSlots lstm_slots(const Node& node) {
 // one sample (Eigen's matrix-vector steps beat oneDNN's at every H: 0.4-0.7x), and small layers,
 // where oneDNN's fixed cost per call is not yet paid back (2 samples: even at 2^18 multiply-adds,
 // H = 32; from 4 samples oneDNN is 1.2-1.7x faster above it; 8 or more are faster at any size, but
-// by microseconds).
+// by microseconds). Those are oneDNN's AVX-512 kernels against Eigen before its packed step
+// products (backends/eigen/small_gemm.hpp). With oneDNN's AVX2 kernels (AMD EPYC Zen 3) against the
+// packed products, oneDNN wins from H 128 and 4 samples only (1.02-1.29x; N 2 ties at H 256) and
+// loses below (0.67-0.97x at H 16-64, but for 1.05x at N 4, H 64; bench W5: Eigen 1.27x faster).
 constexpr int64_t kMinSamples = 2;
 constexpr int64_t kMinMacs = int64_t{1} << 18;
 std::optional<Layer> layer_of(const Graph& g, const Node& node) {
@@ -44,6 +47,8 @@ std::optional<Layer> layer_of(const Graph& g, const Node& node) {
   const std::optional<Layer> l = layer_of_node(g, node, false);
   if (!l) return std::nullopt;
   if (size_thresholds_apply() && (l->N < kMinSamples || l->T * l->N * 4 * l->H * (l->I + l->H) < kMinMacs))
+    return std::nullopt;
+  if (!wide_vectors() && (l->H < 128 || l->N < 4) && avx2_kernels_lose("LSTM below hidden size 128 or 4 samples"))
     return std::nullopt;
   return l;
 }

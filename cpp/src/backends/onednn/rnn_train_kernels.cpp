@@ -30,22 +30,29 @@ namespace {
 using dnnl::memory;
 using rnn::Cell;
 
-// Where oneDNN beats Eigen (bench/onednn_rnn.py, T 16, I = H, one core, CPU time; docs/onednn_ops.md):
+// Where oneDNN beats Eigen (bench/onednn_rnn.py, T 16, I = H, one core, CPU time; docs/onednn_ops.md).
+// With oneDNN's AVX-512 kernels (Xeon; measured against Eigen before its packed step products,
+// backends/eigen/small_gemm.hpp):
 // - the training pair (forward + backward): LSTM from H 128 or from N 32 and H 32 (1.04-1.23x),
 //   where oneDNN loses below (0.61-0.90x at H 16, 0.73-0.98x at N 2-8 and H 32-64); GRU from H 128
 //   and N 8 (1.05-1.19x), oneDNN losing or tying below (0.58-1.01x);
 // - GRU inference from H 64 (1.06-1.37x; 0.8-1.1x below).
-// One sample is never taken: Eigen's matrix-vector steps win there. Those are oneDNN's AVX-512
-// kernels (Xeon); with its AVX2 ones (AMD EPYC Zen 3) the LSTM pair wins from H 128 only (1.06-1.58x):
-// at N 32-128 it loses at H 32 (0.72-0.85x) and ties at H 64 (1.03x; 0.92x on bench W5, T 32, I 16).
-bool pays_off(const Layer& l, bool inference) {
+// One sample is never taken: Eigen's matrix-vector steps win there. With its AVX2 kernels (AMD EPYC
+// Zen 3), against Eigen with the packed step products, the training pair never wins (Eigen 1.0-1.37x
+// faster at H 128-256, N 2-32: the pair ties only at N 32, H 256) and GRU inference wins from H 256
+// (1.10-1.12x at N 4-32; 0.83-1.03x at H 128, 0.74-0.89x at H 64).
+bool pays_off_with_avx512(const Layer& l, bool inference) {
   if (l.N < 2) return false;
   if (inference) return l.cell == Cell::gru && l.H >= 64;
   if (l.cell == Cell::gru) return l.H >= 128 && l.N >= 8;
-  if (l.H >= 128) return true;
-  if (l.N < 32 || l.H < 32) return false;
-  if (!wide_vectors()) note_cpu_decline("the LSTM training pair pays off below hidden size 128 with AVX-512 kernels only");
-  return wide_vectors();
+  return l.H >= 128 || (l.N >= 32 && l.H >= 32);
+}
+
+bool pays_off(const Layer& l, bool inference) {
+  if (!pays_off_with_avx512(l, inference)) return false;
+  if (wide_vectors()) return true;
+  if (inference) return l.H >= 256 || !avx2_kernels_lose("GRU inference below hidden size 256");
+  return !avx2_kernels_lose("LSTM and GRU training pair");
 }
 // oneDNN's GRU gate g is PyTorch's gate kGruGate[g] (u = z, r, n); the permutation is its own inverse.
 constexpr int kGruGate[3] = {1, 0, 2};
