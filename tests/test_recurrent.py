@@ -189,6 +189,26 @@ def test_layer_op_blocked_sizes_vs_torch(backend, cell, lengths, dtype):
         np.testing.assert_allclose(grads[k], r, **grad_tol(dtype), err_msg=f"{cell}: gradient of {k}")
 
 
+@pytest.mark.parametrize("cell", list(CELLS))
+def test_eigen_time_loop_pieces_are_bitwise_the_serial_run(cell):
+    """The Eigen kernels run the time loops in pieces of samples, one per worker (up to 5 here):
+    outputs and every gradient are bitwise those of one worker, with variable lengths."""
+    t, n, h = 24, 40, 70
+    a = layer_arrays(cell, np.float32, True, seed=9, sizes=(t, n, 5, h))
+    lengths = np.random.default_rng(9).integers(1, t + 1, n)
+    lengths[:3] = t
+    keys, ins = op_inputs(a, lengths)
+    seeds = random_seeds([(n, t, h)] + [(n, h)] * num_states(cell), np.float32)
+    grads_out = seeds + ([None] if cell in ("gru", "lstm") else [])
+    op, attrs = CELLS[cell][1], op_attrs(cell, True, False)
+    serial = tl._core.run_op(op, ins, attrs, grads_out, "eigen", True, 0, 1)
+    for workers in (2, 3, 7):
+        outs, grads = tl._core.run_op(op, ins, attrs, grads_out, "eigen", True, 0, workers)
+        for got, want in zip(outs + grads, serial[0] + serial[1]):
+            if want is not None:
+                np.testing.assert_array_equal(got, want, err_msg=f"{cell}, {workers} workers")
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("cell", list(CELLS))
 def test_layer_op_without_bias(backend, cell):

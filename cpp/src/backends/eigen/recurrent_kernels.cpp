@@ -2,7 +2,8 @@
 //
 // Forward: one GEMM projects the whole input sequence (x @ W_ih^T + b_ih) into the output or the
 // saved buffer; then each step does one GEMM h @ W_hh^T over the samples still running (StepProduct:
-// W_hh packed once per call) and the gate arithmetic row by row, in place. Backward walks the steps in reverse with one GEMM per step
+// W_hh packed once per call) and the gate arithmetic row by row, in place. The time loops of both
+// passes run in pieces of samples on the host's workers (over_sample_pieces). Backward walks the steps in reverse with one GEMM per step
 // (dgates @ W_hh), keeping the gate gradients and previous states of the whole sequence in its
 // scratch; dW_ih, dW_hh, the biases and dx are then one GEMM (or column sum) each.
 //
@@ -140,6 +141,27 @@ class StepProduct {
   T* packed_ = nullptr;
 };
 
+// Runs piece(p0, p1) over pieces of the run order [0, N), one piece per worker. Samples are
+// independent through the time loops, and each sample's row of a step product or a gate update is
+// computed the same whatever piece holds it (small_gemm sums each element on its own, in order of
+// k), so the results do not depend on the pieces: unlike parallel_chunks' fixed chunks, their number
+// may follow the workers. Pieces hold >= 8 samples and >= 2^18 multiply-adds of step products each.
+// Where Eigen's GEMM runs the step products (its blocking follows the row count) there is one piece.
+template <typename F>
+void over_sample_pieces(Executor& exec, const Dims& d, int64_t GH, F&& piece) {
+  int64_t pieces = 1;
+  if constexpr (small_gemm::kBeatsEigen) {
+    const int64_t most = std::min(d.N / 8, d.T * d.N * GH * d.H >> 18);
+    pieces = std::clamp<int64_t>(exec.num_workers(), 1, std::max<int64_t>(1, most));
+  }
+  parallel_chunks(exec, d.N, (d.N + pieces - 1) / pieces, piece);
+}
+
+// The samples of run positions [p0, p1) that run step s.
+inline int64_t active_in(const Schedule& sch, int64_t s, int64_t N, int64_t p0, int64_t p1) {
+  return std::max<int64_t>(0, std::min(sch.active(s, N), p1) - p0);
+}
+
 template <typename T>
 void copy_row(T* dst, const T* src, int64_t n) {
   std::copy(src, src + n, dst);
@@ -232,16 +254,19 @@ void layer_forward(const KernelArgs& a) {
   }
   const StepProduct<T> hidden(a.in[s.w_hh].ptr<T>(), H, GH, /*transposed=*/true, gates + d.N * GH);
   const ForwardStep<T> st{h, c, gates, s.b_hh >= 0 ? a.in[s.b_hh].ptr<T>() : nullptr};
-  for (int64_t step = 0; step < d.T; ++step) {
-    const int64_t active = sch.active(step, d.N);
-    hidden(h, active, gates, /*accumulate=*/false);
-    for (int64_t k = 0; k < active; ++k) {
-      const int64_t n = perm[k], r = d.row(sch.time(step, n), n);
-      if constexpr (C == Cell::lstm) lstm_step(st, k, H, proj + r * ldp, y + r * H);
-      else if constexpr (C == Cell::gru) gru_step(st, k, H, proj + r * ldp, y + r * H);
-      else rnn_step(st, k, H, relu, proj + r * ldp);
+  over_sample_pieces(a.exec, d, GH, [&](int64_t p0, int64_t p1) {
+    for (int64_t step = 0; step < d.T; ++step) {
+      const int64_t active = active_in(sch, step, d.N, p0, p1);
+      if (active == 0) break;  // the active prefix only shrinks
+      hidden(h + p0 * H, active, gates + p0 * GH, /*accumulate=*/false);
+      for (int64_t k = p0; k < p0 + active; ++k) {
+        const int64_t n = perm[k], r = d.row(sch.time(step, n), n);
+        if constexpr (C == Cell::lstm) lstm_step(st, k, H, proj + r * ldp, y + r * H);
+        else if constexpr (C == Cell::gru) gru_step(st, k, H, proj + r * ldp, y + r * H);
+        else rnn_step(st, k, H, relu, proj + r * ldp);
+      }
     }
-  }
+  });
   T* h_n = a.out[1].ptr<T>();
   T* c_n = ci.has_cell_state ? a.out[2].ptr<T>() : nullptr;
   for (int64_t k = 0; k < d.N; ++k) {
@@ -345,25 +370,27 @@ void backward_steps(const KernelArgs& a, const rnn::BackwardSlots& s, const Dims
   const T* c0 = s.c0 >= 0 ? a.in[s.c0].ptr<T>() : nullptr;
   const StepProduct<T> hidden(a.in[s.w_hh].ptr<T>(), GH, H, /*transposed=*/false, b.h_prev + d.T * d.N * H);
   const BackwardStep<T> st{b.dh, b.dc, b.dg};
-  for (int64_t step = d.T - 1; step >= 0; --step) {
-    const int64_t active = sch.active(step, d.N);
-    for (int64_t k = 0; k < active; ++k) {
-      const int64_t n = b.perm[k], r = d.row(sch.time(step, n), n);
-      const int64_t rp = step > 0 ? d.row(sch.time(step - 1, n), n) : -1;
-      const T* h_prev = rp >= 0 ? y + rp * H : h0 + n * H;
-      copy_row(b.h_prev + r * H, h_prev, H);
-      if constexpr (C == Cell::lstm) {
-        const T* c_prev = rp >= 0 ? saved + rp * SW + 4 * H : c0 + n * H;
-        lstm_back(st, k, H, saved + r * SW, c_prev, dy + r * H, b.dg_ih + r * GH);
-      } else if constexpr (C == Cell::gru) {
-        gru_back(st, k, H, saved + r * SW, h_prev, dy + r * H, b.dg_ih + r * GH);
-        copy_row(b.dg_hh + r * GH, b.dg + k * GH, GH);
-      } else {
-        rnn_back(st, k, H, relu, y + r * H, dy + r * H, b.dg_ih + r * GH);
+  over_sample_pieces(a.exec, d, GH, [&](int64_t p0, int64_t p1) {
+    for (int64_t step = d.T - 1; step >= 0; --step) {
+      const int64_t active = active_in(sch, step, d.N, p0, p1);
+      for (int64_t k = p0; k < p0 + active; ++k) {
+        const int64_t n = b.perm[k], r = d.row(sch.time(step, n), n);
+        const int64_t rp = step > 0 ? d.row(sch.time(step - 1, n), n) : -1;
+        const T* h_prev = rp >= 0 ? y + rp * H : h0 + n * H;
+        copy_row(b.h_prev + r * H, h_prev, H);
+        if constexpr (C == Cell::lstm) {
+          const T* c_prev = rp >= 0 ? saved + rp * SW + 4 * H : c0 + n * H;
+          lstm_back(st, k, H, saved + r * SW, c_prev, dy + r * H, b.dg_ih + r * GH);
+        } else if constexpr (C == Cell::gru) {
+          gru_back(st, k, H, saved + r * SW, h_prev, dy + r * H, b.dg_ih + r * GH);
+          copy_row(b.dg_hh + r * GH, b.dg + k * GH, GH);
+        } else {
+          rnn_back(st, k, H, relu, y + r * H, dy + r * H, b.dg_ih + r * GH);
+        }
       }
+      if (active > 0) hidden(b.dg + p0 * GH, active, b.dh + p0 * H, /*accumulate=*/C == Cell::gru);
     }
-    hidden(b.dg, active, b.dh, /*accumulate=*/C == Cell::gru);
-  }
+  });
 }
 
 // dW (rows of g x cols of `in`) = g^T in, over the whole sequence; chunks of dW's rows.
