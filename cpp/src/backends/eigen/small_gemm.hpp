@@ -70,13 +70,20 @@ template <typename T>
 void pack_panel(const View<T>& b, int64_t k0, int64_t kc, int64_t j0, int64_t N, T* out) {
   constexpr int P = kPanel<T>;
   const int64_t cols = std::min<int64_t>(P, N - j0);
+  if (b.transposed) {  // B's columns are rows of memory: read each one in order, write it down the panel
+    for (int64_t j = 0; j < P; ++j) {
+      const T* src = b.p + (j0 + j) * b.ld + k0;
+      if (j < cols) {
+        for (int64_t k = 0; k < kc; ++k) out[k * P + j] = src[k];
+      } else {
+        for (int64_t k = 0; k < kc; ++k) out[k * P + j] = T(0);
+      }
+    }
+    return;
+  }
   for (int64_t k = 0; k < kc; ++k) {
     T* row = out + k * P;
-    if (b.transposed) {
-      for (int64_t j = 0; j < cols; ++j) row[j] = b.p[(j0 + j) * b.ld + k0 + k];
-    } else {
-      std::copy(b.p + (k0 + k) * b.ld + j0, b.p + (k0 + k) * b.ld + j0 + cols, row);
-    }
+    std::copy(b.p + (k0 + k) * b.ld + j0, b.p + (k0 + k) * b.ld + j0 + cols, row);
     std::fill(row + cols, row + P, T(0));
   }
 }
