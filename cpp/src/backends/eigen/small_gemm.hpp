@@ -47,7 +47,7 @@ constexpr int64_t kMaxPanel = 64;
 static_assert(kPanel<float> <= kMaxPanel && kPanel<double> <= kMaxPanel);
 
 // Rows of B per pass over a panel: a kKc x kPanel block of B (16 KiB of float with AVX2) stays in
-// L1 while the micro-kernels run down A's rows. Products with K above it sum kKc-long partial sums
+// L1 while the micro-kernels run down A's rows. Products with K above it add kKc-long partial sums
 // into C in order of k, the same order for every row block and every worker.
 constexpr int64_t kKc = 256;
 
@@ -151,18 +151,20 @@ void panel_block(const T* a, int64_t lda, int64_t M, const T* panel, int64_t kc,
   }
 }
 
-// Runs panel_block over every (panel, K block) of the product; `panel_at(j0, k0, kc)` gives the
-// packed kc x kPanel block of B at column j0, rows k0...
+// Runs panel_block over every (K block, panel) of the product; `panel_at(j0, k0, kc)` gives the
+// packed kc x kPanel block of B at column j0, rows k0... K blocks outermost: a long K (a weight
+// gradient over every row of a sequence, megabytes of A) is read from memory once, each block
+// staying in L2 while every panel passes over it, rather than once per panel.
 template <typename T, typename PanelAt>
 void blocked_product(const View<T>& a, int64_t M, int64_t K, int64_t N, T* c, int64_t ldc, bool accumulate,
                      PanelAt&& panel_at) {
-  for (int64_t j0 = 0; j0 < N; j0 += kPanel<T>) {
-    const int64_t cols = std::min<int64_t>(kPanel<T>, N - j0);
-    for (int64_t k0 = 0; k0 < K; k0 += kKc) {
-      const int64_t kc = std::min(kKc, K - k0);
+  for (int64_t k0 = 0; k0 < K; k0 += kKc) {
+    const int64_t kc = std::min(kKc, K - k0);
+    const bool acc = accumulate || k0 > 0;
+    const T* ak = a.transposed ? a.p + k0 * a.ld : a.p + k0;
+    for (int64_t j0 = 0; j0 < N; j0 += kPanel<T>) {
+      const int64_t cols = std::min<int64_t>(kPanel<T>, N - j0);
       const T* panel = panel_at(j0, k0, kc);
-      const bool acc = accumulate || k0 > 0;
-      const T* ak = a.transposed ? a.p + k0 * a.ld : a.p + k0;
       if (a.transposed) panel_block<T, true>(ak, a.ld, M, panel, kc, c + j0, ldc, cols, acc);
       else panel_block<T, false>(ak, a.ld, M, panel, kc, c + j0, ldc, cols, acc);
     }
