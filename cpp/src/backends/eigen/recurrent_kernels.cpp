@@ -96,7 +96,10 @@ void gemm_nt(Executor& exec, const T* in, int64_t rows, int64_t k, const T* w, i
   ConstMapR<T> W(w, n, k);
   parallel_chunks(exec, rows, row_grain(n * k), [&](int64_t r0, int64_t r1) {
     StridedMapR<T> O(out + r0 * ldo, r1 - r0, n, Eigen::OuterStride<>(ldo));
-    O.noalias() = ConstMapR<T>(in + r0 * k, r1 - r0, k) * W.transpose();
+    if constexpr (small_gemm::kBeatsEigen)
+      small_gemm::multiply<T>({in + r0 * k, k}, r1 - r0, {w, k, /*transposed=*/true}, k, n, out + r0 * ldo, ldo);
+    else
+      O.noalias() = ConstMapR<T>(in + r0 * k, r1 - r0, k) * W.transpose();
     if (bias) O.rowwise() += RowVec<T>(bias, n);
   });
 }
