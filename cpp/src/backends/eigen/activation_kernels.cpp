@@ -106,8 +106,14 @@ void float_binary_blocks(const KernelArgs& a, F&& f) {
 inline void sigmoid_and_complement(const ArrayF& z, ArrayF& s, ArrayF& c) {
   c = -z.abs();
   exp_nonpositive(c);
-  s = (z >= 0.0f).select(1.0f, c) / (1.0f + c);
-  c = (z >= 0.0f).select(c, 1.0f) / (1.0f + c);
+  const float* zp = z.data();
+  float *sp = s.data(), *cp = c.data();
+  for (Eigen::Index i = 0; i < z.size(); ++i) {  // one vectorised loop (Eigen's select is scalar)
+    const bool up = zp[i] >= 0.0f;
+    const float e = cp[i], d = 1.0f + e;
+    sp[i] = blend(up, 1.0f, e) / d;
+    cp[i] = blend(up, e, 1.0f) / d;
+  }
 }
 
 // --- relu, leaky_relu: piecewise linear. x < 0 tests keep NaN flowing through as PyTorch does.
