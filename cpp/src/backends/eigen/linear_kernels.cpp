@@ -38,8 +38,10 @@ void linear_kernel(const KernelArgs& a) {
   parallel_chunks(a.exec, rows, row_grain(in * out), [&](int64_t r0, int64_t r1) {
     ConstMapR<T> X(px + r0 * in, r1 - r0, in);
     MapR<T> Y(y.ptr<T>() + r0 * out, r1 - r0, out);
-    if (small) small_gemm::multiply<T>({px + r0 * in, in}, r1 - r0, {pw, in, /*transposed=*/true}, in, out, Y.data(), out);
-    else Y.noalias() = X * W.transpose();
+    if (small)
+      small_gemm::multiply<T>({px + r0 * in, in}, r1 - r0, {pw, in, /*transposed=*/true}, in, out, Y.data(), out);
+    else
+      Y.noalias() = X * W.transpose();
     if (b) Y.rowwise() += Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(b, out);
     apply_epilogue(epilogue, Y.data(), (r1 - r0) * out);
   });

@@ -2,10 +2,11 @@
 //
 // Forward: one GEMM projects the whole input sequence (x @ W_ih^T + b_ih) into the output or the
 // saved buffer; then each step does one GEMM h @ W_hh^T over the samples still running (StepProduct:
-// W_hh packed once per call) and the gate arithmetic row by row, in place. The time loops of both
-// passes run in pieces of samples on the host's workers (over_sample_pieces). Backward walks the steps in reverse with one GEMM per step
-// (dgates @ W_hh), keeping the gate gradients and previous states of the whole sequence in its
-// scratch; dW_ih, dW_hh, the biases and dx are then one GEMM (or column sum) each.
+// W_hh packed once per call) and the gate arithmetic row by row, in place. Backward walks the steps
+// in reverse with one GEMM per step (dgates @ W_hh), keeping the gate gradients and previous states
+// of the whole sequence in its scratch; dW_ih, dW_hh, the biases and dx are then one GEMM (or column
+// sum) each. The time loops of both passes run in pieces of samples on the host's workers
+// (over_sample_pieces); the products run on small_gemm where it beats Eigen's GEMM.
 //
 // Variable lengths: samples are run in order of decreasing length (ties by index), so the samples
 // still running at step s are the prefix [0, active) of the run order and each step's GEMM touches
