@@ -1,14 +1,15 @@
 #pragma once
-// A register-blocked GEMM for the small products a recurrent layer runs once per time step,
-// C (M x N) = A (M x K) @ B (K x N), with B packed once per call and reused by every step.
+// A register-blocked GEMM, C (M x N) = A (M x K) @ B (K x N), for the Eigen backend's small and
+// medium products: a recurrent layer's per-step products (B packed once per call and reused by
+// every step), its whole-sequence gradients, and the linear and matmul kernels (B packed per block).
 //
 // Why not Eigen's GEMM: at the sizes of a step (M = batch <= ~128, K and N = H or G*H <= ~1024)
 // Eigen packs both operands on every product (for an LSTM of hidden size 64, a 16k-float weight
 // matrix 32 times per sequence) and its kernel reaches ~60% of the FMA peak there. Here B is packed
-// once into column panels of kPanel = 2 packets (16 floats with AVX2), each panel K x kPanel
-// contiguous and zero-padded past N, and A is read in place: a micro-kernel keeps a 6 x kPanel block
-// of C in registers, broadcasting one element of A per row and loading the panel's row of B per k.
-// A step's B panel (K x kPanel) stays in L1 across the step's row blocks.
+// into column panels of kPanel = 2 packets (16 floats with AVX2), each panel K x kPanel contiguous
+// and zero-padded past N, and A is read in place: a micro-kernel keeps a 6 x kPanel block of C in
+// registers, broadcasting one element of A per row and loading the panel's row of B per k. A
+// block of a panel (kKc x kPanel) stays in L1 across the row blocks.
 //
 // Every element of C is one sequential sum over k in a single accumulator, in the same order
 // whatever M, the row block it falls in or the packet width: results do not depend on the batch
@@ -38,10 +39,10 @@ constexpr bool kBeatsEigen = false;
 // a broadcast take 15 of AVX2's 16 vector registers, and 8 loads feed 12 FMAs, so the FMA units set
 // the pace (a 4 x 3 block needs 16 loads per 12 FMAs and ran at half the speed on AMD Zen 3).
 constexpr int kPanelPackets = 2;
-constexpr int kRows = 6;  // multiply() handles the 1-5 leftover rows by name
+constexpr int kRows = 6;  // panel_block() handles the 1-5 leftover rows by name
 template <typename T>
 constexpr int kPanel = kPanelPackets * kPacket<T>;
-// Upper bound of kPanel over every instruction set (AVX-512 float: 48), for sizing buffers
+// Upper bound of kPanel over every instruction set (AVX-512 float: 32), for sizing buffers
 // in code that does not know the packet width.
 constexpr int64_t kMaxPanel = 64;
 static_assert(kPanel<float> <= kMaxPanel && kPanel<double> <= kMaxPanel);
@@ -72,8 +73,8 @@ void pack_panel(const View<T>& b, int64_t k0, int64_t kc, int64_t j0, int64_t N,
   const int64_t cols = std::min<int64_t>(P, N - j0);
   if (b.transposed) {  // B's columns are rows of memory: read each one in order, write it down the panel
     for (int64_t j = 0; j < P; ++j) {
-      const T* src = b.p + (j0 + j) * b.ld + k0;
       if (j < cols) {
+        const T* src = b.p + (j0 + j) * b.ld + k0;
         for (int64_t k = 0; k < kc; ++k) out[k * P + j] = src[k];
       } else {
         for (int64_t k = 0; k < kc; ++k) out[k * P + j] = T(0);
