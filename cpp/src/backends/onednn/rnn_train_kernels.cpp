@@ -39,7 +39,7 @@ using rnn::Cell;
 // - GRU inference from H 64 (1.06-1.37x; 0.8-1.1x below).
 // One sample is never taken: Eigen's matrix-vector steps win there. With its AVX2 kernels (AMD EPYC
 // Zen 3), against Eigen with the packed step products, the training pair never wins (Eigen 1.0-1.37x
-// faster at H 128-256, N 2-32: the pair ties only at N 32, H 256) and GRU inference wins from H 256
+// faster at H 128-256, N 2-128: the pair ties only at N 32, H 256) and GRU inference wins from H 256
 // (1.10-1.12x at N 4-32; 0.83-1.03x at H 128, 0.74-0.89x at H 64).
 bool pays_off_with_avx512(const Layer& l, bool inference) {
   if (l.N < 2) return false;
