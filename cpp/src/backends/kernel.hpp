@@ -143,21 +143,11 @@ class TableBackend : public Backend {
 void note_cpu_decline(std::string why);
 std::string take_cpu_decline();
 
-// Backends decline nodes too small to pay for their fixed costs (measured thresholds: Eigen is
-// faster there). Verification checks kernels on small shapes, so while a KernelsForAnySize lives on
-// this thread (run_op's all_kernels) a backend takes every node it can compute, whatever its size.
-// Declines by capability (dtype, layout, the CPU) stand.
-class KernelsForAnySize {
- public:
-  KernelsForAnySize();
-  ~KernelsForAnySize();
-  KernelsForAnySize(const KernelsForAnySize&) = delete;
-  KernelsForAnySize& operator=(const KernelsForAnySize&) = delete;
-
- private:
-  bool outer_;
-};
-// Whether a node below a backend's profitability threshold is declined (false inside KernelsForAnySize).
+// Backends decline nodes too small to pay for their fixed costs, or whose kernels measured slower than
+// Eigen's on this CPU. Verification checks kernels on small shapes and on any CPU, so while a
+// treadle::AllKernelsScope (treadle/testing.hpp; run_op's all_kernels) lives on this thread a backend
+// takes every node it can compute. Declines by capability (dtype, layout, instruction set) stand.
+// Whether such a decline applies (false inside an AllKernelsScope).
 bool size_thresholds_apply();
 
 // Whether `value` is read by nodes of op `op` only, and not by the host: a forward may then write it

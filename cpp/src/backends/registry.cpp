@@ -110,8 +110,6 @@ namespace {
 thread_local bool any_size = false;
 }  // namespace
 
-KernelsForAnySize::KernelsForAnySize() : outer_(any_size) { any_size = true; }
-KernelsForAnySize::~KernelsForAnySize() { any_size = outer_; }
 AllKernelsScope::AllKernelsScope() : outer_(any_size) { any_size = true; }
 AllKernelsScope::~AllKernelsScope() { any_size = outer_; }
 bool size_thresholds_apply() { return !any_size; }

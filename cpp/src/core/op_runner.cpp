@@ -107,7 +107,7 @@ OpRunResult run_op(const std::string& op, const std::vector<Tensor>& inputs, con
                    const std::vector<Tensor>& grad_outputs, const std::string& backend, bool training,
                    uint64_t seed, int workers, bool all_kernels) {
   if (workers < 1) throw_value_error("run_op: workers must be >= 1, got ", workers);
-  std::optional<KernelsForAnySize> any_size;  // while the plan is finalized (kernels are chosen)
+  std::optional<AllKernelsScope> any_size;  // while the plan is finalized (kernels are chosen)
   if (all_kernels) any_size.emplace();
   const bool backward = !grad_outputs.empty();
   OpPlan p = build_op_plan(op, inputs, attrs, grad_outputs, training, true);
