@@ -48,8 +48,7 @@ std::optional<Layer> layer_of(const Graph& g, const Node& node) {
   if (!l) return std::nullopt;
   if (size_thresholds_apply() && (l->N < kMinSamples || l->T * l->N * 4 * l->H * (l->I + l->H) < kMinMacs))
     return std::nullopt;
-  if (!wide_vectors() && (l->H < 128 || l->N < 4) && avx2_kernels_lose("LSTM below hidden size 128 or 4 samples"))
-    return std::nullopt;
+  if ((l->H < 128 || l->N < 4) && avx2_kernels_lose("LSTM below hidden size 128 or 4 samples")) return std::nullopt;
   return l;
 }
 
