@@ -89,20 +89,14 @@ void matmul_kernel(const KernelArgs& a) {
     });
     return;
   }
-  ConstMapR<T> Am(pa, A.dim(0), A.dim(1));
-  ConstMapR<T> Bm(pb, B.dim(0), B.dim(1));
   const bool small = small_gemm_pays(m, n);
+  const small_gemm::View<T> bv{pb, B.dim(1), tb};
   parallel_chunks(a.exec, m, row_grain(n * k), [&](int64_t r0, int64_t r1) {
-    MapR<T> Cm(C.ptr<T>() + r0 * n, r1 - r0, n);
-    if (small) {  // rows r0.. of op(A): A's rows, or with trans_a its columns
-      const small_gemm::View<T> av{ta ? pa + r0 : pa + r0 * A.dim(1), A.dim(1), ta};
-      small_gemm::multiply<T>(av, r1 - r0, {pb, B.dim(1), tb}, k, n, Cm.data(), n);
-      return;
-    }
-    if (!ta && !tb) Cm.noalias() = Am.middleRows(r0, r1 - r0) * Bm;
-    else if (!ta && tb) Cm.noalias() = Am.middleRows(r0, r1 - r0) * Bm.transpose();
-    else if (ta && !tb) Cm.noalias() = Am.middleCols(r0, r1 - r0).transpose() * Bm;
-    else Cm.noalias() = Am.middleCols(r0, r1 - r0).transpose() * Bm.transpose();
+    // Rows r0.. of op(A): A's rows, or with trans_a its columns.
+    const small_gemm::View<T> av{ta ? pa + r0 : pa + r0 * A.dim(1), A.dim(1), ta};
+    T* c = C.ptr<T>() + r0 * n;
+    if (small) small_gemm::multiply<T>(av, r1 - r0, bv, k, n, c, n);
+    else small_gemm::eigen_product<T>(av, r1 - r0, bv, k, n, c, n);
   });
 }
 

@@ -94,14 +94,9 @@ Schedule make_schedule(const KernelArgs& a, int lengths, const Dims& d, int64_t*
 template <typename T>
 void gemm_nt(Executor& exec, const T* in, int64_t rows, int64_t k, const T* w, int64_t n, const T* bias, T* out,
              int64_t ldo) {
-  ConstMapR<T> W(w, n, k);
   parallel_chunks(exec, rows, row_grain(n * k), [&](int64_t r0, int64_t r1) {
-    StridedMapR<T> O(out + r0 * ldo, r1 - r0, n, Eigen::OuterStride<>(ldo));
-    if constexpr (small_gemm::kBeatsEigen)
-      small_gemm::multiply<T>({in + r0 * k, k}, r1 - r0, {w, k, /*transposed=*/true}, k, n, out + r0 * ldo, ldo);
-    else
-      O.noalias() = ConstMapR<T>(in + r0 * k, r1 - r0, k) * W.transpose();
-    if (bias) O.rowwise() += RowVec<T>(bias, n);
+    small_gemm::product<T>({in + r0 * k, k}, r1 - r0, {w, k, /*transposed=*/true}, k, n, out + r0 * ldo, ldo);
+    if (bias) StridedMapR<T>(out + r0 * ldo, r1 - r0, n, Eigen::OuterStride<>(ldo)).rowwise() += RowVec<T>(bias, n);
   });
 }
 
@@ -113,35 +108,21 @@ template <typename T>
 class StepProduct {
  public:
   StepProduct(const T* w, int64_t K, int64_t N, bool transposed, void* scratch)
-      : w_(w), K_(K), N_(N), transposed_(transposed) {
+      : b_{w, transposed ? K : N, transposed}, K_(K), N_(N) {
     if constexpr (!small_gemm::kBeatsEigen) return;
     const auto at = (reinterpret_cast<std::uintptr_t>(scratch) + 63) & ~std::uintptr_t{63};
     packed_ = reinterpret_cast<T*>(at);
-    small_gemm::pack<T>({w, transposed ? K : N, transposed}, K, N, packed_);
+    small_gemm::pack(b_, K, N, packed_);
   }
 
   void operator()(const T* a, int64_t rows, T* c, bool accumulate) const {
-    if constexpr (small_gemm::kBeatsEigen) {
-      small_gemm::multiply<T>({a, K_}, rows, packed_, K_, N_, c, N_, accumulate);
-      return;
-    }
-    ConstMapR<T> A(a, rows, K_);
-    MapR<T> C(c, rows, N_);
-    if (transposed_) {
-      ConstMapR<T> W(w_, N_, K_);
-      if (accumulate) C.noalias() += A * W.transpose();
-      else C.noalias() = A * W.transpose();
-    } else {
-      ConstMapR<T> W(w_, K_, N_);
-      if (accumulate) C.noalias() += A * W;
-      else C.noalias() = A * W;
-    }
+    if (packed_) small_gemm::multiply<T>({a, K_}, rows, packed_, K_, N_, c, N_, accumulate);
+    else small_gemm::eigen_product<T>({a, K_}, rows, b_, K_, N_, c, N_, accumulate);
   }
 
  private:
-  const T* w_;
+  small_gemm::View<T> b_;
   int64_t K_, N_;
-  bool transposed_;
   T* packed_ = nullptr;
 };
 
@@ -400,16 +381,8 @@ void backward_steps(const KernelArgs& a, const rnn::BackwardSlots& s, const Dims
 // dW (rows of g x cols of `in`) = g^T in, over the whole sequence; chunks of dW's rows.
 template <typename T>
 void weight_grad(Executor& exec, const T* g, int64_t rows, int64_t GH, const T* in, int64_t cols, T* dw) {
-  ConstMapR<T> X(in, rows, cols);
   parallel_chunks(exec, GH, row_grain(rows * cols), [&](int64_t g0, int64_t g1) {
-    if constexpr (small_gemm::kBeatsEigen) {
-      small_gemm::multiply<T>({g + g0, GH, /*transposed=*/true}, g1 - g0, {in, cols}, rows, cols, dw + g0 * cols,
-                              cols);
-      return;
-    }
-    Eigen::Map<const MatrixR<T>, Eigen::Unaligned, Eigen::OuterStride<>> G(g + g0, rows, g1 - g0,
-                                                                          Eigen::OuterStride<>(GH));
-    MapR<T>(dw + g0 * cols, g1 - g0, cols).noalias() = G.transpose() * X;
+    small_gemm::product<T>({g + g0, GH, /*transposed=*/true}, g1 - g0, {in, cols}, rows, cols, dw + g0 * cols, cols);
   });
 }
 
@@ -430,12 +403,7 @@ void parameter_and_input_grads(const KernelArgs& a, const rnn::BackwardSlots& s,
     const T* w_ih = a.in[s.w_ih].ptr<T>();
     T* dx = a.out[s.dx].ptr<T>();
     parallel_chunks(a.exec, rows, row_grain(GH * d.I), [&](int64_t r0, int64_t r1) {
-      if constexpr (small_gemm::kBeatsEigen) {
-        small_gemm::multiply<T>({b.dg_ih + r0 * GH, GH}, r1 - r0, {w_ih, d.I}, GH, d.I, dx + r0 * d.I, d.I);
-        return;
-      }
-      MapR<T>(dx + r0 * d.I, r1 - r0, d.I).noalias() =
-          ConstMapR<T>(b.dg_ih + r0 * GH, r1 - r0, GH) * ConstMapR<T>(w_ih, GH, d.I);
+      small_gemm::product<T>({b.dg_ih + r0 * GH, GH}, r1 - r0, {w_ih, d.I}, GH, d.I, dx + r0 * d.I, d.I);
     });
   }
   weight_grad(a.exec, b.dg_ih, rows, GH, a.in[s.x].ptr<T>(), d.I, a.out[s.dw_ih].ptr<T>());

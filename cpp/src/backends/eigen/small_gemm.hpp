@@ -194,4 +194,39 @@ void multiply(const View<T>& a, int64_t M, const View<T>& b, int64_t K, int64_t 
   });
 }
 
+template <typename T>
+using ConstStrided = Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>,
+                                Eigen::Unaligned, Eigen::OuterStride<>>;
+template <typename T>
+using Strided =
+    Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>, Eigen::Unaligned, Eigen::OuterStride<>>;
+
+// f(the rows x cols Eigen expression of operand v): a strided map, or the transpose of one.
+template <typename T, typename F>
+void as_eigen(const View<T>& v, int64_t rows, int64_t cols, F&& f) {
+  if (v.transposed) f(ConstStrided<T>(v.p, cols, rows, Eigen::OuterStride<>(v.ld)).transpose());
+  else f(ConstStrided<T>(v.p, rows, cols, Eigen::OuterStride<>(v.ld)));
+}
+
+// The same product on Eigen's GEMM, for the sizes and CPUs where small_gemm does not pay.
+template <typename T>
+void eigen_product(const View<T>& a, int64_t M, const View<T>& b, int64_t K, int64_t N, T* c, int64_t ldc,
+                   bool accumulate = false) {
+  Strided<T> C(c, M, N, Eigen::OuterStride<>(ldc));
+  as_eigen(a, M, K, [&](const auto& A) {
+    as_eigen(b, K, N, [&](const auto& B) {
+      if (accumulate) C.noalias() += A * B;
+      else C.noalias() = A * B;
+    });
+  });
+}
+
+// C (M x N) = (or +=) A @ B on small_gemm where it beats Eigen's GEMM (kBeatsEigen), else on Eigen's.
+template <typename T>
+void product(const View<T>& a, int64_t M, const View<T>& b, int64_t K, int64_t N, T* c, int64_t ldc,
+             bool accumulate = false) {
+  if constexpr (kBeatsEigen) multiply(a, M, b, K, N, c, ldc, accumulate);
+  else eigen_product(a, M, b, K, N, c, ldc, accumulate);
+}
+
 }  // namespace treadle::eigen::small_gemm
