@@ -145,6 +145,16 @@ def assert_close(ours, ref, dtype, what):
     np.testing.assert_allclose(ours, ref, **tol(dtype), err_msg=what)
 
 
+def assert_layer_matches_torch(cell, a, batch_first, reverse, lengths, seeds, backend, dtype):
+    """Outputs, final states and every gradient of one layer op against torch.nn."""
+    outs, grads = treadle_layer(cell, a, batch_first, reverse, lengths, seeds, backend)
+    ref_outs, ref_grads = torch_layer(cell, a, batch_first, reverse, lengths, seeds)
+    for name, o, r in zip(["output", "h_n", "c_n"], outs, ref_outs):
+        assert_close(o, r, dtype, f"{cell} {name}")
+    for k, r in ref_grads.items():
+        np.testing.assert_allclose(grads[k], r, **grad_tol(dtype), err_msg=f"{cell}: gradient of {k}")
+
+
 # ---- layer ops against PyTorch -----------------------------------------------------------------
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -158,12 +168,7 @@ def test_layer_op_vs_torch(backend, cell, batch_first, reverse, lengths, dtype):
     lens = LENGTHS[lengths]
     y_shape = (N, T, H) if batch_first else (T, N, H)
     seeds = random_seeds([y_shape] + [(N, H)] * num_states(cell), dtype)
-    outs, grads = treadle_layer(cell, a, batch_first, reverse, lens, seeds, backend)
-    ref_outs, ref_grads = torch_layer(cell, a, batch_first, reverse, lens, seeds)
-    for name, o, r in zip(["output", "h_n", "c_n"], outs, ref_outs):
-        assert_close(o, r, dtype, f"{cell} {name}")
-    for k, r in ref_grads.items():
-        np.testing.assert_allclose(grads[k], r, **grad_tol(dtype), err_msg=f"{cell}: gradient of {k}")
+    assert_layer_matches_torch(cell, a, batch_first, reverse, lens, seeds, backend, dtype)
 
 
 # Sizes past the blocking of the step products (backends/eigen/small_gemm.hpp): N = 13 fills two
@@ -181,12 +186,7 @@ def test_layer_op_blocked_sizes_vs_torch(backend, cell, lengths, dtype):
     t, n, _, h = BLOCKED_SIZES
     a = layer_arrays(cell, dtype, True, seed=5, sizes=BLOCKED_SIZES)
     seeds = random_seeds([(n, t, h)] + [(n, h)] * num_states(cell), dtype)
-    outs, grads = treadle_layer(cell, a, True, False, lengths, seeds, backend)
-    ref_outs, ref_grads = torch_layer(cell, a, True, False, lengths, seeds)
-    for name, o, r in zip(["output", "h_n", "c_n"], outs, ref_outs):
-        assert_close(o, r, dtype, f"{cell} {name}")
-    for k, r in ref_grads.items():
-        np.testing.assert_allclose(grads[k], r, **grad_tol(dtype), err_msg=f"{cell}: gradient of {k}")
+    assert_layer_matches_torch(cell, a, True, False, lengths, seeds, backend, dtype)
 
 
 @pytest.mark.parametrize("cell", list(CELLS))
