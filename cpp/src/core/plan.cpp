@@ -222,6 +222,7 @@ void Plan::plan_memory() {
   std::vector<int64_t> offset_of(nv, 0);
   int64_t values_bytes = place(items, offset_of);
   for (const Interval& it : items) loc_[it.value] = {Buffer::arena, 0, offset_of[it.value]};
+  if (!runtime_) bind_outputs_in_place(alias);
   for (int v = 0; v < nv; ++v)
     if (alias[v] >= 0) loc_[v] = loc_[root(v)];
   std::size_t ws = 0;
@@ -230,8 +231,31 @@ void Plan::plan_memory() {
   arena_bytes_ = workspace_offset_ + static_cast<std::size_t>(align_up(static_cast<int64_t>(ws)));
 }
 
+// An output whose memory is an arena value of its own (itself, or the value it is a view of, with
+// the same bytes) may live in the caller's buffer instead: predict then skips the copy out. Not
+// when two outputs share that memory, nor for a backend's own layout (the host reads it plain).
+void Plan::bind_outputs_in_place(const std::vector<int>& alias) {
+  auto root = [&](int v) {
+    while (alias[v] >= 0) v = alias[v];
+    return v;
+  };
+  std::vector<int> roots;
+  for (int v : outputs) roots.push_back(root(v));
+  for (std::size_t k = 0; k < outputs.size(); ++k) {
+    const int r = roots[k];
+    const ValueInfo &out = graph.info(outputs[k]), &mem = graph.info(r);
+    if (loc_[r].buffer != Buffer::arena || mem.layout_owner || out.layout_owner ||
+        planned_bytes(mem) != static_cast<int64_t>(shape_numel(out.shape) * dtype_size(out.dtype)) ||
+        std::count(roots.begin(), roots.end(), r) != 1)
+      continue;
+    loc_[r].output = static_cast<int>(k);
+  }
+}
+
 void* Plan::address(Context& ctx, const Bindings& b, int id) const {
   const Location& l = loc_[id];
+  if (l.output >= 0 && static_cast<std::size_t>(l.output) < b.outputs.size() && b.outputs[l.output])
+    return b.outputs[l.output];
   char* base = nullptr;
   switch (l.buffer) {
     case Buffer::arena: base = arena_base(ctx); break;

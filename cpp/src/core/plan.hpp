@@ -26,6 +26,7 @@ struct Location {
   Buffer buffer = Buffer::none;
   int slot = 0;          // which input/target/seed
   int64_t offset = 0;    // bytes from the buffer's base
+  int output = -1;       // an arena value a run may write straight into this plan output's bound buffer
 };
 
 // Bytes a value takes in the arena: its shape's, or more for a backend's own layout (ValueInfo).
@@ -61,6 +62,11 @@ struct Bindings {
   // Where the pointers above point. A plan runs only with bindings on its own device: a device
   // plan never reads host memory, a host plan never device memory.
   Device device{};
+  // Optional, per plan output: the host buffer the caller will copy that output to (null or absent:
+  // none). An output the plan computes into its own arena bytes is then computed there directly
+  // (Location::output), and reading it back with the same bindings returns that buffer. The
+  // buffers must not overlap each other, the inputs or the parameters.
+  std::span<void* const> outputs;
 };
 
 // A run of consecutive elementwise Eigen steps over values of one shape, executed block by block
@@ -123,6 +129,8 @@ class Plan {
 
  private:
   void plan_memory();
+  // Marks the outputs a run may compute straight into the caller's buffers (Bindings::outputs).
+  void bind_outputs_in_place(const std::vector<int>& alias);
   // Sets ValueInfo::read from the graph's consumers and the values the host reads after a run.
   void mark_read_values();
   // Anomaly mode: throws ValueError if an output of step `s` holds NaN/Inf.

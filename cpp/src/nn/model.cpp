@@ -14,7 +14,29 @@ namespace treadle {
 
 namespace {
 constexpr int64_t kSlotAlignElements = 16;  // 64-byte alignment for float32 tensor starts
+constexpr std::size_t kMaxOutputs = 8;      // outputs predict may compute in place
+
+bool bytes_overlap(const void* a, std::size_t na, const void* b, std::size_t nb) {
+  const auto pa = reinterpret_cast<std::uintptr_t>(a), pb = reinterpret_cast<std::uintptr_t>(b);
+  return na > 0 && nb > 0 && pa < pb + nb && pb < pa + na;
 }
+
+// Whether the output buffers overlap neither each other, the inputs (as read: `in_ptrs`) nor the
+// parameters; only then may the plan compute into them (predict(x, out=x) must read x whole first).
+bool outputs_apart(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                   const std::array<void*, 8>& in_ptrs, const Tensor& params) {
+  for (std::size_t k = 0; k < outputs.size(); ++k) {
+    const void* o = outputs[k].data();
+    const std::size_t n = outputs[k].nbytes();
+    if (bytes_overlap(o, n, params.data(), params.nbytes())) return false;
+    for (std::size_t j = 0; j < k; ++j)
+      if (bytes_overlap(o, n, outputs[j].data(), outputs[j].nbytes())) return false;
+    for (std::size_t i = 0; i < inputs.size(); ++i)
+      if (bytes_overlap(o, n, in_ptrs[i], inputs[i].nbytes())) return false;
+  }
+  return true;
+}
+}  // namespace
 
 Model::Model(std::shared_ptr<Module> root) : root_(std::move(root)) {
   if (!root_) throw_value_error("Model: module is null");
@@ -373,6 +395,11 @@ void Model::predict_into(const Plan& plan, const std::vector<Tensor>& inputs, co
   std::unique_ptr<Context> pooled = ctx ? nullptr : take_context();
   Context& c = ctx ? *ctx : *pooled;
   Bindings b{flat_params_.data(), std::span<void* const>(ptrs.data(), inputs.size()), {}, {}};
+  std::array<void*, kMaxOutputs> out_ptrs{};  // outputs computed in place where they do not overlap
+  if (!on_device && outputs.size() <= kMaxOutputs && outputs_apart(outputs, inputs, ptrs, flat_params_)) {
+    for (std::size_t k = 0; k < outputs.size(); ++k) out_ptrs[k] = outputs[k].data();
+    b.outputs = std::span<void* const>(out_ptrs.data(), outputs.size());
+  }
   try {
     if (on_device) {  // host inputs uploaded, device ones copied on the device; outputs likewise
       device_mirror().predict(*p, inputs, outputs, c);
@@ -380,8 +407,10 @@ void Model::predict_into(const Plan& plan, const std::vector<Tensor>& inputs, co
       return;
     }
     p->run(c, b, 0, p->forward_end);
-    for (std::size_t k = 0; k < outputs.size(); ++k)
-      std::memcpy(outputs[k].data(), p->address(c, b, p->outputs[k]), outputs[k].nbytes());
+    for (std::size_t k = 0; k < outputs.size(); ++k) {
+      const void* computed = p->address(c, b, p->outputs[k]);
+      if (computed != outputs[k].data()) std::memcpy(outputs[k].data(), computed, outputs[k].nbytes());
+    }
   } catch (...) {
     if (pooled) return_context(std::move(pooled));
     throw;
