@@ -52,39 +52,45 @@ py::object predict_py(Model& model, const py::handle& xs, const py::object& cont
                      std::string(py::str(py::type::handle_of(context).attr("__name__"))));
   Context* ctx = context.is_none() ? nullptr : context.cast<Context*>();
   std::vector<Tensor> in = tensors_from(xs, "predict");
-  std::shared_ptr<const Plan> plan;
-  {
-    py::gil_scoped_release release;  // may compile, which re-acquires the GIL to trace
+  std::shared_ptr<const Plan> plan = model.last_infer_plan(in);  // the batch-1 hot path keeps the GIL
+  if (!plan) {
+    py::gil_scoped_release release;  // compiles, which re-acquires the GIL to trace
     plan = model.infer_plan(in);
   }
-  const std::vector<std::pair<Shape, DType>> shapes = Model::output_shapes(*plan);
+  const std::size_t outputs = Model::num_outputs(*plan);
   std::vector<Tensor> dst;
-  py::list arrays;
+  dst.reserve(outputs);
+  py::object result;
   if (!out.is_none()) {
-    if (shapes.size() != 1) throw_value_error("predict: out= needs a single-output model");
+    if (outputs != 1) throw_value_error("predict: out= needs a single-output model");
+    const Shape& shape = Model::output_shape(*plan, 0);
+    const DType dtype = Model::output_dtype(*plan, 0);
     dst.push_back(tensor_from_array(out, "predict(out=...)", /*writable=*/true, /*borrowed=*/true));
-    if (dst[0].shape() != shapes[0].first || dst[0].dtype() != shapes[0].second)
-      throw_value_error("predict: out must be ", dtype_name(shapes[0].second), shape_str(shapes[0].first), ", got ",
+    if (dst[0].shape() != shape || dst[0].dtype() != dtype)
+      throw_value_error("predict: out must be ", dtype_name(dtype), shape_str(shape), ", got ",
                         dtype_name(dst[0].dtype()), shape_str(dst[0].shape()));
-    arrays.append(out);
+    result = out;
   } else {
-    for (auto& [shape, dtype] : shapes) {
+    py::tuple arrays(outputs);
+    for (std::size_t k = 0; k < outputs; ++k) {
+      const Shape& shape = Model::output_shape(*plan, k);
+      const DType dtype = Model::output_dtype(*plan, k);
       // An output no machine could hold is refused before numpy is asked for it.
       const int64_t n = shape_numel(shape);  // throws on overflow
       if (n > max_tensor_bytes() / static_cast<int64_t>(dtype_size(dtype)))
         throw_value_error("predict: the output ", shape_str(shape), " of ", dtype_name(dtype), " needs more than this ",
                           "machine's ", max_tensor_bytes(), " bytes of memory");
       py::array a(numpy_dtype(dtype), std::vector<py::ssize_t>(shape.begin(), shape.end()));
-      arrays.append(a);  // holds `a` for the borrowed tensor below
-      dst.push_back(tensor_from_numpy(a, "predict", false, /*borrowed=*/true));
+      dst.push_back(Tensor::wrap(a.mutable_data(), shape, dtype));  // fresh, C-contiguous, aligned; `a` holds it
+      arrays[k] = std::move(a);
     }
+    result = outputs == 1 ? py::object(arrays[0]) : py::object(std::move(arrays));
   }
   {
     py::gil_scoped_release release;
     model.predict_into(*plan, in, dst, ctx);
   }
-  if (arrays.size() == 1) return arrays[0];
-  return py::tuple(arrays);
+  return result;
 }
 
 std::map<std::string, Tensor> state_from_dict(const py::dict& d) {

@@ -132,7 +132,15 @@ class TREADLE_API Model {
   // The same two steps with the inference plan looked up once (the batch-1 path of bindings):
   // infer_plan validates the inputs and returns their plan (opaque outside the library).
   std::shared_ptr<const Plan> infer_plan(const std::vector<Tensor>& inputs);
+  // The plan of the last prediction if `inputs` have its signature, else null; never compiles and
+  // never waits for another thread (null then), so a binding may call it holding the GIL and release
+  // the GIL only to call infer_plan.
+  std::shared_ptr<const Plan> last_infer_plan(const std::vector<Tensor>& inputs);
   static std::vector<std::pair<Shape, DType>> output_shapes(const Plan& plan);
+  // The same, one output at a time and without copies (the binding's per-call path).
+  static std::size_t num_outputs(const Plan& plan);
+  static const Shape& output_shape(const Plan& plan, std::size_t k);
+  static DType output_dtype(const Plan& plan, std::size_t k);
   void predict_into(const Plan& plan, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
                     Context* ctx = nullptr);
 
@@ -228,6 +236,7 @@ class TREADLE_API Model {
     std::vector<DType> dtypes;
     std::shared_ptr<const Plan> plan;
   } last_infer_;
+  std::shared_ptr<const Plan> last_infer_hit(const std::vector<Tensor>& inputs) const;  // mutex_ held
   std::unique_ptr<Context> take_context();
   void return_context(std::unique_ptr<Context> c);
 };

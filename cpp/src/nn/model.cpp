@@ -281,15 +281,27 @@ std::string Model::describe_plans() const {
   return text;
 }
 
+// The last prediction's plan if `inputs` have its signature, else null; mutex_ held.
+std::shared_ptr<const Plan> Model::last_infer_hit(const std::vector<Tensor>& inputs) const {
+  const LastInfer& c = last_infer_;
+  bool hit = c.plan && c.generation == generation_ && c.shapes.size() == inputs.size();
+  for (std::size_t i = 0; hit && i < inputs.size(); ++i)
+    hit = inputs[i].defined() && c.shapes[i] == inputs[i].shape() && c.dtypes[i] == inputs[i].dtype();
+  return hit ? c.plan : nullptr;
+}
+
+std::shared_ptr<const Plan> Model::last_infer_plan(const std::vector<Tensor>& inputs) {
+  // Never waits: a caller holding the GIL must not block on mutex_, whose holder may be destroying
+  // a plan whose tensors release Python objects (which takes the GIL). Busy: no answer.
+  std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+  return lock.owns_lock() ? last_infer_hit(inputs) : nullptr;
+}
+
 std::shared_ptr<const Plan> Model::infer_plan(const std::vector<Tensor>& inputs) {
   uint64_t generation = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    const LastInfer& c = last_infer_;
-    bool hit = c.plan && c.generation == generation_ && c.shapes.size() == inputs.size();
-    for (std::size_t i = 0; hit && i < inputs.size(); ++i)
-      hit = inputs[i].defined() && c.shapes[i] == inputs[i].shape() && c.dtypes[i] == inputs[i].dtype();
-    if (hit) return c.plan;
+    if (std::shared_ptr<const Plan> p = last_infer_hit(inputs)) return p;
     generation = generation_;  // read under the lock: a setter may be bumping it
   }
   PlanKey key = infer_key(inputs);  // settings read after the generation: a setter in between only forces a recompile
@@ -332,6 +344,10 @@ std::vector<std::pair<Shape, DType>> Model::output_shapes(const Plan& plan) {
   for (int id : plan.outputs) out.emplace_back(plan.graph.info(id).shape, plan.graph.info(id).dtype);
   return out;
 }
+
+std::size_t Model::num_outputs(const Plan& plan) { return plan.outputs.size(); }
+const Shape& Model::output_shape(const Plan& plan, std::size_t k) { return plan.graph.info(plan.outputs.at(k)).shape; }
+DType Model::output_dtype(const Plan& plan, std::size_t k) { return plan.graph.info(plan.outputs.at(k)).dtype; }
 
 Model::TrainingCall::TrainingCall(Model& m, const char* who) : m_(m) {
   const std::thread::id me = std::this_thread::get_id();
