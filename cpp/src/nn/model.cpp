@@ -4,6 +4,7 @@
 #include <cstring>
 #include <optional>
 #include <set>
+#include <span>
 
 #include "backends/device_runtime.hpp"
 #include "core/compile.hpp"
@@ -24,7 +25,7 @@ bool bytes_overlap(const void* a, std::size_t na, const void* b, std::size_t nb)
 // Whether the output buffers overlap neither each other, the inputs (as read: `in_ptrs`) nor the
 // parameters; only then may the plan compute into them (predict(x, out=x) must read x whole first).
 bool outputs_apart(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
-                   const std::array<void*, 8>& in_ptrs, const Tensor& params) {
+                   std::span<void* const> in_ptrs, const Tensor& params) {
   for (std::size_t k = 0; k < outputs.size(); ++k) {
     const void* o = outputs[k].data();
     const std::size_t n = outputs[k].nbytes();
@@ -341,7 +342,7 @@ std::vector<std::pair<Shape, DType>> Model::output_shapes(const std::vector<Tens
 
 std::vector<std::pair<Shape, DType>> Model::output_shapes(const Plan& plan) {
   std::vector<std::pair<Shape, DType>> out;
-  for (int id : plan.outputs) out.emplace_back(plan.graph.info(id).shape, plan.graph.info(id).dtype);
+  for (std::size_t k = 0; k < num_outputs(plan); ++k) out.emplace_back(output_shape(plan, k), output_dtype(plan, k));
   return out;
 }
 
@@ -412,7 +413,7 @@ void Model::predict_into(const Plan& plan, const std::vector<Tensor>& inputs, co
   Context& c = ctx ? *ctx : *pooled;
   Bindings b{flat_params_.data(), std::span<void* const>(ptrs.data(), inputs.size()), {}, {}};
   std::array<void*, kMaxOutputs> out_ptrs{};  // outputs computed in place where they do not overlap
-  if (!on_device && outputs.size() <= kMaxOutputs && outputs_apart(outputs, inputs, ptrs, flat_params_)) {
+  if (!on_device && outputs.size() <= kMaxOutputs && outputs_apart(outputs, inputs, std::span<void* const>(ptrs.data(), inputs.size()), flat_params_)) {
     for (std::size_t k = 0; k < outputs.size(); ++k) out_ptrs[k] = outputs[k].data();
     b.outputs = std::span<void* const>(out_ptrs.data(), outputs.size());
   }
