@@ -5,12 +5,13 @@
 Three parts, all timed in alternating rounds (bench/onednn_mlp.py's time_alternating), medians:
 
 1. crossover: predict of one LSTM(H, H) or GRU(H, H) layer over T = 16 steps, batch N, returning
-   the output sequence, pinned to "eigen" and to "onednn" (which takes lstm_layer and gru_layer in
-   inference plans), and torch.nn.LSTM/GRU under inference_mode, over a grid of N and H;
+   the output sequence, pinned to "eigen" and to "onednn" (compiled with oneDNN's speed thresholds
+   off, so it takes lstm_layer and gru_layer in inference plans at every size), and torch.nn.LSTM/GRU under inference_mode, over a grid of N and H;
 2. W5 (bench/workloads.py: LSTM seq 32, input 16, hidden 64, batch 32 -> Linear -> 1, MSE): the
    training step (zero-grad + forward + MSE + backward + Adam) and inference, for the three;
 3. training crossover: the gradient pass (forward + MSE + backward) of one LSTM(H, H) or GRU(H, H)
-   layer over T = 16 steps, pinned to "eigen" and to "onednn" (the forward_training/backward pair),
+   layer over T = 16 steps, pinned to "eigen" and to "onednn" (the forward_training/backward pair,
+   thresholds off),
    and torch autograd, over a grid of N and H.
 
 Writes bench/results/onednn_rnn.{json,md} and prints the tables.
@@ -60,9 +61,14 @@ def predict_runners(torch, make_treadle, make_torch, x):
         net = make_treadle()
         net.load_state_dict(state)
         net.set_backend(backend)
-        out = net.predict(x)
+        with forced_kernels():
+            out = net.predict(x)
         runners["treadle-" + backend] = lambda k, net=net, out=out: [net.predict(x, out=out) for _ in range(k)]
-        runners["_plan-" + backend] = net._compiled().describe_plans()
+        default = make_treadle()
+        default.load_state_dict(state)
+        default.set_backend(backend)
+        default.predict(x)
+        runners["_plan-" + backend] = default._compiled().describe_plans()
     tx = torch.from_numpy(x)
 
     def run_torch(k):
@@ -72,6 +78,12 @@ def predict_runners(torch, make_treadle, make_torch, x):
 
     runners["torch"] = run_torch
     return runners
+
+
+def forced_kernels():
+    """Plans compiled inside take oneDNN's recurrent kernels at every size (its speed thresholds off):
+    the crossover measures the kernels, and "taken" says what the default rules choose."""
+    return tl._core.AllKernels()
 
 
 def timed(runners, min_time):
@@ -156,9 +168,14 @@ def training_crossover(torch, min_time, seq=16, batches=(2, 4, 8, 32, 128), hidd
                     net.load_state_dict(state)
                     net.set_backend(backend)
                     trainer = tl.Trainer(net, tl.loss.MSE(), tl.optim.SGD(lr=0.0))
-                    trainer.compute_gradients(x, y)
+                    with forced_kernels():
+                        trainer.compute_gradients(x, y)
                     runners["treadle-" + backend] = lambda k, tr=trainer: [tr.compute_gradients(x, y) for _ in range(k)]
-                    plans[backend] = net._compiled().describe_plans()
+                    default = recurrent_net(cell, h, h)
+                    default.load_state_dict(state)
+                    default.set_backend(backend)
+                    tl.Trainer(default, tl.loss.MSE(), tl.optim.SGD(lr=0.0)).compute_gradients(x, y)
+                    plans[backend] = default._compiled().describe_plans()
                 tx, ty = torch.from_numpy(x), torch.from_numpy(y)
 
                 def torch_grads(k, tmodel=tmodel, tx=tx, ty=ty):
@@ -185,11 +202,12 @@ def markdown(cross, w5r, train_cross):
         u = r["us"]
         lines.append(f"| {r['cell']} | {r['N']} | {r['H']} | {r['macs']} | {u['treadle-eigen']:.1f} | {u['treadle-onednn']:.1f} | "
                      f"{u['torch']:.1f} | {u['treadle-eigen'] / u['treadle-onednn']:.2f} | {r['taken']} |")
-    lines += ["", "W5 (LSTM seq 32, in 16, hidden 64, batch 32 -> 1, MSE), one thread, CPU time (us)", "",
-              "| pass | treadle eigen | treadle onednn | torch |", "|---|---|---|---|"]
-    for key, name in (("train_us", "training step"), ("infer_us", "inference")):
-        u = w5r[key]
-        lines.append(f"| {name} | {u['treadle-eigen']:.1f} | {u['treadle-onednn']:.1f} | {u['torch']:.1f} |")
+    if w5r:
+        lines += ["", "W5 (LSTM seq 32, in 16, hidden 64, batch 32 -> 1, MSE), one thread, CPU time (us)", "",
+                  "| pass | treadle eigen | treadle onednn | torch |", "|---|---|---|---|"]
+        for key, name in (("train_us", "training step"), ("infer_us", "inference")):
+            u = w5r[key]
+            lines.append(f"| {name} | {u['treadle-eigen']:.1f} | {u['treadle-onednn']:.1f} | {u['torch']:.1f} |")
     lines += ["", "One LSTM(H, H) / GRU(H, H) layer, gradient pass (forward + MSE + backward), T = 16, one thread, "
               "CPU time (us); ratio = Eigen / oneDNN", "",
               "| cell | N | H | multiply-adds (forward) | eigen | onednn | torch | eigen / onednn | onednn taken |",
@@ -206,16 +224,20 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--min-time", type=float, default=0.3, help="seconds of timed calls per runner")
     p.add_argument("--out", default=str(here / "results"))
+    p.add_argument("--parts", default="crossover,w5,training", help="comma-separated: crossover, w5, training")
     args = p.parse_args(argv)
+    parts = set(args.parts.split(","))
     if "onednn" not in tl.backends():
         print("treadle was built without oneDNN (TREADLE_WITH_ONEDNN=ON); nothing to compare", file=sys.stderr)
         return 2
     import torch
     torch.set_num_threads(1)
-    cross = crossover(torch, args.min_time) + crossover(torch, args.min_time, "GRU", batches=(1, 2, 4, 8, 32, 128),
-                                                         hiddens=(16, 32, 64, 128))
-    w5r = w5(torch, args.min_time * 3)
-    train_cross = training_crossover(torch, args.min_time)
+    cross = []
+    if "crossover" in parts:
+        cross = crossover(torch, args.min_time) + crossover(torch, args.min_time, "GRU", batches=(1, 2, 4, 8, 32, 128),
+                                                             hiddens=(16, 32, 64, 128))
+    w5r = w5(torch, args.min_time * 3) if "w5" in parts else None
+    train_cross = training_crossover(torch, args.min_time) if "training" in parts else []
     table = markdown(cross, w5r, train_cross)
     print(table)
     os.makedirs(args.out, exist_ok=True)

@@ -32,21 +32,24 @@ rnn::ForwardSlots lstm_slots(const Node& node) {
   return rnn::forward_slots(rnn::cell_info(rnn::Cell::lstm), static_cast<int>(node.inputs.size()));
 }
 
-// Where Eigen is faster (bench/onednn_rnn.py, one core, CPU time of predict, T = 16, I = H; docs/onednn_ops.md):
-// one sample (Eigen's matrix-vector steps beat oneDNN's at every H: 0.4-0.7x), and small layers,
-// where oneDNN's fixed cost per call is not yet paid back (2 samples: even at 2^18 multiply-adds,
-// H = 32; from 4 samples oneDNN is 1.2-1.7x faster above it; 8 or more are faster at any size, but
-// by microseconds). Those are oneDNN's AVX-512 kernels against Eigen before its packed step
-// products (backends/eigen/small_gemm.hpp). With oneDNN's AVX2 kernels (AMD EPYC Zen 3) against the
-// packed products, oneDNN wins from H 128 and 4 samples only (1.02-1.29x; N 2 ties at H 256) and
-// loses below (0.67-0.97x at H 16-64, but for 1.05x at N 4, H 64; bench W5: Eigen 1.27x faster).
-constexpr int64_t kMinSamples = 2;
+// Where Eigen is faster (bench/onednn_rnn.py, one core, CPU time of predict, T = 16, I = H; docs/onednn_ops.md).
+// With oneDNN's AVX-512 kernels (Intel Xeon with AMX) against Eigen with its packed step products
+// (backends/eigen/small_gemm.hpp): one sample (Eigen's matrix-vector steps: 0.48-0.97x) and two
+// (0.69-1.03x: 0.81x at H 32, 0.54x at H 256), and small layers, where oneDNN's fixed cost per call
+// is not yet paid back (below 2^18 multiply-adds); at H 256 oneDNN also loses at 4 samples (0.70x)
+// and ties at 8 (0.97x). From 8 samples it is 1.1-1.7x faster at every H from 8 to 256 (bench W5
+// inference: 1.47x). With oneDNN's AVX2 kernels (AMD EPYC Zen 3) against the packed products, oneDNN
+// wins from H 128 and 4 samples only (1.02-1.29x; N 2 ties at H 256) and loses below (0.67-0.97x at
+// H 16-64, but for 1.05x at N 4, H 64; bench W5: Eigen 1.27x faster).
+constexpr int64_t kMinSamples = 4;
 constexpr int64_t kMinMacs = int64_t{1} << 18;
+constexpr int64_t kWideHidden = 256, kMinSamplesWide = 8;
 std::optional<Layer> layer_of(const Graph& g, const Node& node) {
   if (g.info(node.outputs.back()).read) return std::nullopt;  // `saved` is needed: training
   const std::optional<Layer> l = layer_of_node(g, node, false);
   if (!l) return std::nullopt;
-  if (size_thresholds_apply() && (l->N < kMinSamples || l->T * l->N * 4 * l->H * (l->I + l->H) < kMinMacs))
+  if (size_thresholds_apply() && (l->N < kMinSamples || l->T * l->N * 4 * l->H * (l->I + l->H) < kMinMacs ||
+                                  (l->H >= kWideHidden && l->N < kMinSamplesWide)))
     return std::nullopt;
   if ((l->H < 128 || l->N < 4) && avx2_kernels_lose("LSTM below hidden size 128 or 4 samples")) return std::nullopt;
   return l;

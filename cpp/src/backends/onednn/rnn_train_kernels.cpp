@@ -31,29 +31,36 @@ using dnnl::memory;
 using rnn::Cell;
 
 // Where oneDNN beats Eigen (bench/onednn_rnn.py, T 16, I = H, one core, CPU time; docs/onednn_ops.md).
-// With oneDNN's AVX-512 kernels (Xeon; measured against Eigen before its packed step products,
-// backends/eigen/small_gemm.hpp):
-// - the training pair (forward + backward): LSTM from H 128 or from N 32 and H 32 (1.04-1.23x),
-//   where oneDNN loses below (0.61-0.90x at H 16, 0.73-0.98x at N 2-8 and H 32-64); GRU from H 128
-//   and N 8 (1.05-1.19x), oneDNN losing or tying below (0.58-1.01x);
-// - GRU inference from H 64 (1.06-1.37x; 0.8-1.1x below).
-// One sample is never taken: Eigen's matrix-vector steps win there. With its AVX2 kernels (AMD EPYC
-// Zen 3), against Eigen with the packed step products, the training pair never wins (Eigen 1.0-1.37x
-// faster at H 128-256, N 2-128: the pair ties only at N 32, H 256) and GRU inference wins from H 256
-// (1.10-1.12x at N 4-32; 0.83-1.03x at H 128, 0.74-0.89x at H 64).
+// The training pair (forward + backward) with oneDNN's AVX-512 kernels (Intel Xeon with AMX), against
+// Eigen with its packed step products (backends/eigen/small_gemm.hpp), one layer: oneDNN loses below 32
+// samples at every H (LSTM 0.39-0.80x, GRU 0.29-0.72x at N 2-8, H 16-128) and is within 0.78-1.01x from
+// 32 samples; but the W5 step (batch-first LSTM seq 32, I 16, H 64 -> last step -> Linear, Adam) is
+// 1.05x faster with the pair at batch 32 and 1.17x at batch 128, so from 32 samples it is kept where
+// it was measured to win before: LSTM from H 32, GRU from H 128. GRU inference (predict, same
+// machine and Eigen): oneDNN 1.15-1.26x faster from 32 samples at every H from 16 to 128, and from 8
+// samples at H 64-128 (1.06-1.10x); it loses below (0.78-0.96x at N 2-4, H 64-128; 0.55-0.85x at H
+// 16-32 below 32 samples). One sample is never taken: Eigen's matrix-vector steps win there. With its AVX2 kernels (AMD EPYC Zen 3), against Eigen with the packed
+// step products, the training pair never wins (Eigen 1.0-1.37x faster at H 128-256, N 2-128: the pair
+// ties only at N 32, H 256) and GRU inference wins from H 256 (1.10-1.12x at N 4-32; 0.83-1.03x at
+// H 128, 0.74-0.89x at H 64).
 bool pays_off_with_avx512(const Layer& l, bool inference) {
   if (l.N < 2) return false;
-  if (inference) return l.cell == Cell::gru && l.H >= 64;
-  if (l.cell == Cell::gru) return l.H >= 128 && l.N >= 8;
-  return l.H >= 128 || (l.N >= 32 && l.H >= 32);
+  if (inference) return l.cell == Cell::gru && (l.N >= 32 || (l.N >= 8 && l.H >= 64));
+  if (l.N < 32) return false;
+  return l.H >= (l.cell == Cell::gru ? 128 : 32);
 }
 
+// LSTM inference is never taken here (rnn_kernels.cpp has its own kernel); inside an AllKernelsScope
+// every other layer is, so tests and the crossover study (bench/onednn_rnn.py) reach the kernels.
 bool pays_off(const Layer& l, bool inference) {
+  if (inference && l.cell != Cell::gru) return false;
+  if (!size_thresholds_apply()) return true;
   if (!pays_off_with_avx512(l, inference)) return false;
   if (wide_vectors()) return true;
   if (inference) return l.H >= 256 || !avx2_kernels_lose("GRU inference below hidden size 256");
   return !avx2_kernels_lose("LSTM and GRU training pair");
 }
+
 // oneDNN's GRU gate g is PyTorch's gate kGruGate[g] (u = z, r, n); the permutation is its own inverse.
 constexpr int kGruGate[3] = {1, 0, 2};
 
