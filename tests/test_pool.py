@@ -111,6 +111,29 @@ def test_max_pool_ties_and_nan_follow_torch(dtype, backend):
         np.testing.assert_allclose(grads[0], tx.grad.numpy(), **tol(dtype))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("opts", [dict(kernel_size=2), dict(kernel_size=2, padding=1),
+                                  dict(kernel_size=2, ceil_mode=True)], ids=["plain", "pad", "ceil"])
+def test_max_pool_2x2_rows_follow_torch(opts, dtype, backend):
+    """2x2 windows at stride 2 over long rows (Eigen's vectorised row path, its vector body and its
+    remainder): ties, NaN (several in one window: the last wins, as in PyTorch), -inf and odd widths."""
+    rng = np.random.default_rng(7)
+    x = rng.integers(-1, 2, size=(2, 3, 9, 71)).astype(dtype)  # many ties
+    x[rng.random(x.shape) < 0.05] = np.nan
+    x[rng.random(x.shape) < 0.05] = -np.inf
+    x[0, 0, 0:2, 0:4] = np.nan
+    attrs = pool_attrs(2, opts)
+    gy = sample(run("max_pool", [x], attrs, None, backend)[0][0].shape, dtype, 1)
+    outs, grads = run("max_pool", [x], attrs, [gy, None], backend)
+    tx = torch.tensor(x, requires_grad=True)
+    ty, ti = F.max_pool2d(tx, **opts, return_indices=True)
+    ty.backward(torch.tensor(gy))
+    np.testing.assert_array_equal(outs[0], ty.detach().numpy())
+    np.testing.assert_array_equal(outs[1], ti.numpy())
+    np.testing.assert_allclose(grads[0], tx.grad.numpy(), **tol(dtype))
+
+
 # ---- average pooling ---------------------------------------------------------------------------
 
 AVG_CASES = [

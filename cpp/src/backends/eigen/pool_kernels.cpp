@@ -111,6 +111,31 @@ void max_pool_row(const T* xp, int64_t first, int64_t step, int64_t row_step, in
   }
 }
 
+// The usual pool, 2x2 windows at stride 2 without dilation, as a loop GCC vectorises: the taps of
+// n outputs are compared as vectors (blends for FirstMax's select), no loop-carried state. The
+// generic max_pool_row above keeps one output's running maximum in scalars.
+template <typename T>
+void max_pool_row_2x2_stride2(const T* xp, int64_t first, int64_t row_step, int64_t n, T* y, int64_t* idx) {
+  const T* top = xp + first;
+  const T* bottom = top + row_step;
+  for (int64_t j = 0; j < n; ++j) {
+    const T a = top[2 * j], b = top[2 * j + 1], c = bottom[2 * j], d = bottom[2 * j + 1];
+    T best = a;
+    int64_t arg = 0;
+    const bool take_b = (b > best) | (b != b);
+    best = take_b ? b : best;
+    arg = take_b ? 1 : arg;
+    const bool take_c = (c > best) | (c != c);
+    best = take_c ? c : best;
+    arg = take_c ? row_step : arg;
+    const bool take_d = (d > best) | (d != d);
+    best = take_d ? d : best;
+    arg = take_d ? row_step + 1 : arg;
+    y[j] = best;
+    idx[j] = first + 2 * j + arg;
+  }
+}
+
 // Outputs [lo, hi) along w whose whole window lies inside the input.
 Taps interior_columns(const PoolGeometry& g) {
   const int64_t s = g.stride[2], p = g.pad[2], last = g.in[2] - 1 - (g.kernel[2] - 1) * g.dilation[2] + p;
@@ -147,7 +172,10 @@ void max_pool_plane(const PoolGeometry& g, const T* xp, T* yp, int64_t* ip) {
       int64_t* idx = ip + o + mid.lo;
       if (fast && fixed == 12) max_pool_row<T, 1, 2>(xp, first, step, row_step, col_step, n, y, idx);
       if (fast && fixed == 13) max_pool_row<T, 1, 3>(xp, first, step, row_step, col_step, n, y, idx);
-      if (fast && fixed == 22) max_pool_row<T, 2, 2>(xp, first, step, row_step, col_step, n, y, idx);
+      if (fast && fixed == 22 && step == 2 && col_step == 1)
+        max_pool_row_2x2_stride2(xp, first, row_step, n, y, idx);
+      else if (fast && fixed == 22)
+        max_pool_row<T, 2, 2>(xp, first, step, row_step, col_step, n, y, idx);
       if (fast && fixed == 33) max_pool_row<T, 3, 3>(xp, first, step, row_step, col_step, n, y, idx);
       for (int64_t ow = mid.hi; ow < g.out[2]; ++ow) generic(ow);
     }
