@@ -1,6 +1,7 @@
 """LSTM and GRU layers on oneDNN vs Eigen vs PyTorch, 1 thread, CPU time of the calling thread.
 
     TREADLE_BUILD_DIR=$PWD/build/onednn PYTHONPATH=$PWD/python python bench/onednn_rnn.py [--min-time 0.3]
+        [--parts crossover,w5,training]
 
 Three parts, all timed in alternating rounds (bench/onednn_mlp.py's time_alternating), medians:
 
