@@ -37,7 +37,7 @@ rnn::ForwardSlots lstm_slots(const Node& node) {
 // (backends/eigen/small_gemm.hpp): one sample (Eigen's matrix-vector steps: 0.48-0.97x) and two
 // (0.69-1.03x: 0.81x at H 32, 0.54x at H 256), and small layers, where oneDNN's fixed cost per call
 // is not yet paid back (below 2^18 multiply-adds); at H 256 oneDNN also loses at 4 samples (0.70x)
-// and ties at 8 (0.97x). From 8 samples it is 1.1-1.7x faster at every H from 8 to 256 (bench W5
+// and ties at 8 (0.97x) with these kernels. From 8 samples it is 1.1-1.7x faster at every H from 8 to 256 (bench W5
 // inference: 1.47x). With oneDNN's AVX2 kernels (AMD EPYC Zen 3) against the packed products, oneDNN
 // wins from H 128 and 4 samples only (1.02-1.29x; N 2 ties at H 256) and loses below (0.67-0.97x at
 // H 16-64, but for 1.05x at N 4, H 64; bench W5: Eigen 1.27x faster).
@@ -49,7 +49,7 @@ std::optional<Layer> layer_of(const Graph& g, const Node& node) {
   const std::optional<Layer> l = layer_of_node(g, node, false);
   if (!l) return std::nullopt;
   if (size_thresholds_apply() && (l->N < kMinSamples || l->T * l->N * 4 * l->H * (l->I + l->H) < kMinMacs ||
-                                  (l->H >= kWideHidden && l->N < kMinSamplesWide)))
+                                  (l->H >= kWideHidden && l->N < kMinSamplesWide && wide_vectors())))
     return std::nullopt;
   if ((l->H < 128 || l->N < 4) && avx2_kernels_lose("LSTM below hidden size 128 or 4 samples")) return std::nullopt;
   return l;

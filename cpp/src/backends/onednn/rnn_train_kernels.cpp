@@ -32,20 +32,21 @@ using rnn::Cell;
 
 // Where oneDNN beats Eigen (bench/onednn_rnn.py, T 16, I = H, one core, CPU time; docs/onednn_ops.md).
 // The training pair (forward + backward) with oneDNN's AVX-512 kernels (Intel Xeon with AMX), against
-// Eigen with its packed step products (backends/eigen/small_gemm.hpp), one layer: oneDNN loses below 32
-// samples at every H (LSTM 0.39-0.80x, GRU 0.29-0.72x at N 2-8, H 16-128) and is within 0.78-1.01x from
-// 32 samples; but the W5 step (batch-first LSTM seq 32, I 16, H 64 -> last step -> Linear, Adam) is
-// 1.05x faster with the pair at batch 32 and 1.17x at batch 128, so from 32 samples it is kept where
-// it was measured to win before: LSTM from H 32, GRU from H 128. But a batch of one piece
-// (kPieceSamples) runs on one worker while Eigen's steps split over every worker lent: W5 at batch 32
-// took 1,550 us on 1 worker and 1,644 us on 2 with the pair (bench workers). The choice cannot
-// depend on the workers (results must be the same for any number), so the pair needs two pieces. GRU inference (predict, same
-// machine and Eigen): oneDNN 1.15-1.26x faster from 32 samples at every H from 16 to 128, and from 8
-// samples at H 64-128 (1.06-1.10x); it loses below (0.78-0.96x at N 2-4, H 64-128; 0.55-0.85x at H
-// 16-32 below 32 samples). One sample is never taken: Eigen's matrix-vector steps win there. With its AVX2 kernels (AMD EPYC Zen 3), against Eigen with the packed
-// step products, the training pair never wins (Eigen 1.0-1.37x faster at H 128-256, N 2-128: the pair
-// ties only at N 32, H 256) and GRU inference wins from H 256 (1.10-1.12x at N 4-32; 0.83-1.03x at
-// H 128, 0.74-0.89x at H 64).
+// Eigen with its packed step products (backends/eigen/small_gemm.hpp), one layer: oneDNN loses below
+// 32 samples at every H (LSTM 0.39-0.80x, GRU 0.29-0.72x at N 2-8, H 16-128) and is within
+// 0.78-1.01x from 32 samples; but the W5 step (batch-first LSTM seq 32, I 16, H 64 -> last step ->
+// Linear, Adam) is 1.05x faster with the pair at batch 32 and 1.17x at batch 128. A batch of one
+// piece (kPieceSamples), though, runs on one worker while Eigen's steps split over every worker lent:
+// W5 at batch 32 took 1,550 us on 1 worker and 1,644 us on 2 with the pair (bench workers). The
+// choice may not depend on the workers (results are the same for any number), so the pair is taken
+// from two pieces, where it was measured to win: LSTM from H 32, GRU from H 128.
+// GRU inference (predict, same machine and Eigen): oneDNN 1.15-1.26x faster from 32 samples at every
+// H from 16 to 128, and from 8 samples at H 64-128 (1.06-1.10x); it loses below (0.78-0.96x at N
+// 2-4, H 64-128; 0.55-0.85x at H 16-32 below 32 samples). One sample is never taken: Eigen's
+// matrix-vector steps win there.
+// With its AVX2 kernels (AMD EPYC Zen 3), against Eigen with the packed step products, the training
+// pair never wins (Eigen 1.0-1.37x faster at H 128-256, N 2-128: the pair ties only at N 32, H 256)
+// and GRU inference wins from H 256 (1.10-1.12x at N 4-32; 0.83-1.03x at H 128, 0.74-0.89x at H 64).
 bool pays_off_with_avx512(const Layer& l, bool inference) {
   if (l.N < 2) return false;
   if (inference) return l.cell == Cell::gru && (l.N >= 32 || (l.N >= 8 && l.H >= 64));
