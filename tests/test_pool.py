@@ -91,6 +91,19 @@ def test_max_pool_gradcheck(case, backend):
     gradcheck("max_pool", [x], pool_attrs(len(shape) - 2, opts), wrt=[0], backend=backend)
 
 
+def check_max_pool2d_routing(x, opts, dtype, backend):
+    """Values and indices equal to torch's max_pool2d exactly, and the gradient routed as its own."""
+    attrs = pool_attrs(2, opts)
+    gy = sample(run("max_pool", [x], attrs, None, backend)[0][0].shape, dtype, 1)
+    outs, grads = run("max_pool", [x], attrs, [gy, None], backend)
+    tx = torch.tensor(x, requires_grad=True)
+    ty, ti = F.max_pool2d(tx, **opts, return_indices=True)
+    ty.backward(torch.tensor(gy))
+    np.testing.assert_array_equal(outs[0], ty.detach().numpy())
+    np.testing.assert_array_equal(outs[1], ti.numpy())
+    np.testing.assert_allclose(grads[0], tx.grad.numpy(), **tol(dtype))
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_max_pool_ties_and_nan_follow_torch(dtype, backend):
@@ -100,15 +113,7 @@ def test_max_pool_ties_and_nan_follow_torch(dtype, backend):
     x[0, 0, 1, 1] = np.nan
     x[1, 1, :3, :3] = -np.inf
     for opts in (dict(kernel_size=2), dict(kernel_size=3, stride=1, padding=1), dict(kernel_size=3, stride=2)):
-        attrs = pool_attrs(2, opts)
-        gy = sample(run("max_pool", [x], attrs, None, backend)[0][0].shape, dtype, 1)
-        outs, grads = run("max_pool", [x], attrs, [gy, None], backend)
-        tx = torch.tensor(x, requires_grad=True)
-        ty, ti = F.max_pool2d(tx, **opts, return_indices=True)
-        ty.backward(torch.tensor(gy))
-        np.testing.assert_array_equal(outs[0], ty.detach().numpy())
-        np.testing.assert_array_equal(outs[1], ti.numpy())
-        np.testing.assert_allclose(grads[0], tx.grad.numpy(), **tol(dtype))
+        check_max_pool2d_routing(x, opts, dtype, backend)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -123,15 +128,7 @@ def test_max_pool_2x2_rows_follow_torch(opts, dtype, backend):
     x[rng.random(x.shape) < 0.05] = np.nan
     x[rng.random(x.shape) < 0.05] = -np.inf
     x[0, 0, 0:2, 0:4] = np.nan
-    attrs = pool_attrs(2, opts)
-    gy = sample(run("max_pool", [x], attrs, None, backend)[0][0].shape, dtype, 1)
-    outs, grads = run("max_pool", [x], attrs, [gy, None], backend)
-    tx = torch.tensor(x, requires_grad=True)
-    ty, ti = F.max_pool2d(tx, **opts, return_indices=True)
-    ty.backward(torch.tensor(gy))
-    np.testing.assert_array_equal(outs[0], ty.detach().numpy())
-    np.testing.assert_array_equal(outs[1], ti.numpy())
-    np.testing.assert_allclose(grads[0], tx.grad.numpy(), **tol(dtype))
+    check_max_pool2d_routing(x, opts, dtype, backend)
 
 
 # ---- average pooling ---------------------------------------------------------------------------
