@@ -7,7 +7,8 @@ Three parts, all timed in alternating rounds (bench/onednn_mlp.py's time_alterna
 
 1. crossover: predict of one LSTM(H, H) or GRU(H, H) layer over T = 16 steps, batch N, returning
    the output sequence, pinned to "eigen" and to "onednn" (compiled with oneDNN's speed thresholds
-   off, so it takes lstm_layer and gru_layer in inference plans at every size), and torch.nn.LSTM/GRU under inference_mode, over a grid of N and H;
+   off, so it takes lstm_layer and gru_layer in inference plans at every size), and
+   torch.nn.LSTM/GRU under inference_mode, over a grid of N and H;
 2. W5 (bench/workloads.py: LSTM seq 32, input 16, hidden 64, batch 32 -> Linear -> 1, MSE): the
    training step (zero-grad + forward + MSE + backward + Adam) and inference, for the three;
 3. training crossover: the gradient pass (forward + MSE + backward) of one LSTM(H, H) or GRU(H, H)
@@ -65,11 +66,7 @@ def predict_runners(torch, make_treadle, make_torch, x):
         with forced_kernels():
             out = net.predict(x)
         runners["treadle-" + backend] = lambda k, net=net, out=out: [net.predict(x, out=out) for _ in range(k)]
-        default = make_treadle()
-        default.load_state_dict(state)
-        default.set_backend(backend)
-        default.predict(x)
-        runners["_plan-" + backend] = default._compiled().describe_plans()
+        runners["_plan-" + backend] = default_plans(make_treadle(), state, backend, lambda n: n.predict(x))
     tx = torch.from_numpy(x)
 
     def run_torch(k):
@@ -85,6 +82,14 @@ def forced_kernels():
     """Plans compiled inside take oneDNN's recurrent kernels at every size (its speed thresholds off):
     the crossover measures the kernels, and "taken" says what the default rules choose."""
     return tl._core.AllKernels()
+
+
+def default_plans(net, state, backend, compile_plans):
+    """The plans `net` gets from the default rules (what "taken" reports), compiled by compile_plans(net)."""
+    net.load_state_dict(state)
+    net.set_backend(backend)
+    compile_plans(net)
+    return net._compiled().describe_plans()
 
 
 def timed(runners, min_time):
@@ -172,11 +177,9 @@ def training_crossover(torch, min_time, seq=16, batches=(2, 4, 8, 32, 128), hidd
                     with forced_kernels():
                         trainer.compute_gradients(x, y)
                     runners["treadle-" + backend] = lambda k, tr=trainer: [tr.compute_gradients(x, y) for _ in range(k)]
-                    default = recurrent_net(cell, h, h)
-                    default.load_state_dict(state)
-                    default.set_backend(backend)
-                    tl.Trainer(default, tl.loss.MSE(), tl.optim.SGD(lr=0.0)).compute_gradients(x, y)
-                    plans[backend] = default._compiled().describe_plans()
+                    plans[backend] = default_plans(
+                        recurrent_net(cell, h, h), state, backend,
+                        lambda n: tl.Trainer(n, tl.loss.MSE(), tl.optim.SGD(lr=0.0)).compute_gradients(x, y))
                 tx, ty = torch.from_numpy(x), torch.from_numpy(y)
 
                 def torch_grads(k, tmodel=tmodel, tx=tx, ty=ty):
