@@ -48,10 +48,8 @@ using rnn::Cell;
 // pair never wins (Eigen 1.0-1.37x faster at H 128-256, N 2-128: the pair ties only at N 32, H 256)
 // and GRU inference wins from H 256 (1.10-1.12x at N 4-32; 0.83-1.03x at H 128, 0.74-0.89x at H 64).
 bool pays_off_with_avx512(const Layer& l, bool inference) {
-  if (l.N < 2) return false;
-  if (inference) return l.cell == Cell::gru && (l.N >= 32 || (l.N >= 8 && l.H >= 64));
-  if (l.N < 2 * kPieceSamples) return false;
-  return l.H >= (l.cell == Cell::gru ? 128 : 32);
+  if (inference) return l.N >= 32 || (l.N >= 8 && l.H >= 64);  // GRU: pays_off keeps LSTM inference out
+  return l.N >= 2 * kPieceSamples && l.H >= (l.cell == Cell::gru ? 128 : 32);
 }
 
 // LSTM inference is never taken here (rnn_kernels.cpp has its own kernel); inside an AllKernelsScope
