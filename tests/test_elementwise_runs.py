@@ -46,6 +46,9 @@ def test_the_pinn_step_runs_its_elementwise_chains_in_runs():
     described = net._compiled().describe_plans()
     runs = {line.split(" run=")[1].split()[0] for line in described.splitlines() if " run=" in line}
     assert len(runs) >= 5, described
+    # tanh's curvature terms are mul3 nodes (three inputs), and they join the runs too.
+    in_runs = {line.split()[1] for line in described.splitlines() if " run=" in line}
+    assert {"mul3", "tanh_backward", "add"} <= in_runs, described
     off, _, _ = _train(False, steps=1)
     assert " run=" not in off._compiled().describe_plans()
 

@@ -72,6 +72,41 @@ def test_scale_gradcheck(backend):
     gradcheck("scale", [sample((3, 4))], {"alpha": -2.5}, backend=backend)
 
 
+# --- mul3: alpha * a * b * c over one shape (the activations' curvature terms) -----------------------
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("alpha", [-2.0, 0.37, 1])
+def test_mul3_matches_torch(alpha, dtype, backend):
+    a, b, c = sample((5, 6, 7), dtype, 1), sample((5, 6, 7), dtype, 2), sample((5, 6, 7), dtype, 3)
+    dy = sample(a.shape, dtype, 4)
+    (y,), grads = run("mul3", [a, b, c], {"alpha": float(alpha)}, [dy], backend)
+    (ty,), tgrads = torch_grads(lambda p, q, r: p * q * r * alpha, [a, b, c], [dy], wrt=[0, 1, 2])
+    np.testing.assert_allclose(y, ty, **tol(dtype))
+    for i in range(3):
+        np.testing.assert_allclose(grads[i], tgrads[i], **tol(dtype), err_msg=f"mul3: gradient of input {i}")
+
+
+def test_mul3_keeps_the_bits_of_mul_mul_scale():
+    # tanh's curvature was scale(mul(mul(dy, g), y), -2): mul3 rounds in the same order.
+    a, b, c = (sample((300, 70), np.float32, s) for s in (5, 6, 7))
+    (y,), _ = run("mul3", [a, b, c], {"alpha": -2.0}, None, "eigen")
+    (ab,), _ = run("mul", [a, b], {}, None, "eigen")
+    (abc,), _ = run("mul", [ab, c], {}, None, "eigen")
+    (ref,), _ = run("scale", [abc], {"alpha": -2.0}, None, "eigen")
+    np.testing.assert_array_equal(y, ref)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mul3_gradcheck(backend):
+    gradcheck("mul3", [sample((3, 4), seed=s) for s in (1, 2, 3)], {"alpha": -2.0}, backend=backend)
+
+
+def test_mul3_refuses_broadcasting():
+    a = sample((3, 4))
+    with pytest.raises(ValueError, match=r"mul3: input 2 has shape \(4,\)"):
+        run("mul3", [a, a, sample((4,))], {"alpha": 1.0}, None, "eigen")
+
+
 # --- sum_to -----------------------------------------------------------------------------------------
 # (x shape, target): column sums (the bias gradient), row sums, middle and alternating dimensions,
 # everything to a scalar, long sums (one block per output), an empty x (zeros), a copy.

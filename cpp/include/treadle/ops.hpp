@@ -18,6 +18,8 @@ TREADLE_API Value add(Value a, Value b);
 TREADLE_API Value sub(Value a, Value b);
 TREADLE_API Value mul(Value a, Value b);
 TREADLE_API Value scale(Value a, double alpha);  // alpha * a
+// alpha * a * b * c, multiplied in that order; a, b and c of one shape (no broadcasting).
+TREADLE_API Value mul3(Value a, Value b, Value c, double alpha = 1.0);
 TREADLE_API Value scalar_like(Value like, double value);  // a 0-d constant of like's dtype (broadcasts)
 TREADLE_API Value full_like(Value like, double value);    // a constant of like's shape and dtype
 TREADLE_API Value sum_to(Value a, const Shape& shape);  // reduce broadcast dimensions back to `shape`

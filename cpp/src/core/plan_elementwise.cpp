@@ -24,7 +24,7 @@ constexpr int64_t kRunBlock = 2048;
 // Below two blocks a run gains nothing; above kMaxRunSteps steps a run is split (operand pointers
 // live on the stack).
 constexpr int kMaxRunSteps = 32;
-constexpr int kMaxRunOperands = 3;
+constexpr int kMaxRunOperands = 4;  // mul3's three inputs and its output
 
 struct ByteRange {
   int64_t begin, end;

@@ -6,7 +6,9 @@
 // The backward ops are differentiable too (second derivatives, for losses built from gradients):
 // dx = f'(saved) * dy is linear in dy, so its gradient with respect to dy is the backward op again,
 // and with respect to `saved` it is g * dy * (df'/dsaved), the activation's "curvature", written
-// with differentiable graph ops (zero for the piecewise-linear relu and leaky_relu).
+// with differentiable graph ops (zero for the piecewise-linear relu and leaky_relu). The product
+// with g * dy is one mul3 node: a PINN's derivative graphs are mostly these terms over
+// (batch, width) values, each op a pass over memory.
 #include <cmath>
 #include <variant>
 
@@ -24,8 +26,8 @@ struct NumAttr {
   const char* onnx = nullptr;  // the attribute of UnarySpec::onnx it becomes (LeakyReLU's negative_slope: alpha)
 };
 
-// h * d(f'(saved))/d(saved): the backward op's gradient with respect to `saved`, h = dy * g.
-using Curvature = Value (*)(const Value& saved, const Value& h, const Attrs& attrs);
+// dy * g * d(f'(saved))/d(saved): the backward op's gradient with respect to `saved`.
+using Curvature = Value (*)(const Value& saved, const Value& dy, const Value& g, const Attrs& attrs);
 
 struct UnarySpec {
   const char* name;
@@ -45,41 +47,44 @@ struct UnarySpec {
 Value one_minus(const Value& v) { return ops::sub(ops::scalar_like(v, 1.0), v); }
 
 // tanh' = 1 - y^2, so d/dy = -2y.
-Value tanh_curvature(const Value& y, const Value& h, const Attrs&) { return ops::scale(ops::mul(h, y), -2.0); }
+Value tanh_curvature(const Value& y, const Value& dy, const Value& g, const Attrs&) {
+  return ops::mul3(dy, g, y, -2.0);
+}
 
 // sigmoid' = y (1 - y), so d/dy = 1 - 2y.
-Value sigmoid_curvature(const Value& y, const Value& h, const Attrs&) {
-  return ops::mul(h, one_minus(ops::scale(y, 2.0)));
+Value sigmoid_curvature(const Value& y, const Value& dy, const Value& g, const Attrs&) {
+  return ops::mul3(dy, g, one_minus(ops::scale(y, 2.0)));
 }
 
 // elu'' is elu' where x <= 0 (alpha e^x) and 0 above: elu' minus the step relu' gives exactly that.
-Value elu_curvature(const Value& x, const Value& h, const Attrs& attrs) {
-  Graph& g = x.graph();
-  return ops::sub(g.apply1("elu_backward", {x, h}, attrs), g.apply1("relu_backward", {x, h}));
+Value elu_curvature(const Value& x, const Value& dy, const Value& g, const Attrs& attrs) {
+  Graph& graph = x.graph();
+  const Value h = ops::mul(dy, g);
+  return ops::sub(graph.apply1("elu_backward", {x, h}, attrs), graph.apply1("relu_backward", {x, h}));
 }
 
 // silu' = s (1 + x (1 - s)), s = sigmoid(x); silu'' = s (1 - s) (2 + x (1 - 2s)).
-Value silu_curvature(const Value& x, const Value& h, const Attrs&) {
+Value silu_curvature(const Value& x, const Value& dy, const Value& g, const Attrs&) {
   const Value s = ops::sigmoid(x);
   const Value ds = ops::mul(s, one_minus(s));
   const Value rest = ops::add(ops::scalar_like(x, 2.0), ops::mul(x, one_minus(ops::scale(s, 2.0))));
-  return ops::mul(h, ops::mul(ds, rest));
+  return ops::mul3(dy, g, ops::mul(ds, rest));
 }
 
 // softplus' = s = sigmoid(beta x) (1 above the threshold); softplus'' = beta s (1 - s) (0 there).
-Value softplus_curvature(const Value& x, const Value& h, const Attrs& attrs) {
+Value softplus_curvature(const Value& x, const Value& dy, const Value& g, const Attrs& attrs) {
   const Value s = x.graph().apply1("softplus_backward", {x, ops::full_like(x, 1.0)}, attrs);
-  return ops::scale(ops::mul(h, ops::mul(s, one_minus(s))), attrs.f("beta"));
+  return ops::mul3(dy, g, ops::mul(s, one_minus(s)), attrs.f("beta"));
 }
 
 // erf form: gelu'' = phi(x) (2 - x^2). tanh form, gelu = x (1 + t) / 2 with t = tanh(u),
 // u = c (x + k x^3): gelu'' = (1 - t^2) (u' + x (u'' - 2 t u'^2) / 2).
-Value gelu_curvature(const Value& x, const Value& h, const Attrs& attrs) {
+Value gelu_curvature(const Value& x, const Value& dy, const Value& g, const Attrs& attrs) {
   const Value x2 = ops::mul(x, x);
   if (attrs.s("approximate") == "none") {
     const double inv_sqrt_2pi = 0.3989422804014327;
     const Value phi = ops::scale(ops::exp(ops::scale(x2, -0.5)), inv_sqrt_2pi);
-    return ops::mul(h, ops::mul(phi, ops::sub(ops::scalar_like(x, 2.0), x2)));
+    return ops::mul3(dy, g, ops::mul(phi, ops::sub(ops::scalar_like(x, 2.0), x2)));
   }
   const double c = 0.7978845608028654, k = 0.044715;  // sqrt(2 / pi)
   const Value t = ops::tanh(ops::scale(ops::add(x, ops::scale(ops::mul(x2, x), k)), c));
@@ -87,7 +92,7 @@ Value gelu_curvature(const Value& x, const Value& h, const Attrs& attrs) {
   const Value d2u = ops::scale(x, 6.0 * k * c);
   const Value inner = ops::sub(d2u, ops::scale(ops::mul(t, ops::mul(du, du)), 2.0));
   const Value sech2 = one_minus(ops::mul(t, t));
-  return ops::mul(h, ops::mul(sech2, ops::add(du, ops::scale(ops::mul(x, inner), 0.5))));
+  return ops::mul3(dy, g, ops::mul(sech2, ops::add(du, ops::scale(ops::mul(x, inner), 0.5))));
 }
 
 // A numeric attribute may arrive as an integer (e.g. alpha=1 from Python): store it as a double,
@@ -167,7 +172,7 @@ OpDef backward_def(const UnarySpec& spec) {
     if (!gout.defined()) return g;
     const Value& saved = c.inputs[0];
     if (c.needs_grad[1]) g[1] = c.graph.apply1(name, {saved, gout}, c.node.attrs);
-    if (c.needs_grad[0] && spec.curvature) g[0] = spec.curvature(saved, ops::mul(c.inputs[1], gout), c.node.attrs);
+    if (c.needs_grad[0] && spec.curvature) g[0] = spec.curvature(saved, c.inputs[1], gout, c.node.attrs);
     return g;
   };
   return d;

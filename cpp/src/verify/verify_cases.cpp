@@ -70,6 +70,7 @@ void elementwise(Catalog& c) {
   }
   c.add("add", "0-d operand", floats({{}, {2, 3}}));
   c.add("scale", "alpha -2.5", floats({{3, 4}}), {{"alpha", -2.5}});
+  c.add("mul3", "alpha -2", floats({{3, 4}, {3, 4}, {3, 4}}), {{"alpha", -2.0}});
   c.add("sum_to", "columns", floats({{4, 5}}), {{"shape", V{5}}});
   c.add("sum_to", "middle and leading dims", floats({{2, 3, 4}}), {{"shape", V{3, 1}}});
   c.add("sum_to", "to a scalar", floats({{3, 4}}), {{"shape", V{}}});

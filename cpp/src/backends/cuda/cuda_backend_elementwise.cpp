@@ -1,5 +1,5 @@
 // Op adapters of the CUDA backend for elementwise work (float32): add, sub and mul with the core's
-// broadcasting (the layout computed once per node), scale, leaky_relu / elu / softplus and their
+// broadcasting (the layout computed once per node), scale, mul3, leaky_relu / elu / softplus and their
 // backward ops, the losses mse_loss / l1_loss / huber_loss / bce_with_logits and their backward ops
 // (the total's partial sums in the plan workspace), and dropout (the reference's mask bit for bit:
 // it is a pure function of the context's seed, the step's RNG counter, the node's "stream"
@@ -71,6 +71,11 @@ PreparedNode prepare_scale(const Graph&, const Node& node) {
 
 void scale_kernel(const KernelArgs& a) {
   scale_forward(in_f(a, 0), out_f(a), state_of<float>(a), a.out[0].numel, stream_of(a));
+}
+
+// ---- mul3 (a, b, c of one shape): alpha rounded as scale's
+void mul3_kernel(const KernelArgs& a) {
+  mul3_forward(in_f(a, 0), in_f(a, 1), in_f(a, 2), out_f(a), state_of<float>(a), a.out[0].numel, stream_of(a));
 }
 
 // ---- leaky_relu, elu, softplus and their backward ops (x, dy): attributes as the op normalised them
@@ -179,6 +184,7 @@ std::vector<OpEntry> elementwise_op_entries() {
       {"sub", accepts_binary, prepare_binary, binary_kernel},
       {"mul", accepts_binary, prepare_binary, binary_kernel},
       {"scale", accepts_elementwise, prepare_scale, scale_kernel},
+      {"mul3", accepts_elementwise, prepare_scale, mul3_kernel},
       {"dropout", accepts_elementwise, prepare_dropout, dropout_kernel},
   };
   for (const std::string act : {"leaky_relu", "elu", "softplus"}) {

@@ -1,4 +1,4 @@
-// Elementwise maps of the core's ops: broadcast arithmetic (add, sub, mul), scale, the activations
+// Elementwise maps of the core's ops: broadcast arithmetic (add, sub, mul), scale, mul3, the activations
 // with attributes (leaky_relu, elu, softplus) and their backward maps, and dropout. The formulas are
 // the Eigen reference's (backends/eigen/elementwise_kernels.cpp, activation_kernels.cpp,
 // dropout_kernels.cpp) in the same grouping, with its NaN behaviour: comparisons written as the
@@ -66,6 +66,11 @@ const char* binary_name(BinaryOp op) {
 
 __global__ void scale_kernel(const float* __restrict__ x, float* __restrict__ y, float alpha, int64_t n) {
   for (int64_t i = first_index(); i < n; i += grid_stride()) y[i] = alpha * x[i];
+}
+
+__global__ void mul3_kernel(const float* __restrict__ a, const float* __restrict__ b, const float* __restrict__ c,
+                            float* __restrict__ y, float alpha, int64_t n) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) y[i] = alpha * ((a[i] * b[i]) * c[i]);
 }
 
 // ---- activations with attributes, forward (x) and backward (x, dy)
@@ -186,6 +191,14 @@ void scale_forward(const float* x, float* y, float alpha, int64_t n, cudaStream_
   if (n == 0) return;
   scale_kernel<<<element_blocks(n), kElementThreads, 0, stream>>>(x, y, alpha, n);
   check_launch("scale_forward");
+}
+
+void mul3_forward(const float* a, const float* b, const float* c, float* y, float alpha, int64_t n,
+                  cudaStream_t stream) {
+  check_count("mul3_forward", "mul3", n, {a, b, c, y});
+  if (n == 0) return;
+  mul3_kernel<<<element_blocks(n), kElementThreads, 0, stream>>>(a, b, c, y, alpha, n);
+  check_launch("mul3_forward");
 }
 
 const char* param_activation_name(ParamActivation::Kind kind) {

@@ -1,6 +1,6 @@
 #pragma once
 // Elementwise kernels beyond the activations of cuda_kernels.hpp, as the core's ops define them:
-// arithmetic with numpy broadcasting (add, sub, mul), scale, the activations with parameters
+// arithmetic with numpy broadcasting (add, sub, mul), scale, mul3, the activations with parameters
 // (leaky_relu, elu, softplus) and their backward maps, sum_to over any broadcast dimensions, and
 // dropout's mask (the reference's counter-based hash, bit for bit). Conventions of cuda_kernels.hpp:
 // float32, arguments checked on the host (ValueError naming the function and the values), the
@@ -39,6 +39,10 @@ void binary_forward(BinaryOp op, const float* a, const float* b, float* y, int64
 
 // ---- y = alpha * x (the core's scale op; alpha already rounded to float32, as the reference does)
 void scale_forward(const float* x, float* y, float alpha, int64_t n, cudaStream_t stream);
+
+// ---- y = alpha * ((a * b) * c) over n elements (the core's mul3; alpha rounded to float32)
+void mul3_forward(const float* a, const float* b, const float* c, float* y, float alpha, int64_t n,
+                  cudaStream_t stream);
 
 // ---- the activations with attributes; the backward maps take (x, dy), as the core's ops do
 struct ParamActivation {

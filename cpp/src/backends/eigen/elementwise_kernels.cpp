@@ -1,4 +1,4 @@
-// Reference elementwise kernels (add, sub, mul, div) with numpy broadcasting, the broadcast-undoing reduction and fill.
+// Reference elementwise kernels (add, sub, mul, div) with numpy broadcasting, mul3, the broadcast-undoing reduction and fill.
 #include <algorithm>
 #include <array>
 #include <vector>
@@ -160,6 +160,20 @@ void scale_kernel(const KernelArgs& a) {
   });
 }
 
+// ((a * b) * c) * alpha: the rounding of mul, mul and scale in turn, so a graph written with mul3
+// keeps the bits of one written with the three ops.
+template <typename T>
+void mul3_kernel(const KernelArgs& a) {
+  const T alpha = static_cast<T>(a.attrs().f("alpha"));
+  const T *pa = a.in[0].ptr<T>(), *pb = a.in[1].ptr<T>(), *pc = a.in[2].ptr<T>();
+  T* py = a.out[0].ptr<T>();
+  parallel_chunks(a.exec, a.out[0].numel, kElementGrain, [&](int64_t i0, int64_t i1) {
+    const int64_t n = i1 - i0;
+    VecMap<T>(py + i0, n) =
+        alpha * ((ConstVecMap<T>(pa + i0, n) * ConstVecMap<T>(pb + i0, n)) * ConstVecMap<T>(pc + i0, n));
+  });
+}
+
 // Column sums of a row-major (rows, cols) matrix, reading it row by row (contiguous, vectorised).
 // Each element sums blocks of kBlock rows in order and then the block sums in order: error grows
 // with kBlock + rows / kBlock instead of rows, and the order never depends on the chunking.
@@ -219,6 +233,7 @@ void register_eigen_elementwise(KernelTable& t) {
   t.add("div", DType::f32, &binary_kernel<DivOp, float>);
   t.add("div", DType::f64, &binary_kernel<DivOp, double>);
   TREADLE_EIGEN_REGISTER_FLOATS(t, "scale", scale_kernel);
+  TREADLE_EIGEN_REGISTER_FLOATS(t, "mul3", mul3_kernel);
   TREADLE_EIGEN_REGISTER_FLOATS(t, "sum_to", sum_to_kernel);
   TREADLE_EIGEN_REGISTER_FLOATS(t, "constant", constant_kernel);
   t.add("constant", DType::i64, &constant_kernel<int64_t>);  // integer scalars in comparisons and where
