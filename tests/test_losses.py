@@ -176,6 +176,25 @@ def test_cross_entropy_large_logits(backend, reduction, dtype):
     compare_with_torch("cross_entropy", [logits, labels], {"reduction": reduction}, backend)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("shape", [(300, 10), (7, 2048), (3, 2049), (2000, 1)])
+def test_cross_entropy_rows_of_classes(backend, reduction, shape):
+    # float32 (N, C) logits take the vectorised exponentials in blocks of whole rows (up to 2048
+    # classes; wider rows the per-element path): spreads where exp(x - max) is subnormal or 0, a
+    # -inf logit, ties at the maximum, against torch.
+    rng = np.random.default_rng(9)
+    logits = (rng.standard_normal(shape) * 30).astype(np.float32)
+    logits[0, :] = 0.0
+    logits[1, 0] = -np.inf
+    if shape[1] > 1:
+        logits[2, : shape[1] // 2] = -95.0  # exp(-95 - max) underflows below FLT_MIN
+        logits[2, -1] = 3.0
+    labels = rng.integers(0, shape[1], size=shape[0]).astype(np.int64)
+    labels[1] = shape[1] - 1  # not the -inf class: torch's loss would be inf there
+    compare_with_torch("cross_entropy", [logits, labels], {"reduction": reduction}, backend)
+
+
 # ---- errors -------------------------------------------------------------------------------------------
 
 
