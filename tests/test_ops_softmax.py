@@ -93,6 +93,34 @@ def test_masked_logits(dtype, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("n", [129, 1000])
+def test_long_float_rows_match_torch(op, n, backend):
+    """float32 last-axis lines take the vectorised exp in blocks: lines longer than a block, spreads
+    where exp(x - max) is subnormal or 0, a masked (-inf) entry per row."""
+    x = sample((5, n), np.float32, seed=10, scale=30.0)
+    x[:, 3] = -np.inf
+    x[0, 100:] = x[0].max() - 95.0  # below FLT_MIN after the exp, still > 0
+    dy = sample(x.shape, np.float32, seed=11, scale=1.0)
+    (y,), (dx,) = run(op, [x], {"axis": 1}, [dy], backend)
+    (ty,), tgrads = torch_grads(lambda t: OPS[op](t, dim=1), [x], [dy], wrt=[0])
+    np.testing.assert_allclose(y, ty, **tol(np.float32))
+    np.testing.assert_allclose(dx, tgrads[0], **tol(np.float32))
+    if op == "softmax":
+        assert np.all(y[:, 3] == 0.0) and np.all(y[0, 100:] > 0.0)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_predict_into_its_own_input(op):
+    """out=x: the output overwrites the logits it is computed from."""
+    x = sample((4, 300), np.float32, seed=12, scale=5.0)
+    expected = OPS[op](torch.tensor(x), dim=-1).numpy()
+    model = traced(lambda v: getattr(tl.functional, op)(v))
+    model.predict(x, out=x)
+    np.testing.assert_allclose(x, expected, **tol(np.float32))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_large_tensor_matches_torch(backend):
     """Many rows (several executor chunks) along inner and outer axes."""
     x = sample((64, 33, 40), np.float64, seed=7)
