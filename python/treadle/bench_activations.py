@@ -29,6 +29,9 @@ ACTIVATIONS = [
     ("gelu", lambda tl: tl.nn.GELU(), lambda t: t.nn.functional.gelu),
     ("gelu_tanh", lambda tl: tl.nn.GELU(approximate="tanh"),
      lambda t: lambda x: t.nn.functional.gelu(x, approximate="tanh")),
+    # rows of the last axis: a reduction per row, then a map
+    ("softmax", lambda tl: tl.nn.Softmax(dim=-1), lambda t: lambda x: t.softmax(x, dim=-1)),
+    ("log_softmax", lambda tl: tl.nn.LogSoftmax(dim=-1), lambda t: lambda x: t.log_softmax(x, dim=-1)),
 ]
 
 
