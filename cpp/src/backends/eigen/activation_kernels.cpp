@@ -224,9 +224,56 @@ inline void erfc_to(const ArrayF& w, ArrayF& out, ArrayF& e) {
   }
 }
 
+#ifdef EIGEN_VECTORIZE
+// exp_nonpositive for one packet: lanes below -87 (results under FLT_MIN, where the vectorised exp
+// clamps) recomputed with the C library's expf.
+template <typename Packet>
+Packet pexp_nonpositive(const Packet& arg) {
+  using namespace Eigen::internal;
+  const Packet e = pexp_normal_range(arg);
+  if (!predux_any(pcmp_lt(arg, pset1<Packet>(-87.0f)))) return e;
+  constexpr int S = unpacket_traits<Packet>::size;
+  alignas(64) float a[S], v[S];
+  pstore(a, arg);
+  pstore(v, e);
+  for (int j = 0; j < S; ++j)
+    if (a[j] < -87.0f) v[j] = std::exp(a[j]);
+  return pload<Packet>(v);
+}
+
+// erfc_to's formulas for one packet, in registers (|w| above ~9.3: erfc under FLT_MIN, its
+// exponential from expf).
+template <typename Packet>
+Packet perfc(const Packet& w) {
+  using namespace Eigen::internal;
+  static constexpr float kP[] = {-1.26551223f, 1.00002368f, 0.37409196f, 0.09678418f, -0.18628806f,
+                                 0.27886807f,  -1.13520398f, 1.48851587f, -0.82215223f, 0.17087277f};
+  const Packet one = pset1<Packet>(1.0f);
+  const Packet t = pdiv(one, pmadd(pset1<Packet>(0.5f), pabs(w), one));
+  Packet p = pset1<Packet>(kP[9]);
+  for (int k = 8; k >= 1; --k) p = pmadd(p, t, pset1<Packet>(kP[k]));
+  const Packet e = pexp_nonpositive(pmadd(p, t, psub(pset1<Packet>(kP[0]), pmul(w, w))));
+  const Packet v = pmul(e, t);  // erfc(|w|)
+  return pselect(pcmp_le(pzero(w), w), v, psub(pset1<Packet>(2.0f), v));
+}
+#endif
+
 template <typename T>
 void gelu_kernel(const KernelArgs& a) {
   if constexpr (std::is_same_v<T, float>) {
+#ifdef EIGEN_VECTORIZE
+    if (a.attrs().s("approximate") != "tanh") {  // 0.5 x erfc(-x / sqrt 2), a packet at a time
+      unary_chunks<float>(a, [](const ConstVecMap<float>& x, VecMap<float>& y) {
+        map_packets(x.data(), y.data(), x.size(), [](const auto& v) {
+          using namespace Eigen::internal;
+          using P = std::decay_t<decltype(v)>;
+          const P c = perfc(pmul(v, pset1<P>(float(-kInvSqrt2))));
+          return pmul(pmul(pset1<P>(0.5f), v), c);
+        });
+      });
+      return;
+    }
+#endif
     if (a.attrs().s("approximate") != "tanh") {
       float_unary_blocks(a, [](const ConstArrayF& x, ArrayF& y, ArrayF& e) {
         alignas(64) float w[kMathBlock];
@@ -257,6 +304,30 @@ void gelu_kernel(const KernelArgs& a) {
 template <typename T>
 void gelu_backward_kernel(const KernelArgs& a) {  // (x, dy)
   if constexpr (std::is_same_v<T, float>) {
+#ifdef EIGEN_VECTORIZE
+    if (a.attrs().s("approximate") != "tanh") {  // dy (Phi(x) + x phi(x)), a packet at a time
+      binary_chunks<float>(a, [](const ConstVecMap<float>& x, const ConstVecMap<float>& dy, VecMap<float>& dx) {
+        using namespace Eigen::internal;
+        using P = packet_traits<float>::type;
+        constexpr int64_t S = packet_traits<float>::size;
+        const auto f = [](const P& v, const P& g) {
+          const P cdf = perfc(pmul(v, pset1<P>(float(-kInvSqrt2))));
+          const P pdf = pexp_nonpositive(pmul(pmul(pset1<P>(-0.5f), v), v));
+          return pmul(g, pmadd(pmul(v, pset1<P>(float(kInvSqrt2Pi))), pdf, pmul(pset1<P>(0.5f), cdf)));
+        };
+        const int64_t n = x.size();
+        int64_t i = 0;
+        for (; i + S <= n; i += S) pstoreu(dx.data() + i, f(ploadu<P>(x.data() + i), ploadu<P>(dy.data() + i)));
+        if (i == n) return;
+        alignas(64) float xt[S] = {}, gt[S] = {};
+        std::copy(x.data() + i, x.data() + n, xt);
+        std::copy(dy.data() + i, dy.data() + n, gt);
+        pstore(xt, f(pload<P>(xt), pload<P>(gt)));
+        std::copy(xt, xt + (n - i), dx.data() + i);
+      });
+      return;
+    }
+#endif
     if (a.attrs().s("approximate") != "tanh") {
       float_binary_blocks(a, [](const ConstArrayF& x, const ConstArrayF& dy, ArrayF& dx, ArrayF& cdf, ArrayF& e) {
         dx = x * float(-kInvSqrt2);  // dx holds -x / sqrt 2 until the last line

@@ -153,23 +153,30 @@ Packet ptanh_accurate(const Packet& x) {
   return pselect(pcmp_lt(a, pset1<Packet>(0.55f)), pmul(x, p), large);
 }
 
-inline void tanh_to(const float* in, float* out, int64_t n) {
+// out[i] = f(in[i]) a packet at a time (out may be in), two packets per iteration: two independent
+// chains keep the FMA units busy. The last partial packet is computed on a zero-padded copy.
+template <typename F>
+inline void map_packets(const float* in, float* out, int64_t n, F&& f) {
   using namespace Eigen::internal;
   using Packet = packet_traits<float>::type;
   constexpr int64_t S = packet_traits<float>::size;
   int64_t i = 0;
-  for (; i + 2 * S <= n; i += 2 * S) {  // two independent chains keep the FMA units busy
+  for (; i + 2 * S <= n; i += 2 * S) {
     const Packet x0 = ploadu<Packet>(in + i), x1 = ploadu<Packet>(in + i + S);
-    pstoreu(out + i, ptanh_accurate(x0));
-    pstoreu(out + i + S, ptanh_accurate(x1));
+    pstoreu(out + i, f(x0));
+    pstoreu(out + i + S, f(x1));
   }
   for (; i < n; i += S) {
     const int64_t m = std::min(S, n - i);
     alignas(64) float tail[S] = {};
     std::copy(in + i, in + i + m, tail);
-    pstoreu(tail, ptanh_accurate(ploadu<Packet>(tail)));
+    pstoreu(tail, f(ploadu<Packet>(tail)));
     std::copy(tail, tail + m, out + i);
   }
+}
+
+inline void tanh_to(const float* in, float* out, int64_t n) {
+  map_packets(in, out, n, [](const auto& x) { return ptanh_accurate(x); });
 }
 #else
 // Without vector instructions: exp over a block into scratch (out may be in), then the series and
