@@ -17,7 +17,8 @@ def workloads():
 
 
 def test_workload_list_is_the_documented_one(workloads):
-    assert set(workloads) == {"W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W1-b1", "W2-b1"}
+    assert set(workloads) == {"W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W8-b1024", "W8-w32",
+                                "W1-b1", "W2-b1"}
     assert not workloads["W1-b1"].train and workloads["W1-b1"].batch == 1
 
 

@@ -221,6 +221,12 @@ def _pinn_loss(F, grad, ones_like):
     return loss
 
 
+def _pinn(name, title, widths, batch):
+    # forward_flops 0: the step's derivative passes are not a fixed multiple of the forward.
+    return replace(_mlp(name, title, widths, "tanh", batch, "custom", target_train=3.0, custom_loss=_pinn_loss,
+                        input_grad=True), forward_flops=0)
+
+
 def all_workloads():
     """The workloads, in table order."""
     return [
@@ -236,9 +242,10 @@ def all_workloads():
         Workload("W7", "VAE 16-64-(2,2)-64-16 tanh, noise in the forward, ELBO", 128, (VAE_OBS,), "custom", VAE_OBS,
                  lambda torch: _vae(torch), lambda tl: _vae(tl), VAE_FLOPS, target_train=3.0,
                  custom_loss=_vae_loss, stochastic=True),
-        # forward_flops 0: the step's derivative passes are not a fixed multiple of the forward.
-        replace(_mlp("W8", "PINN heat residual (2nd derivatives) MLP 2-64x3-1 tanh", PINN_WIDTHS, "tanh", 512,
-                     "custom", target_train=3.0, custom_loss=_pinn_loss, input_grad=True), forward_flops=0),
+        _pinn("W8", "PINN heat residual (2nd derivatives) MLP 2-64x3-1 tanh", PINN_WIDTHS, 512),
+        # the corners of the PINN goal (batch 256-1024 collocation points, width 32-64)
+        _pinn("W8-b1024", "W8 with 1024 collocation points", PINN_WIDTHS, 1024),
+        _pinn("W8-w32", "W8 at width 32, 256 points", [2, 32, 32, 32, 1], 256),
         _mlp("W1-b1", "W1 inference, batch 1 (policy evaluation)", W1_WIDTHS, "tanh", 1, "mse", train=False,
              target_infer=20.0),
         _mlp("W2-b1", "W2 inference, batch 1", W2_WIDTHS, "relu", 1, "cross_entropy", train=False,
