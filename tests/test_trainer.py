@@ -273,3 +273,31 @@ def test_a_trainer_follows_its_model_to_another_dtype(mlp_pair, rng):
     for name, value in trainer.optimizer.state().items():
         assert value.dtype == np.float64
         np.testing.assert_array_equal(value, reference.optimizer.state()[name])
+
+
+def _frozen_gap_model():
+    """A BatchNorm's running statistics are parameters without gradients: gaps in the gradient
+    buffer between the gradients a step writes."""
+    tl.manual_seed(3)
+    return tl.nn.Sequential(tl.nn.Linear(6, 8), tl.nn.BatchNorm1d(8), tl.nn.Tanh(), tl.nn.Linear(8, 3))
+
+
+def test_step_gradients_are_zeroed_then_accumulated_ones_bit_for_bit(rng):
+    # step writes each gradient once (0 + g) and zeroes the rest of the buffer, instead of zeroing the
+    # buffer and adding: the bits must be those of compute_gradients after zero_grad, and whatever the
+    # buffer held before (stale values, gaps) must not show.
+    x = rng.standard_normal((16, 6)).astype(np.float32)
+    y = rng.standard_normal((16, 3)).astype(np.float32)
+    stepped, accumulated = _frozen_gap_model(), _frozen_gap_model()
+    step_trainer = tl.Trainer(stepped, tl.loss.MSE(), tl.optim.SGD(lr=0.0))
+    phase_trainer = tl.Trainer(accumulated, tl.loss.MSE(), tl.optim.SGD(lr=0.0))
+    stepped.flat_gradients()[...] = np.nan  # stale: every byte must be rewritten
+    layout = stepped._compiled().layout
+    assert len(layout) > 4  # the running statistics are in the buffer
+    loss = step_trainer.step(x, y)
+    phase_trainer.zero_grad()
+    assert phase_trainer.compute_gradients(x, y) == loss
+    np.testing.assert_array_equal(stepped.flat_gradients(), accumulated.flat_gradients())
+    assert not np.isnan(stepped.flat_gradients()).any()
+    frozen = [(o, int(np.prod(s))) for n, s, o in layout if "running" in n or "num_batches" in n]
+    assert frozen and all(np.all(stepped.flat_gradients()[o:o + k] == 0) for o, k in frozen)

@@ -176,7 +176,9 @@ class TREADLE_API Trainer {
   uint64_t device_allocations() const;
 
  private:
-  double run_loss_plan(Inputs xs, const Tensor& y, PlanMode mode, StepOutputs* out = nullptr);
+  // fresh_grads: the gradients replace the model's (step) instead of adding to them.
+  double run_loss_plan(Inputs xs, const Tensor& y, PlanMode mode, StepOutputs* out = nullptr,
+                       bool fresh_grads = false);
   void copy_step_outputs(const Plan& p, const Bindings& b, StepOutputs& out);
   // Copies the inputs into pending_inputs_ (the host may reuse its arrays before the pass that
   // needs them) and writes their addresses into `ptrs`.

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <optional>
 #include <sstream>
 
@@ -76,6 +77,26 @@ void Plan::finalize(const std::vector<int64_t>& param_offsets, const std::string
   select_kernels(backend, deterministic);
   plan_memory();
   find_elementwise_runs();
+  order_param_grads();
+}
+
+void Plan::order_param_grads() {
+  param_grad_order_.resize(param_grads.size());
+  for (std::size_t g = 0; g < param_grads.size(); ++g) param_grad_order_[g] = static_cast<int>(g);
+  std::sort(param_grad_order_.begin(), param_grad_order_.end(),
+            [&](int a, int b) { return param_grads[a].first < param_grads[b].first; });
+  param_grads_disjoint_ = true;
+  int64_t end = 0;
+  for (int g : param_grad_order_) {
+    const auto& [offset, value] = param_grads[g];
+    if (offset < end) param_grads_disjoint_ = false;
+    end = offset + grad_bytes(value);
+  }
+}
+
+int64_t Plan::grad_bytes(int value) const {
+  const ValueInfo& info = graph.values()[value];
+  return shape_numel(info.shape) * static_cast<int64_t>(dtype_size(info.dtype));
 }
 
 void Plan::mark_read_values() {
@@ -431,7 +452,38 @@ void add_into(void* dst, const void* src, int64_t n) {
   const T* s = static_cast<const T*>(src);
   for (int64_t i = 0; i < n; ++i) d[i] += s[i];
 }
+
+// dst = 0 + src: the bits of zeroing dst and adding src into it (-0 becomes +0).
+template <typename T>
+void zero_plus(void* dst, const void* src, int64_t n) {
+  T* d = static_cast<T*>(dst);
+  const T* s = static_cast<const T*>(src);
+  for (int64_t i = 0; i < n; ++i) d[i] = T(0) + s[i];
+}
 }  // namespace
+
+void Plan::write_param_grads(Context& ctx, const Bindings& b, void* grads, std::size_t bytes) const {
+  char* base = static_cast<char*>(grads);
+  if (runtime_ || !param_grads_disjoint_) {
+    std::memset(base, 0, bytes);
+    accumulate_param_grads(ctx, b, grads);
+    return;
+  }
+  int64_t cursor = 0;  // bytes written so far
+  for (int g : param_grad_order_) {
+    const auto& [offset, value] = param_grads[g];
+    if (offset > cursor) std::memset(base + cursor, 0, static_cast<std::size_t>(offset - cursor));
+    const ValueInfo& info = graph.values()[value];
+    const void* src = address(ctx, b, value);
+    if (info.dtype == DType::f32)
+      zero_plus<float>(base + offset, src, shape_numel(info.shape));
+    else
+      zero_plus<double>(base + offset, src, shape_numel(info.shape));
+    cursor = offset + grad_bytes(value);
+  }
+  if (static_cast<int64_t>(bytes) > cursor)
+    std::memset(base + cursor, 0, bytes - static_cast<std::size_t>(cursor));
+}
 
 void Plan::accumulate_param_grads(Context& ctx, const Bindings& b, void* grads) const {
   for (int g = 0; g < static_cast<int>(param_grads.size()); ++g) accumulate_param_grad(ctx, b, g, grads);

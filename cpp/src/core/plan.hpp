@@ -106,6 +106,13 @@ class Plan {
   void accumulate_param_grads(Context& ctx, const Bindings& b, void* grads) const;
   // The same for entry `g` of param_grads only (a task completes its own gradients).
   void accumulate_param_grad(Context& ctx, const Bindings& b, int g, void* grads) const;
+  // A host plan's gradients as the whole content of `grads` (`bytes` long): what zeroing the buffer
+  // and then accumulate_param_grads leave, bit for bit (0 + g), in one pass that reads each
+  // gradient once and writes each byte once (the gaps between them zeroed). On the wide MLP (3.1M
+  // parameters) the zeroing and the read-modify-write were ~7% of a step's perf samples; writing
+  // made the step 1.2% faster (in-process A/B), and a step that fails before its backward leaves
+  // the gradients as they were.
+  void write_param_grads(Context& ctx, const Bindings& b, void* grads, std::size_t bytes) const;
 
   int num_steps() const { return static_cast<int>(steps.size()); }
   std::size_t arena_bytes() const { return arena_bytes_; }
@@ -146,7 +153,13 @@ class Plan {
   // "forward", "loss" or "backward" for step `s`.
   const char* pass_of(int s) const;
   std::vector<Location> loc_;
+  void order_param_grads();
+  int64_t grad_bytes(int value) const;
   std::vector<ElementwiseRun> runs_;
+  // param_grads' entries in offset order, and whether their byte ranges are disjoint (tied weights
+  // give one parameter several entries: then write_param_grads zeroes and accumulates).
+  std::vector<int> param_grad_order_;
+  bool param_grads_disjoint_ = false;
   std::vector<int> run_of_step_;  // per step: its run in runs_, or -1
   uint64_t id_;
   std::vector<int64_t> param_offsets_;

@@ -152,7 +152,7 @@ MemoryReport Trainer::memory_report(const Shape& x_shape, DType x_dtype, const S
   return report_for(*model_->plan(make_key(PlanMode::train_loss, Inputs(&x, 1), &y, false), &loss_));
 }
 
-double Trainer::run_loss_plan(Inputs xs, const Tensor& y, PlanMode mode, StepOutputs* step_out) {
+double Trainer::run_loss_plan(Inputs xs, const Tensor& y, PlanMode mode, StepOutputs* step_out, bool fresh_grads) {
   for (const Tensor& x : xs) check_input(x, "input");
   check_input(y, "target");
   if (options_.verify_parameters) verify_parameters();
@@ -160,6 +160,7 @@ double Trainer::run_loss_plan(Inputs xs, const Tensor& y, PlanMode mode, StepOut
   const ValueInfo& out = p->graph.info(p->outputs.at(0));
   loss_.check_target(out.shape, out.dtype, y);  // e.g. class indices in range, before any compute
   if (p->device().kind != DeviceKind::cpu) {
+    if (fresh_grads) zero_grad();  // the device trainer adds into the device gradients
     if (step_out)
       throw_value_error("Trainer: returning a step's outputs is not implemented for backend '", model_->backend(),
                         "' yet");
@@ -179,7 +180,9 @@ double Trainer::run_loss_plan(Inputs xs, const Tensor& y, PlanMode mode, StepOut
   end_tasked_step();
   p->run(ctx_, b, 0, p->num_steps());
   if (mode == PlanMode::train_loss) {
-    p->accumulate_param_grads(ctx_, b, model_->flat_gradients().data());
+    const Tensor& grads = model_->flat_gradients();
+    if (fresh_grads) p->write_param_grads(ctx_, b, grads.data(), grads.nbytes());
+    else p->accumulate_param_grads(ctx_, b, grads.data());
     pending_.reset();
     if (options_.verify_parameters) reseal_frozen();  // training forwards update running statistics
   }
@@ -194,8 +197,8 @@ double Trainer::step(Inputs xs, const Tensor& y, StepOutputs* out) {
     if (out) throw_value_error("Trainer.step: returning the outputs is not implemented for CUDA-graph steps");
     return device_trainer().graph_step(xs, y);
   }
-  zero_grad();
-  return finish_with_update(run_loss_plan(xs, y, PlanMode::train_loss, out), "Trainer.step");
+  // The step's gradients replace the model's (zeroed first, on the device).
+  return finish_with_update(run_loss_plan(xs, y, PlanMode::train_loss, out, /*fresh_grads=*/true), "Trainer.step");
 }
 
 double Trainer::finish_with_update(double loss, const char* who) {
