@@ -132,6 +132,8 @@ UNSUPPORTED = {
     "tanh": ("tanh", [np.ones((300, 300), F32)], {}),                      # Eigen's is vectorised, and faster
     "sigmoid": ("sigmoid", [np.ones((300, 100), F32)], {}),                # Eigen's is vectorised too
     "add": ("add", [BIG, BIG], {}),                                        # no oneDNN kernel
+    # A^T B with 2 output columns: Eigen's thin weight-gradient path streams A once (a PINN's first layer)
+    "matmul-thin-wgrad": ("matmul", [np.ones((1024, 64), F32), np.ones((1024, 2), F32)], {"trans_a": 1}),
 }
 
 

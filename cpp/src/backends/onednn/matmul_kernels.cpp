@@ -37,6 +37,12 @@ bool worth_it(int64_t batch, int64_t m, int64_t k, int64_t n) {
   return m >= kMinOutputRows && n > 0 && k > 0 && batch * m * k * n >= kMinMacs;
 }
 
+// A^T B with at most 4 output columns and a longer sum: the weight gradient of a layer with 1-4
+// inputs (a PINN's (x, t) layer). Eigen's thin path (linear_kernels.cpp) streams A once; oneDNN packs
+// it: (1024 x 64)^T (1024 x 2) took 28-49 us on oneDNN against 13-15 on Eigen (Xeon, AVX-512, in
+// the PINN step, W8-b1024), so such products stay on Eigen.
+bool thin_weight_gradient(bool ta, int64_t n, int64_t k) { return ta && n <= 4 && k > 4; }
+
 // bf16 kernels run twice as fast, so packing B costs relatively more: large bf16 products use
 // 512 x 1024 tiles (standalone ~440-455 GFLOP/s against ~417 in 256 x 512), where that still leaves
 // at least two tiles for the host's workers.
@@ -209,8 +215,9 @@ std::optional<ChunkPlan> plan_matmul(const Graph& g, const Node& node) {
   const Shape& c = out_shape(g, node, 0);
   const int64_t m = c[0], n = c[1], k = ta ? in_shape(g, node, 0)[0] : in_shape(g, node, 0)[1];
   if (!worth_it(1, m, k, n)) return std::nullopt;
-  Operands ops = operands_of(g, node);
   const bool bf16 = is_bf16_compute(node.attrs);
+  if (thin_weight_gradient(ta, n, k) && !bf16 && size_thresholds_apply()) return std::nullopt;
+  Operands ops = operands_of(g, node);
   Split tiles = tiles_of(m, n, k, bf16);
   if (!bf16 && (reads_aliased(tiles, ta, tb, 0) || reads_aliased(tiles, ta, tb, 1))) {
     if (packs_operands(m, n)) tiles = packed_tiles(m, n, k);
