@@ -152,9 +152,9 @@ class Plan {
   void record_time(Profiler& profiler, int s, double seconds) const;
   // "forward", "loss" or "backward" for step `s`.
   const char* pass_of(int s) const;
+  void order_param_grads();            // fills param_grad_order_ and param_grads_disjoint_
+  int64_t grad_bytes(int value) const;  // bytes of gradient value `value`
   std::vector<Location> loc_;
-  void order_param_grads();
-  int64_t grad_bytes(int value) const;
   std::vector<ElementwiseRun> runs_;
   // param_grads' entries in offset order, and whether their byte ranges are disjoint (tied weights
   // give one parameter several entries: then write_param_grads zeroes and accumulates).
