@@ -215,7 +215,8 @@ void shifted_exp_rows(const float* x, int64_t rows, int64_t classes, float* e, f
 template <typename F>
 void for_row_blocks(const float* x, int64_t classes, int64_t b, int64_t e, F&& f) {
   alignas(64) float exps[kRowBlock];
-  float mx[kRowBlock], se[kRowBlock];
+  alignas(64) float mx[kRowBlock];  // explicit alignment: see lane_max in softmax_kernels.cpp
+  alignas(64) float se[kRowBlock];
   const int64_t per_block = kRowBlock / classes;
   for (int64_t r0 = b; r0 < e; r0 += per_block) {
     const int64_t rows = std::min(per_block, e - r0);

@@ -68,7 +68,7 @@ T line_max(const T* x, int64_t s, int64_t n) {
 // Blocks added one after another must be whole multiples of kLanes, but for the last.
 struct LaneSum {
   static constexpr int kLanes = 16;
-  float lane[kLanes] = {};
+  alignas(64) float lane[kLanes] = {};  // explicit: see lane_max
 
   void add(const float* v, int64_t n) {
     int64_t k = 0;
@@ -83,7 +83,7 @@ struct LaneSum {
     for (int j = 0; k + j < n; ++j) lane[j] += a[k + j] * b[k + j];
   }
   float total() const {
-    float t[kLanes];
+    alignas(64) float t[kLanes];
     std::copy(lane, lane + kLanes, t);
     for (int w = kLanes / 2; w >= 1; w /= 2)
       for (int j = 0; j < w; ++j) t[j] += t[j + w];
@@ -96,7 +96,10 @@ struct LaneSum {
 // skipped, as line_max does (std::max keeps its first argument when the second is NaN).
 inline float lane_max(const float* x, int64_t n) {
   constexpr int kLanes = LaneSum::kLanes;
-  float lane[kLanes];
+  // Explicitly aligned, as every scratch array here: GCC stores into a 64-byte local array with
+  // aligned vector moves, and ASan's fake stack frames (detect_stack_use_after_return) honour only
+  // the alignment written in the source, so an implicit one faulted in the sanitizer build.
+  alignas(64) float lane[kLanes];
   std::fill(lane, lane + kLanes, -std::numeric_limits<float>::infinity());
   int64_t k = 0;
   for (; k + kLanes <= n; k += kLanes)
