@@ -225,22 +225,6 @@ inline void erfc_to(const ArrayF& w, ArrayF& out, ArrayF& e) {
 }
 
 #ifdef EIGEN_VECTORIZE
-// exp_nonpositive for one packet: lanes below -87 (results under FLT_MIN, where the vectorised exp
-// clamps) recomputed with the C library's expf.
-template <typename Packet>
-Packet pexp_nonpositive(const Packet& arg) {
-  using namespace Eigen::internal;
-  const Packet e = pexp_normal_range(arg);
-  if (!predux_any(pcmp_lt(arg, pset1<Packet>(-87.0f)))) return e;
-  constexpr int S = unpacket_traits<Packet>::size;
-  alignas(64) float a[S], v[S];
-  pstore(a, arg);
-  pstore(v, e);
-  for (int j = 0; j < S; ++j)
-    if (a[j] < -87.0f) v[j] = std::exp(a[j]);
-  return pload<Packet>(v);
-}
-
 // erfc_to's formulas for one packet, in registers (|w| above ~9.3: erfc under FLT_MIN, its
 // exponential from expf).
 template <typename Packet>

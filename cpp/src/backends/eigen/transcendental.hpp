@@ -113,22 +113,38 @@ inline float blend(bool keep, float a, float b) {
   return out;
 }
 
-// sigmoid(x) = 1 / (1 + e) for x >= 0, e / (1 + e) below, with e = exp(-|x|) in [0, 1].
-inline void sigmoid_to(const float* in, float* out, int64_t n) {
-  alignas(64) float e[kMathBlock];
-  for (int64_t i0 = 0; i0 < n; i0 += kMathBlock) {
-    const int64_t m = std::min(kMathBlock, n - i0);
-    Eigen::Map<const Eigen::ArrayXf> x(in + i0, m);
-    Eigen::Map<Eigen::ArrayXf> em(e, m);
-    em = -x.abs();
-    exp_nonpositive(em);
-    // Into the scratch block, then copied: out may be in, and a loop free of a run-time alias check
-    // vectorises (Eigen 3.4's select does not).
-    const float* xi = in + i0;
-    for (int64_t i = 0; i < m; ++i) e[i] = blend(xi[i] >= 0.0f, 1.0f, e[i]) / (1.0f + e[i]);
-    std::memcpy(out + i0, e, static_cast<std::size_t>(m) * sizeof(float));
-  }
+// sigmoid(x) = 1 / (1 + e) for x >= 0, e / (1 + e) below, with e = exp(-|x|) in [0, 1]. With
+// vector instructions a packet at a time in registers (as tanh below): the same bits as the block
+// version, which took the exp over a block into scratch and the choice and division in a second loop
+// (checked over all 2^32 floats with AVX-512 and AVX2 code; 0.80 -> 0.52 ns per element with AVX2,
+// 0.47 -> 0.44 with AVX-512, in a C++ loop over 65,536 cached floats on a Xeon).
+#ifdef EIGEN_VECTORIZE
+// exp_nonpositive for one packet: lanes below -87 (results under FLT_MIN, where the vectorised exp
+// clamps) recomputed with the C library's expf, each from its own argument.
+template <typename Packet>
+Packet pexp_nonpositive(const Packet& arg) {
+  using namespace Eigen::internal;
+  const Packet e = pexp_normal_range(arg);
+  if (!predux_any(pcmp_lt(arg, pset1<Packet>(-87.0f)))) return e;
+  constexpr int S = unpacket_traits<Packet>::size;
+  alignas(64) float a[S], v[S];
+  pstore(a, arg);
+  pstore(v, e);
+  for (int j = 0; j < S; ++j)
+    if (a[j] < -87.0f) v[j] = std::exp(a[j]);
+  return pload<Packet>(v);
 }
+
+template <typename Packet>
+Packet psigmoid_accurate(const Packet& x) {
+  using namespace Eigen::internal;
+  const Packet one = pset1<Packet>(1.0f);
+  const Packet e = pexp_nonpositive(pnegate(pabs(x)));
+  return pdiv(pselect(pcmp_le(pzero(x), x), one, e), padd(one, e));
+}
+#endif
+
+inline void sigmoid_to(const float* in, float* out, int64_t n);
 
 // Taylor coefficients of tanh(x) / x in powers of x^2; through x^19 the series is exact to float
 // precision for |x| < 0.55.
@@ -178,7 +194,27 @@ inline void map_packets(const float* in, float* out, int64_t n, F&& f) {
 inline void tanh_to(const float* in, float* out, int64_t n) {
   map_packets(in, out, n, [](const auto& x) { return ptanh_accurate(x); });
 }
+
+inline void sigmoid_to(const float* in, float* out, int64_t n) {
+  map_packets(in, out, n, [](const auto& x) { return psigmoid_accurate(x); });
+}
 #else
+// Without vector instructions: exp over a block into scratch (out may be in), then the choice and
+// the division in one loop.
+inline void sigmoid_to(const float* in, float* out, int64_t n) {
+  alignas(64) float e[kMathBlock];
+  for (int64_t i0 = 0; i0 < n; i0 += kMathBlock) {
+    const int64_t m = std::min(kMathBlock, n - i0);
+    Eigen::Map<const Eigen::ArrayXf> x(in + i0, m);
+    Eigen::Map<Eigen::ArrayXf> em(e, m);
+    em = -x.abs();
+    exp_nonpositive(em);
+    const float* xi = in + i0;
+    for (int64_t i = 0; i < m; ++i) e[i] = blend(xi[i] >= 0.0f, 1.0f, e[i]) / (1.0f + e[i]);
+    std::memcpy(out + i0, e, static_cast<std::size_t>(m) * sizeof(float));
+  }
+}
+
 // Without vector instructions: exp over a block into scratch (out may be in), then the series and
 // the choice in one loop.
 inline void tanh_to(const float* in, float* out, int64_t n) {
