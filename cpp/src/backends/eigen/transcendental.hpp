@@ -144,8 +144,6 @@ Packet psigmoid_accurate(const Packet& x) {
 }
 #endif
 
-inline void sigmoid_to(const float* in, float* out, int64_t n);
-
 // Taylor coefficients of tanh(x) / x in powers of x^2; through x^19 the series is exact to float
 // precision for |x| < 0.55.
 constexpr float kTanhSeries[] = {1.0f, -1.0f / 3, 2.0f / 15, -17.0f / 315, 62.0f / 2835, -1382.0f / 155925,
